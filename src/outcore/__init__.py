@@ -1,0 +1,27 @@
+"""outcore: out-of-core arrays on Dask for large scientific imaging data on one or many GPUs."""
+
+from outcore.errors import (
+    BackendError,
+    ClusterError,
+    InputNotFoundError,
+    LayoutError,
+    OutcoreError,
+    PlanError,
+    RunExistsError,
+)
+from outcore.io import open, save  # noqa: A004 - `outcore.open` is the public contract
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "ClusterError",
+    "InputNotFoundError",
+    "LayoutError",
+    "OutcoreError",
+    "PlanError",
+    "RunExistsError",
+    "__version__",
+    "open",
+    "save",
+]

@@ -1,0 +1,147 @@
+"""Array backends: the numpy or cupy namespace of a chunk, host/device moves, memory facts.
+
+Kernels call ``array_namespace(x)`` and write their code once against the returned module.
+cupy is imported lazily and only probed with ``cupy.cuda.is_available()``, so this module
+imports (and ``auto`` resolves to numpy) on machines without a GPU or without cupy.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+from typing import Any, Literal
+
+import numpy as np
+import psutil
+
+from outcore.errors import BackendError
+
+BackendName = Literal["auto", "numpy", "cupy"]
+BACKENDS: tuple[str, ...] = ("auto", "numpy", "cupy")
+
+
+@functools.cache
+def _cupy() -> ModuleType | None:
+    """The cupy module when it imports and sees a GPU, else None."""
+    try:
+        import cupy
+    except Exception:  # cupy missing, or its CUDA libraries missing
+        return None
+    try:
+        return cupy if cupy.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def gpu_available() -> bool:
+    """True when cupy imports and at least one CUDA device is visible."""
+    return _cupy() is not None
+
+
+def resolve(name: str = "auto") -> str:
+    """Turn a requested backend into ``"numpy"`` or ``"cupy"``; ``auto`` picks cupy on a GPU."""
+    if name not in BACKENDS:
+        raise BackendError(
+            f"Unknown backend {name!r}.", f"choose one of {', '.join(BACKENDS)}."
+        )
+    if name == "auto":
+        return "cupy" if gpu_available() else "numpy"
+    if name == "cupy" and not gpu_available():
+        raise BackendError(
+            "The cupy backend was asked for, but no CUDA GPU is usable here"
+            " (cupy is missing or cupy.cuda.is_available() is False).",
+            "install the gpu extra (pip install 'outcore[gpu]') on a GPU machine,"
+            " or use --backend numpy.",
+        )
+    return name
+
+
+def namespace(name: str) -> ModuleType:
+    """The array module (numpy or cupy) of a resolved backend name."""
+    return _cupy() if resolve(name) == "cupy" else np  # type: ignore[return-value]
+
+
+def array_namespace(x: Any) -> ModuleType:
+    """numpy or cupy, whichever ``x`` belongs to."""
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def to_backend(x: Any, name: str) -> Any:
+    """Move an array to the backend ``name`` (host -> device for cupy, device -> host for numpy)."""
+    if resolve(name) == "cupy":
+        return namespace("cupy").asarray(x)
+    return to_host(x)
+
+
+def to_host(x: Any) -> np.ndarray:
+    """A numpy array on the host, copying from the device when ``x`` is a cupy array."""
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return np.asarray(x)
+
+
+def host_memory() -> dict[str, int]:
+    """Total and available host memory in bytes."""
+    vm = psutil.virtual_memory()
+    return {"total_bytes": int(vm.total), "available_bytes": int(vm.available)}
+
+
+def devices() -> list[dict[str, Any]]:
+    """One record per visible CUDA device: index, name, uuid, total and free memory (bytes).
+
+    Empty where there is no GPU. Uses NVML when available (does not create a CUDA context),
+    else cupy's runtime.
+    """
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return _cupy_devices()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    out = []
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        name = pynvml.nvmlDeviceGetName(handle)
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+        out.append(
+            {
+                "index": index,
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid,
+                "total_bytes": int(mem.total),
+                "free_bytes": int(mem.free),
+            }
+        )
+    if visible:
+        keep = [v.strip() for v in visible.split(",") if v.strip()]
+        out = [d for d in out if str(d["index"]) in keep or d["uuid"] in keep]
+    return out
+
+
+def _cupy_devices() -> list[dict[str, Any]]:
+    cupy = _cupy()
+    if cupy is None:
+        return []
+    out = []
+    for index in range(cupy.cuda.runtime.getDeviceCount()):
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        with cupy.cuda.Device(index):
+            free, total = cupy.cuda.runtime.memGetInfo()
+        uuid = props.get("uuid", b"")
+        out.append(
+            {
+                "index": index,
+                "name": props["name"].decode(),
+                "uuid": "GPU-" + bytes(uuid).hex() if uuid else "",
+                "total_bytes": int(total),
+                "free_bytes": int(free),
+            }
+        )
+    return out

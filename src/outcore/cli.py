@@ -1,0 +1,203 @@
+"""The ``outcore`` command: common options, the verb registry, and the core verbs.
+
+Each operator family adds its verbs with ``register(verbs)`` from its own ``cli`` module. A
+verb that runs a job gives ``make_job(args, backend) -> Job``; the same function serves
+``outcore plan VERB ...``, which prints the memory plan without starting anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dask.utils import format_bytes
+
+from outcore import __version__, backend, cluster, runs
+from outcore.errors import OutcoreError
+from outcore.runner import Job, Resources, RunSettings, describe_plan, run_job
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A job-running subcommand: its arguments and how it becomes a ``Job``."""
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    make_job: Callable[[argparse.Namespace, str], Job]
+    defaults: dict | None = None
+
+
+def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """The options every job command takes (DESIGN.md: cluster, memory, backend, run dir)."""
+    g = parser.add_argument_group("cluster and run options")
+    g.add_argument("--cluster", default="auto",
+                   help="auto, local, threads, cuda, mpi, or a scheduler address (default auto)")
+    g.add_argument("--workers", type=int, default=None, help="number of workers (one per GPU)")
+    g.add_argument("--threads-per-worker", type=int, default=1)
+    g.add_argument("--memory-limit", default=None, help="host memory per worker, e.g. 4GiB")
+    g.add_argument("--device-memory-limit", default=None,
+                   help="GPU memory per worker before spilling to host (cuda clusters)")
+    g.add_argument("--spill-dir", default=None, help="where workers spill to disk")
+    g.add_argument("--dashboard-address", default=cluster.LOOPBACK_DASHBOARD,
+                   help="host:port of the dashboard (default loopback, random port)")
+    g.add_argument("--interface", default=None, help="network interface for mpi (e.g. ib0, lo)")
+    g.add_argument("--backend", default="auto", choices=backend.BACKENDS)
+    g.add_argument("--output-dir", default="runs", help="parent folder of run directories")
+    g.add_argument("--name", default=None, help="run directory name (default: command-time)")
+    g.add_argument("--warmup-rounds", type=int, default=0)
+    g.add_argument("--measure-rounds", type=int, default=1)
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if defaults:
+        parser.set_defaults(**defaults)
+
+
+def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:
+    return cluster.ClusterOptions(
+        kind=args.cluster,
+        workers=args.workers,
+        threads_per_worker=args.threads_per_worker,
+        memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit,
+        spill_dir=args.spill_dir,
+        dashboard_address=args.dashboard_address,
+        interface=args.interface,
+    )
+
+
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    return RunSettings(
+        cluster=cluster_options(args),
+        backend=args.backend,
+        output_dir=args.output_dir,
+        name=args.name,
+        warmup_rounds=args.warmup_rounds,
+        measure_rounds=args.measure_rounds,
+        progress=not args.no_progress,
+    )
+
+
+def print_summary(summary: dict) -> None:
+    """A few lines a person reads at the end of a run."""
+    out = {
+        "status": summary["status"],
+        "run_dir": summary["run_dir"],
+        "timings_s": summary["timings_s"],
+        "metrics": summary["metrics"],
+    }
+    if summary.get("rounds"):
+        out["rounds"] = summary["rounds"]
+    print(json.dumps(out, indent=2, default=str))
+
+
+# --- core verbs -----------------------------------------------------------------------------
+
+
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scan", type=int, nargs=2, default=(128, 192), metavar=("NY", "NX"),
+                   help="scan grid of the synthetic stack (frames = NY*NX)")
+    p.add_argument("--frame", type=int, default=128, help="detector frame size in pixels")
+    p.add_argument("--chunk-rows", type=int, default=2, help="scan rows per chunk")
+
+
+def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
+    from outcore import demo
+
+    if backend_name != "numpy":
+        print("note: the demo runs on numpy chunks", file=sys.stderr)
+    return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows)
+
+
+CORE_VERBS = [
+    Verb("demo", "write a synthetic stack bigger than worker memory and stream its statistics",
+         _demo_arguments, _demo_job,
+         defaults={"workers": 2, "cluster": "local", "memory_limit": "512MiB"}),
+]
+
+
+def _family_verbs() -> list[Verb]:
+    """Verbs of the operator families (each family's cli module has ``VERBS``)."""
+    verbs: list[Verb] = []
+    for module in ("outcore.fit.cli",):
+        try:
+            mod = __import__(module, fromlist=["VERBS"])
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            continue
+        verbs.extend(mod.VERBS)
+    return verbs
+
+
+def all_verbs() -> dict[str, Verb]:
+    return {v.name: v for v in CORE_VERBS + _family_verbs()}
+
+
+def _info(args: argparse.Namespace) -> int:
+    record = {
+        "outcore": __version__,
+        "versions": runs.versions(),
+        "cpus": os.cpu_count(),
+        "host_memory": {k: format_bytes(v) for k, v in backend.host_memory().items()},
+        "backends": ["numpy"] + (["cupy"] if backend.gpu_available() else []),
+        "auto_backend": backend.resolve("auto"),
+        "auto_cluster": cluster.ClusterOptions().resolved_kind(),
+        "gpus": backend.devices(),
+    }
+    print(json.dumps(record, indent=2))
+    return 0
+
+
+def _plan(args: argparse.Namespace, verbs: dict[str, Verb]) -> int:
+    verb = verbs[args.verb]
+    parser = argparse.ArgumentParser(prog=f"outcore plan {verb.name}")
+    verb.add_arguments(parser)
+    add_common_options(parser, verb.defaults)
+    vargs = parser.parse_args(args.rest)
+    backend_name = backend.resolve(vargs.backend)
+    opts = cluster_options(vargs)
+    opts.validate()
+    job = verb.make_job(vargs, backend_name)
+    plan = job.plan(Resources.of_options(opts, backend_name))
+    print(describe_plan(plan))
+    return 0 if plan.fits else 1
+
+
+def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="outcore", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"outcore {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, devices and backends")
+    plan = sub.add_parser("plan", help="print the memory plan of a command without running it")
+    plan.add_argument("verb", choices=sorted(verbs))
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+    for verb in verbs.values():
+        p = sub.add_parser(verb.name, help=verb.help)
+        verb.add_arguments(p)
+        add_common_options(p, verb.defaults)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    verbs = all_verbs()
+    args = build_parser(verbs).parse_args(argv)
+    try:
+        if args.command == "info":
+            return _info(args)
+        if args.command == "plan":
+            return _plan(args, verbs)
+        verb = verbs[args.command]
+        summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
+        print_summary(summary)
+        return 0
+    except OutcoreError as err:
+        print(f"outcore {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""Start or join a Dask cluster: auto | local | threads | cuda | mpi | a scheduler address.
+
+``start(...)`` returns a ``distributed.Client``; ``stop(client)`` closes it and the cluster it
+started within a bounded time, so a job never hangs on exit. Options that do not apply to
+the chosen kind are refused before anything starts. One worker per GPU where GPUs exist.
+
+Under ``mpi`` every rank calls ``start``: rank 0 runs the scheduler, rank 1 returns the
+client and runs the job, the other ranks are workers, pinned to one GPU each by their rank
+on the node before cupy is imported. Worker ranks block in ``start`` until the client calls
+``stop(client, exit_code)``, then exit the process with the client's exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import distributed
+from dask.utils import parse_bytes
+
+from outcore import backend
+from outcore.errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+CLUSTER_KINDS: tuple[str, ...] = ("auto", "local", "threads", "cuda", "mpi")
+ADDRESS_PREFIXES: tuple[str, ...] = ("tcp://", "tls://", "ucx://", "inproc://")
+LOOPBACK_DASHBOARD = "127.0.0.1:0"
+MPI_CLIENT_RANK = 1
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What a user asked for; ``validate`` checks it against the kind before anything starts.
+
+    ``memory_limit`` and ``device_memory_limit`` are per worker (bytes or "4 GiB").
+    """
+
+    kind: str = "auto"
+    workers: int | None = None
+    threads_per_worker: int = 1
+    memory_limit: int | str | None = None
+    device_memory_limit: int | str | None = None
+    spill_dir: str | None = None
+    dashboard_address: str = LOOPBACK_DASHBOARD
+    interface: str | None = None
+
+    @property
+    def is_address(self) -> bool:
+        return self.kind.startswith(ADDRESS_PREFIXES) or (
+            ":" in self.kind and self.kind not in CLUSTER_KINDS
+        )
+
+    def resolved_kind(self) -> str:
+        """``auto`` becomes ``cuda`` where a GPU is visible, else ``local``."""
+        if self.kind == "auto":
+            return "cuda" if backend.gpu_available() and _dask_cuda_importable() else "local"
+        return "address" if self.is_address else self.kind
+
+    def validate(self) -> str:
+        """The resolved kind, or ``ClusterError`` for an option that does not apply to it."""
+        if self.kind not in CLUSTER_KINDS and not self.is_address:
+            raise ClusterError(
+                f"Unknown cluster {self.kind!r}.",
+                f"use one of {', '.join(CLUSTER_KINDS)} or a scheduler address such as"
+                " tcp://127.0.0.1:8786.",
+            )
+        kind = self.resolved_kind()
+        if self.workers is not None and self.workers < 1:
+            raise ClusterError(f"--workers must be at least 1, not {self.workers}.",
+                               "give a positive number of workers.")
+        if self.threads_per_worker < 1:
+            raise ClusterError("--threads-per-worker must be at least 1.",
+                               "give a positive number of threads.")
+        for name in ("memory_limit", "device_memory_limit"):
+            value = getattr(self, name)
+            if isinstance(value, str) and value != "auto":
+                try:
+                    parse_bytes(value)
+                except ValueError as err:
+                    raise ClusterError(
+                        f"--{name.replace('_', '-')} {value!r} is not a size.",
+                        "write it like 4GiB, 500MB or a number of bytes.",
+                    ) from err
+        if self.device_memory_limit is not None and kind in ("local", "threads"):
+            raise ClusterError(
+                f"--device-memory-limit does not apply to the {kind!r} cluster, which has no GPU"
+                " workers.",
+                "drop --device-memory-limit, or use --cluster cuda (or mpi on GPU nodes).",
+            )
+        if kind == "mpi" and self.workers is not None:
+            raise ClusterError(
+                "--workers does not apply to --cluster mpi: the number of workers is set by"
+                " mpirun (ranks minus 2: one scheduler, one client).",
+                "drop --workers and run under mpirun -n WORKERS+2.",
+            )
+        if kind == "address":
+            given = [n for n in ("workers", "memory_limit", "device_memory_limit", "spill_dir")
+                     if getattr(self, n) is not None]
+            if given:
+                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                raise ClusterError(
+                    f"{flags} cannot be applied to an existing cluster at {self.kind}.",
+                    "set them where that cluster's workers are started, or drop them.",
+                )
+        if kind == "cuda":
+            if not backend.gpu_available():
+                raise ClusterError(
+                    "--cluster cuda needs a CUDA GPU, and none is visible here.",
+                    "use --cluster local (CPU workers) or run on a GPU machine.",
+                )
+            if not _dask_cuda_importable():
+                raise ClusterError(
+                    "--cluster cuda needs dask-cuda, which does not import here.",
+                    "install the gpu extra: pip install 'outcore[gpu]'.",
+                )
+        return kind
+
+
+def _dask_cuda_importable() -> bool:
+    try:
+        import dask_cuda  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def start(kind: str = "auto", **options: Any) -> distributed.Client:
+    """Start or join a cluster and return a client connected to it.
+
+    Keyword options are the fields of ``ClusterOptions`` (workers, threads_per_worker,
+    memory_limit, device_memory_limit, spill_dir, dashboard_address, interface).
+    """
+    opts = ClusterOptions(kind=kind, **options)
+    resolved = opts.validate()
+    if resolved == "address":
+        client = distributed.Client(opts.kind, timeout="30s")
+    elif resolved == "mpi":
+        client = _start_mpi(opts)
+    elif resolved == "cuda":
+        client = _start_cuda(opts)
+    else:
+        client = _start_local(opts, processes=resolved == "local")
+    client.outcore_kind = resolved  # type: ignore[attr-defined]
+    return client
+
+
+def _start_local(opts: ClusterOptions, processes: bool) -> distributed.Client:
+    workers = opts.workers or (min(os.cpu_count() or 1, 4) if processes else 1)
+    cluster = distributed.LocalCluster(
+        n_workers=workers,
+        threads_per_worker=opts.threads_per_worker,
+        processes=processes,
+        memory_limit=opts.memory_limit if opts.memory_limit is not None else "auto",
+        local_directory=opts.spill_dir,
+        dashboard_address=opts.dashboard_address,
+        # process workers talk tcp on loopback; thread workers share one process (inproc)
+        **({"host": "127.0.0.1"} if processes else {}),
+    )
+    return distributed.Client(cluster)
+
+
+def _start_cuda(opts: ClusterOptions) -> distributed.Client:
+    from dask_cuda import LocalCUDACluster
+
+    kwargs: dict[str, Any] = {
+        "threads_per_worker": opts.threads_per_worker,
+        "memory_limit": opts.memory_limit if opts.memory_limit is not None else "auto",
+        "local_directory": opts.spill_dir,
+        "dashboard_address": opts.dashboard_address,
+        "host": "127.0.0.1",
+    }
+    if opts.workers is not None:
+        kwargs["n_workers"] = opts.workers
+    if opts.device_memory_limit is not None:
+        kwargs["device_memory_limit"] = opts.device_memory_limit
+    return distributed.Client(LocalCUDACluster(**kwargs))
+
+
+def _mpi_comm() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as err:
+        raise ClusterError(
+            "--cluster mpi needs mpi4py and an MPI runtime, which do not import here.",
+            "install the mpi extra: pip install 'outcore[mpi]', then run under mpirun.",
+        ) from err
+    return MPI.COMM_WORLD
+
+
+def _pin_gpu_by_node_rank(comm: Any) -> None:
+    """Give each worker rank on a node its own GPU (CUDA_VISIBLE_DEVICES), before cupy loads."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    is_worker = comm.Get_rank() > MPI_CLIENT_RANK
+    flags = node.allgather(is_worker)
+    node_rank = node.Get_rank()
+    node.Free()
+    if not is_worker:
+        return
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception:
+        return  # no GPU or no NVML: a CPU worker
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(count)]
+    if ids:
+        index = sum(flags[:node_rank])
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[index % len(ids)]
+
+
+def _start_mpi(opts: ClusterOptions) -> distributed.Client:
+    comm = _mpi_comm()
+    if comm.Get_size() < 3:
+        raise ClusterError(
+            f"--cluster mpi needs at least 3 MPI ranks (scheduler, client, a worker); this job"
+            f" has {comm.Get_size()}.",
+            "run it as mpirun -n 3 (or more) outcore ... --cluster mpi.",
+        )
+    _pin_gpu_by_node_rank(comm)
+    import dask_mpi
+
+    memory_limit = opts.memory_limit if opts.memory_limit is not None else "auto"
+    is_client = dask_mpi.initialize(
+        interface=opts.interface,
+        nthreads=opts.threads_per_worker,
+        local_directory=opts.spill_dir or "",
+        memory_limit=memory_limit,
+        dashboard_address=opts.dashboard_address,
+        comm=comm,
+        exit=False,
+    )
+    if not is_client:
+        # Scheduler or worker rank: its event loop has ended; exit with the client's code.
+        sys.exit(_mpi_exit_code(comm, None))
+    return distributed.Client(timeout="60s")
+
+
+def _mpi_exit_code(comm: Any, code: int | None) -> int:
+    """Share the client rank's exit code with every rank (a collective on all ranks)."""
+    return int(comm.bcast(code, root=MPI_CLIENT_RANK))
+
+
+def stop(client: distributed.Client, exit_code: int = 0, timeout: float = 30.0) -> None:
+    """Close the client and the cluster it started, giving up after ``timeout`` seconds.
+
+    Under ``mpi`` this also ends the scheduler and worker ranks, which exit with
+    ``exit_code``; should that not happen within ``timeout``, the MPI job is aborted.
+    """
+    kind = getattr(client, "outcore_kind", None)
+    if kind == "mpi":
+        _stop_mpi(client, exit_code, timeout)
+        return
+    cluster = client.cluster if kind != "address" else None
+    done = threading.Event()
+
+    def close() -> None:
+        with contextlib.suppress(Exception):
+            client.close(timeout=timeout)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=timeout)
+        done.set()
+
+    threading.Thread(target=close, daemon=True, name="outcore-cluster-stop").start()
+    if not done.wait(timeout + 5):
+        log.warning("the cluster did not close within %.0f s; leaving it to process exit", timeout)
+
+
+def _stop_mpi(client: distributed.Client, exit_code: int, timeout: float) -> None:
+    from dask_mpi import send_close_signal
+
+    comm = _mpi_comm()
+    watchdog = threading.Timer(timeout, lambda: comm.Abort(exit_code or 1))
+    watchdog.daemon = True
+    watchdog.start()
+    with contextlib.suppress(Exception):
+        client.close(timeout=timeout)
+    with contextlib.suppress(Exception):
+        send_close_signal()
+    _mpi_exit_code(comm, exit_code)
+    watchdog.cancel()
+
+
+@contextlib.contextmanager
+def connect(kind: str = "auto", **options: Any) -> Iterator[distributed.Client]:
+    """``with connect(...) as client:`` starts a cluster and always stops it."""
+    client = start(kind, **options)
+    try:
+        yield client
+    finally:
+        stop(client)
+
+
+def _worker_facts() -> dict[str, Any]:
+    """Facts gathered on each worker: its pid, host name and GPU (when one is visible)."""
+    gpus = backend.devices()
+    return {
+        "pid": os.getpid(),
+        "hostname": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "gpu": gpus[0] if gpus else None,
+    }
+
+
+def placement(client: distributed.Client) -> list[dict[str, Any]]:
+    """One record per worker: address, name, host, pid, threads, memory limit, GPU name/uuid."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    facts = client.run(_worker_facts)
+    records = []
+    for address, info in sorted(workers.items()):
+        fact = facts.get(address, {})
+        gpu = fact.get("gpu") or {}
+        records.append(
+            {
+                "address": address,
+                "name": str(info.get("name")),
+                "host": info.get("host"),
+                "hostname": fact.get("hostname"),
+                "pid": fact.get("pid"),
+                "threads": info.get("nthreads"),
+                "memory_limit_bytes": info.get("memory_limit"),
+                "gpu_name": gpu.get("name"),
+                "gpu_uuid": gpu.get("uuid"),
+                "gpu_memory_bytes": gpu.get("total_bytes"),
+            }
+        )
+    return records
+
+
+def placement_table(records: list[dict[str, Any]]) -> str:
+    """A short plain-text table of ``placement`` records."""
+    from dask.utils import format_bytes
+
+    lines = [f"{'worker':<28}{'pid':>8}{'threads':>9}{'memory':>12}  gpu"]
+    for r in records:
+        limit = format_bytes(r["memory_limit_bytes"]) if r["memory_limit_bytes"] else "none"
+        gpu = r["gpu_name"] or "-"
+        lines.append(f"{r['address']:<28}{r['pid'] or '':>8}{r['threads']:>9}{limit:>12}  {gpu}")
+    return "\n".join(lines)
+
+
+def total_memory_limit(client: distributed.Client) -> int:
+    """Sum of the workers' memory limits in bytes (0 where a worker has none)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"].values()
+    return sum(int(w.get("memory_limit") or 0) for w in workers)

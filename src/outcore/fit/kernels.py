@@ -1,0 +1,324 @@
+"""Batched Levenberg-Marquardt over the candidates of one chunk, on numpy or cupy.
+
+``fit_chunk`` fits every candidate of a chunk at once: each iteration is a handful of array
+operations over all candidates still running (no Python loop per candidate), and candidates
+leave the working set as soon as they finish. Each candidate minimises its own
+``chi2 = sum_pixels w (image - model)^2`` with ``w = 1 / variance`` (1 without a variance)
+and ``w = 0`` on masked pixels; its result never depends on the other candidates of the chunk.
+
+One iteration solves ``(A + lambda diag(D)) delta = g`` for every running candidate, with
+``A = J^T W J``, ``g = J^T W r`` (``r`` the residual) and ``D`` the running maximum of
+``diag(A)`` (Marquardt's scaling). A step that lowers chi2 is taken and ``lambda`` divided by
+``LAMBDA_DOWN``; otherwise it is refused and ``lambda`` multiplied by ``LAMBDA_UP``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from outcore.backend import array_namespace
+from outcore.fit.models import Model, get_model
+
+Array = Any
+
+#: Status of a fit, by code: the code is the index (kept as a float in the packed output).
+STATUS_NAMES = (
+    "converged_f_tol",  # relative chi2 change, actual and predicted, below f_tol
+    "converged_x_tol",  # scaled step below x_tol times the scaled parameter norm
+    "converged_g_tol",  # largest gradient cosine below g_tol
+    "max_iterations",  # max_iterations steps without convergence; parameters are the last ones
+    "singular",  # normal matrix not invertible while stepping or at the solution; errors NaN
+    "invalid_input",  # bad pixels or too few of them; everything NaN
+)
+STATUS = {name: code for code, name in enumerate(STATUS_NAMES)}
+
+LAMBDA_START = 1e-3
+LAMBDA_UP = 10.0
+LAMBDA_DOWN = 10.0
+LAMBDA_RANGE = (1e-12, 1e16)
+#: A (Jacobi-scaled) normal matrix whose eigenvalue ratio falls below this is singular.
+SINGULAR_RCOND = 1e-12
+
+
+def fit_columns(model: str) -> tuple[str, ...]:
+    """Names of the columns of ``fit_chunk``'s packed output for ``model``."""
+    params = get_model(model).params
+    return (*params, *(f"{p}_err" for p in params), "chi2", "dof", "iterations", "status")
+
+
+def unpack(packed: Array, model: str) -> dict[str, Array]:
+    """Split a packed ``(n, k)`` result into named columns (dof, iterations, status as ints)."""
+    out = dict(zip(fit_columns(model), packed.T, strict=True))
+    for name in ("dof", "iterations", "status"):
+        out[name] = out[name].astype("int64")
+    return out
+
+
+def status_names(codes: Array) -> np.ndarray:
+    """Status names (numpy strings) of an array of status codes."""
+    return np.asarray(STATUS_NAMES)[np.asarray(codes, dtype=np.int64)]
+
+
+def fit_chunk(
+    images: Array,
+    variance: Array | None = None,
+    mask: Array | None = None,
+    *,
+    model: str = "gaussian",
+    psf: Array | None = None,
+    max_iterations: int = 100,
+    f_tol: float = 1e-8,
+    x_tol: float = 1e-8,
+    g_tol: float = 1e-8,
+    scale_errors: bool = False,
+) -> Array:
+    """Fit a dipole model to every stamp of a chunk; return a packed ``(n, 2p + 4)`` float64.
+
+    ``images``, ``variance`` and ``mask`` (True = ignored) are ``(n, ny, nx)`` numpy or cupy
+    arrays; the result is in the same namespace, its columns named by ``fit_columns(model)``:
+    the ``p`` parameters, their errors (square root of the diagonal of ``(J^T W J)^-1`` at the
+    solution, multiplied by ``sqrt(chi2 / dof)`` only with ``scale_errors``), chi2, dof
+    (unmasked pixels minus ``p``), iterations (trial steps) and the status code (see
+    ``STATUS_NAMES``; ``unpack`` splits the columns). ``psf`` is ``(py, px)`` or
+    ``(n, py, px)`` for ``model="psf"``. A candidate with a non-finite pixel, a non-positive
+    or non-finite variance on an unmasked pixel, or fewer unmasked pixels than parameters is
+    ``invalid_input`` with NaN parameters (so is one whose own PSF is not finite with a
+    positive sum); the rest of the chunk is fitted as usual.
+    """
+    xp = array_namespace(images)
+    spec = get_model(model)
+    if spec.needs_psf and psf is None:
+        raise ValueError(f"model {model!r} needs a psf ((py, px) or (n, py, px)).")
+    n, ny, nx = images.shape
+    npar = len(spec.params)
+    data, sqrtw, valid, npix = _prepare(images, variance, mask, xp)
+    ok = ~_bad_candidates(images, variance, valid, psf, xp) & (npix >= npar)
+    out = xp.full((n, 2 * npar + 4), xp.nan, dtype=xp.float64)
+    out[:, 2 * npar + 1] = npix - npar
+    out[:, 2 * npar + 2] = 0
+    out[:, 2 * npar + 3] = STATUS["invalid_input"]
+    idx = xp.nonzero(ok)[0]
+    if idx.size == 0:
+        return out
+    if idx.size < n:
+        data, sqrtw, valid = data[idx], sqrtw[idx], valid[idx]
+        psf = psf[idx] if psf is not None and psf.ndim == 3 else psf
+    start = spec.start(data.reshape(-1, ny, nx), valid.reshape(-1, ny, nx))
+    del valid
+    state = {"idx": idx, "p": start, "data": data, "sqrtw": sqrtw}
+    if psf is not None:
+        state["psf"] = psf
+    del data, sqrtw
+    _levenberg_marquardt(spec, state, (ny, nx), out, max_iterations, (f_tol, x_tol, g_tol))
+    out[:, :npar] = spec.canonical(out[:, :npar])
+    if scale_errors:
+        dof = out[:, 2 * npar + 1]
+        scale = xp.sqrt(out[:, 2 * npar] / xp.where(dof > 0, dof, xp.nan))
+        out[:, npar : 2 * npar] *= scale[:, None]
+    return out
+
+
+def _prepare(images: Array, variance: Array | None, mask: Array | None, xp: Any):
+    """Flat float64 data (0 where ignored), sqrt weights, valid pixels and their count per row."""
+    n = images.shape[0]
+    flat = xp.asarray(images, dtype=xp.float64).reshape(n, -1)
+    valid = xp.ones(flat.shape, dtype=bool) if mask is None else ~xp.asarray(mask).reshape(n, -1)
+    data = xp.where(valid & xp.isfinite(flat), flat, 0.0)
+    if variance is None:
+        sqrtw = valid.astype(xp.float64)
+    else:
+        var = xp.asarray(variance, dtype=xp.float64).reshape(n, -1)
+        good = valid & (var > 0) & xp.isfinite(var)
+        sqrtw = xp.where(good, var, 1.0)
+        xp.sqrt(sqrtw, out=sqrtw)
+        xp.divide(1.0, sqrtw, out=sqrtw)
+        sqrtw[~good] = 0.0
+    return data, sqrtw, valid, valid.sum(axis=1)
+
+
+def _bad_candidates(images: Array, variance: Array | None, valid: Array, psf: Array | None,
+                    xp: Any) -> Array:
+    """True for candidates with a non-finite pixel or a bad variance on an unmasked pixel, or
+    (one PSF per candidate) a PSF that is not finite with a positive sum."""
+    n = images.shape[0]
+    bad = ~xp.isfinite(images.reshape(n, -1))
+    if variance is not None:
+        var = variance.reshape(n, -1)
+        bad |= ~((var > 0) & xp.isfinite(var))
+    bad = (bad & valid).any(axis=1)
+    if psf is not None and psf.ndim == 3:
+        flat = psf.reshape(n, -1)
+        bad |= ~(xp.isfinite(flat).all(axis=1) & (flat.sum(axis=1) > 0))
+    return bad
+
+
+def _residual(spec: Model, state: dict, params: Array, shape: tuple[int, int]) -> Array:
+    """Weighted residual ``sqrt(w) (data - model)``, ``(k, ny * nx)``."""
+    extra = (state["psf"],) if spec.needs_psf else ()
+    resid = spec.evaluate(params, shape, *extra).reshape(params.shape[0], -1)
+    xp = array_namespace(resid)
+    xp.subtract(state["data"], resid, out=resid)
+    resid *= state["sqrtw"]
+    return resid
+
+
+def _normal_equations(spec: Model, state: dict, params: Array, resid: Array,
+                      shape: tuple[int, int]) -> tuple[Array, Array]:
+    """``A = J^T W J`` (k, p, p) and ``g = J^T W r`` (k, p) at ``params``."""
+    xp = array_namespace(params)
+    extra = (state["psf"],) if spec.needs_psf else ()
+    k, npar = params.shape
+    jt = xp.moveaxis(spec.jacobian(params, shape, *extra), -1, 1).reshape(k, npar, -1)
+    jt *= state["sqrtw"][:, None, :]
+    a = jt @ jt.transpose(0, 2, 1)
+    g = (jt @ resid[:, :, None])[:, :, 0]
+    return a, g
+
+
+def _diag(a: Array) -> Array:
+    return a.diagonal(axis1=1, axis2=2)
+
+
+def _levenberg_marquardt(spec: Model, state: dict, shape: tuple[int, int], out: Array,
+                         max_iterations: int, tols: tuple[float, float, float]) -> None:
+    """Iterate every candidate of ``state`` to a status; write its row of ``out``."""
+    xp = array_namespace(state["p"])
+    f_tol, x_tol, g_tol = tols
+    k, npar = state["p"].shape
+    resid = _residual(spec, state, state["p"], shape)
+    state["cost"] = (resid * resid).sum(axis=1)
+    state["a"], state["g"] = _normal_equations(spec, state, state["p"], resid, shape)
+    del resid
+    state["d"] = _diag(state["a"]).copy()
+    state["lam"] = xp.full(k, LAMBDA_START)
+    state["iters"] = xp.zeros(k, dtype=xp.int64)
+    state["status"] = xp.full(k, -1, dtype=xp.int64)
+    diag = xp.arange(npar)
+    while True:
+        st = state["status"]
+        st = xp.where((st < 0) & (_gradient_cosine(state) <= g_tol), STATUS["converged_g_tol"], st)
+        st = xp.where((st < 0) & (state["iters"] >= max_iterations), STATUS["max_iterations"], st)
+        state["status"] = st
+        done = st >= 0
+        if bool(done.any()):
+            _retire(state, done, out)
+            keep = ~done
+            for key, value in state.items():  # in place: the caller's arrays are freed too
+                if not (key == "psf" and value.ndim == 2):
+                    state[key] = value[keep]
+        if state["idx"].size == 0:
+            return
+        p, cost, a, g, d, lam = (state[key] for key in ("p", "cost", "a", "g", "d", "lam"))
+        m = a.copy()
+        m[:, diag, diag] += lam[:, None] * d
+        delta, singular = _solve(m, g, xp)
+        del m
+        trial = p + delta
+        resid = _residual(spec, state, trial, shape)
+        trial_cost = (resid * resid).sum(axis=1)
+        predicted = (delta * (g + lam[:, None] * d * delta)).sum(axis=1)
+        actual = cost - trial_cost
+        accept = (trial_cost < cost) & ~singular
+        f_conv = (xp.abs(actual) <= f_tol * cost) & (predicted <= f_tol * cost)
+        step = xp.sqrt((d * delta * delta).sum(axis=1))
+        x_conv = step <= x_tol * (xp.sqrt((d * p * p).sum(axis=1)) + x_tol)
+        state["iters"] = state["iters"] + 1
+        st = xp.where(x_conv, STATUS["converged_x_tol"], -1)
+        st = xp.where(f_conv, STATUS["converged_f_tol"], st)
+        state["status"] = xp.where(singular, STATUS["singular"], st)
+        state["p"] = xp.where(accept[:, None], trial, p)
+        state["cost"] = xp.where(accept, trial_cost, cost)
+        state["lam"] = xp.where(accept, xp.maximum(lam / LAMBDA_DOWN, LAMBDA_RANGE[0]),
+                                xp.minimum(lam * LAMBDA_UP, LAMBDA_RANGE[1]))
+        if bool(accept.all()):
+            _update_accepted(spec, state, slice(None), resid, shape)
+        elif bool(accept.any()):
+            sub = xp.nonzero(accept)[0]
+            resid = resid[sub]  # drop the full residual before the Jacobian is made
+            _update_accepted(spec, state, sub, resid, shape)
+
+
+def _update_accepted(spec: Model, state: dict, sub: Array, resid: Array,
+                     shape: tuple[int, int]) -> None:
+    """Recompute ``A``, ``g`` and the scaling ``D`` of the candidates ``sub`` whose step was
+    taken (an index array, or ``slice(None)`` for all); ``resid`` is theirs alone."""
+    xp = array_namespace(resid)
+    part = state
+    if not isinstance(sub, slice):
+        part = {"sqrtw": state["sqrtw"][sub]}
+        if "psf" in state:
+            part["psf"] = state["psf"][sub] if state["psf"].ndim == 3 else state["psf"]
+    a, g = _normal_equations(spec, part, state["p"][sub], resid, shape)
+    state["a"][sub] = a
+    state["g"][sub] = g
+    state["d"][sub] = xp.maximum(state["d"][sub], _diag(a))
+
+
+def _gradient_cosine(state: dict) -> Array:
+    """Largest ``|g_j| / sqrt(A_jj chi2)`` per candidate: the cosine between the residual
+    and each Jacobian column, MINPACK's scale-free gradient test (0 when ``g`` is 0)."""
+    xp = array_namespace(state["g"])
+    g = xp.abs(state["g"])
+    denom = xp.sqrt(_diag(state["a"]) * state["cost"][:, None])
+    cos = xp.where(denom > 0, g / xp.where(denom > 0, denom, 1.0), xp.where(g > 0, xp.inf, 0.0))
+    return cos.max(axis=1)
+
+
+def _solve(m: Array, g: Array, xp: Any) -> tuple[Array, Array]:
+    """Solve ``m delta = g`` for each candidate; flag the singular ones (their delta is 0).
+
+    The system is Jacobi-scaled first (unit diagonal). A matrix with a non-positive or
+    non-finite diagonal is singular; so is one LAPACK cannot factor, found by its eigenvalues
+    only when the batched solve fails.
+    """
+    npar = m.shape[-1]
+    eye = xp.eye(npar, dtype=m.dtype)
+    dg = _diag(m)
+    bad = ~((dg > 0).all(axis=1) & xp.isfinite(m).all(axis=(1, 2)) & xp.isfinite(g).all(axis=1))
+    s = 1.0 / xp.sqrt(xp.where(bad[:, None], 1.0, dg))
+    scaled = xp.where(bad[:, None, None], eye, m * s[:, :, None] * s[:, None, :])
+    rhs = xp.where(bad[:, None], 0.0, g * s)
+    try:
+        y = xp.linalg.solve(scaled, rhs[:, :, None])[:, :, 0]
+    except np.linalg.LinAlgError:
+        w = xp.linalg.eigvalsh(scaled)
+        bad |= ~(w[:, 0] > SINGULAR_RCOND * w[:, -1])
+        scaled = xp.where(bad[:, None, None], eye, scaled)
+        y = xp.linalg.solve(scaled, xp.where(bad[:, None], 0.0, rhs)[:, :, None])[:, :, 0]
+    delta = s * y
+    bad |= ~xp.isfinite(delta).all(axis=1)
+    return xp.where(bad[:, None], 0.0, delta), bad
+
+
+def _errors(a: Array, xp: Any) -> tuple[Array, Array]:
+    """Square roots of the diagonal of ``a^-1`` (k, p), NaN where ``a`` is singular, and that flag.
+
+    Computed from the eigen-decomposition of the Jacobi-scaled matrix, which also gives its
+    conditioning: ``(S a S)^-1 = V diag(1/w) V^T`` with ``S = diag(a)^-1/2``.
+    """
+    npar = a.shape[-1]
+    dg = _diag(a)
+    bad = ~((dg > 0).all(axis=1) & xp.isfinite(a).all(axis=(1, 2)))
+    s = 1.0 / xp.sqrt(xp.where(bad[:, None], 1.0, dg))
+    scaled = xp.where(bad[:, None, None], xp.eye(npar), a * s[:, :, None] * s[:, None, :])
+    w, v = xp.linalg.eigh(scaled)
+    bad |= ~(w[:, 0] > SINGULAR_RCOND * w[:, -1])
+    w = xp.where(bad[:, None], 1.0, w)
+    err = s * xp.sqrt((v * v / w[:, None, :]).sum(axis=2))
+    return xp.where(bad[:, None], xp.nan, err), bad
+
+
+def _retire(state: dict, done: Array, out: Array) -> None:
+    """Write the finished candidates' rows of ``out``: parameters, errors, chi2, counts."""
+    xp = array_namespace(done)
+    npar = state["p"].shape[1]
+    rows = state["idx"][done]
+    err, singular = _errors(state["a"][done], xp)
+    status = xp.where(singular, STATUS["singular"], state["status"][done])
+    out[rows, :npar] = state["p"][done]
+    out[rows, npar : 2 * npar] = err
+    out[rows, 2 * npar] = state["cost"][done]
+    out[rows, 2 * npar + 2] = state["iters"][done]
+    out[rows, 2 * npar + 3] = status

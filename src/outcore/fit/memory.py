@@ -1,0 +1,87 @@
+"""Memory model of ``fit_dipoles`` for ``outcore.plan``: bytes held by each task, per chunk.
+
+The fit task holds its chunk of the catalog (input), its packed result (output) and the
+kernel's scratch (transient). The scratch peaks while a Jacobian is built after a step that
+some but not all candidates took; it then holds, per candidate, in float64:
+
+- the stamp as data, its ``sqrt(1 / variance)`` weights, and the accepted candidates' copies
+  of the weights and of the trial residual: ``4 m`` values (``m = ny * nx``);
+- the Jacobian, ``p m`` values (``p`` parameters), the term that dominates;
+- the model's own scratch: one plane for the Gaussian model; two planes and about eight
+  interpolation matrices of ``max(ny * py, nx * px)`` values for the PSF model;
+- the small per-candidate matrices (three ``p x p``) and the per-axis factors.
+
+``tests/test_fit_kernels.py`` checks this count against ``tracemalloc``'s peak of a real
+``fit_chunk`` call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from outcore.fit.kernels import fit_columns
+from outcore.fit.models import get_model
+from outcore.plan import TaskMemory
+
+_F64 = 8
+#: Bytes of one status name in the result (numpy unicode, 4 bytes a character).
+_STATUS_BYTES = 4 * 15
+
+
+def kernel_transient_bytes(candidates: int, stamp_shape: tuple[int, int], model: str = "gaussian",
+                           psf_shape: tuple[int, int] | None = None,
+                           per_candidate_psf: bool = False) -> int:
+    """Peak scratch bytes of one ``fit_chunk`` call on ``candidates`` stamps, output excluded.
+
+    ``psf_shape`` is the PSF's ``(py, px)`` (the stamp's shape when None; PSF model only).
+    """
+    spec = get_model(model)
+    ny, nx = stamp_shape
+    m, p = ny * nx, len(spec.params)
+    values = (4 + p) * m + 3 * p * p
+    if spec.needs_psf:
+        py, px = psf_shape or stamp_shape
+        values += 2 * m + 8 * max(ny * py, nx * px)
+        if per_candidate_psf:
+            values += 2 * py * px  # the chunk's normalised PSFs and the accepted ones' copies
+    else:
+        values += m + 16 * (ny + nx)
+    return _F64 * values * candidates
+
+
+def memory_model(
+    n_candidates: int,
+    chunk_size: int,
+    stamp_shape: tuple[int, int],
+    dtype: str | np.dtype = "float64",
+    model: str = "gaussian",
+    *,
+    variance: bool = True,
+    mask: bool = False,
+    psf_shape: tuple[int, int] | None = None,
+    per_candidate_psf: bool = False,
+) -> list[TaskMemory]:
+    """The stages of a ``fit_dipoles`` graph on ``n_candidates`` stamps of ``stamp_shape``.
+
+    ``dtype`` is the catalog's pixel dtype; ``variance`` and ``mask`` say which companions
+    the catalog holds. Returns the fit stage (one task per chunk of ``chunk_size``
+    candidates) and the column stage that splits each packed result into the output
+    variables (what a writer then stores). Feed them to ``outcore.plan.Plan``.
+    """
+    chunk = min(chunk_size, n_candidates)
+    tasks = math.ceil(n_candidates / chunk)
+    ny, nx = stamp_shape
+    pixel_bytes = np.dtype(dtype).itemsize * (1 + variance) + mask
+    psf_bytes = _F64 * math.prod(psf_shape or stamp_shape) if per_candidate_psf else 0
+    inputs = chunk * (ny * nx * pixel_bytes + psf_bytes)
+    packed = chunk * len(fit_columns(model)) * _F64
+    transient = kernel_transient_bytes(chunk, stamp_shape, model, psf_shape, per_candidate_psf)
+    columns = packed + chunk * _STATUS_BYTES
+    return [
+        TaskMemory("fit-dipoles", tasks, input_bytes=inputs, output_bytes=packed,
+                   transient_bytes=transient, read_bytes=inputs),
+        TaskMemory("fit-columns", tasks, input_bytes=packed, output_bytes=columns,
+                   write_bytes=columns),
+    ]

@@ -1,0 +1,213 @@
+"""Importers: lazy datasets over HDF5, TIFF, FITS and NPZ files, read block by block.
+
+Each importer describes its file with a :class:`FrameReader`, a small picklable array-like
+whose ``__getitem__`` opens the file, reads only the frames (slices along axis 0) asked for
+and closes it, so a dask task can run anywhere the file is visible (threads, processes,
+distributed workers). :func:`arrange` then names the axes and adds companion arrays and
+attrs to make the dataset of a layout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from outcore.errors import LayoutError, OutcoreError
+from outcore.io.layouts import LAYOUTS, Dims, Layout
+from outcore.io.store import existing_path, frames_per_block
+
+#: Companion arrays given to an importer: values, or a string naming where to read them.
+Arrays = Mapping[str, Any]
+
+
+@dataclass
+class FrameReader:
+    """Array-like over the frames of one file, for ``dask.array.from_array``.
+
+    ``shape`` is ``(frames, *frame_shape)`` and ``dtype`` native-endian; subclasses add what
+    locates the data (path, dataset, HDU...) and implement ``read(start, stop)``.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Frames ``start:stop``, shape ``(stop - start, *shape[1:])``."""
+        raise NotImplementedError
+
+    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
+        """A block as dask asks for it: contiguous frames, any slices of each frame."""
+        key = key if isinstance(key, tuple) else (key,)
+        start, stop, step = (key[0] if key else slice(None)).indices(self.shape[0])
+        if step != 1:
+            raise IndexError(f"{type(self).__name__} reads contiguous frames only (step 1).")
+        block = self.read(start, max(start, stop)).reshape(-1, *self.shape[1:])
+        return np.asarray(block[(slice(None), *key[1:])], dtype=self.dtype)
+
+    def to_dask(self, frames_per_chunk: int | None = None) -> da.Array:
+        """A dask array with one task per block of ``frames_per_chunk`` frames (~64 MiB)."""
+        step = frames_per_chunk or frames_per_block(self.shape[1:], self.dtype.itemsize)
+        return da.from_array(
+            self, chunks=(step, *self.shape[1:]), meta=np.empty((0,) * self.ndim, self.dtype)
+        )
+
+
+def native(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in the machine's byte order (files such as FITS are big-endian)."""
+    return np.dtype(dtype).newbyteorder("=")
+
+
+def require(module: str) -> ModuleType:
+    """Import an optional dependency of the importers, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise OutcoreError(
+            f"Reading this format needs the Python package {module!r}, which is not installed.",
+            "install outcore's io extra: pip install 'outcore[io]'.",
+        ) from err
+
+
+def arrange(
+    ds: xr.Dataset,
+    layout: str,
+    *,
+    dims: Sequence[str] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    arrays: Arrays | None = None,
+) -> xr.Dataset:
+    """Make ``ds`` (holding the layout's main variable) a dataset of ``layout``.
+
+    ``dims`` names the main variable's axes in stored order (default: the layout's dims
+    for its number of axes); the dataset is then transposed into the layout's order.
+    ``arrays`` adds companions (``angles``, ``positions``, ``candidate_id`` or per-frame
+    columns) as values or as ``.npy``/text file paths; ``attrs`` are added to the root,
+    strings parsed as numbers or lists where they look like them.
+    """
+    lay = layout_of(layout)
+    main = ds[lay.main.name]
+    if dims is not None:
+        dims = _checked_dims(lay, main, dims)
+        interim = {old: f"__axis_{i}" for i, old in enumerate(main.dims)}
+        ds = ds.rename_dims(interim).rename_dims(dict(zip(interim.values(), dims, strict=True)))
+        main = ds[lay.main.name]
+    target = [opt for opt in lay.main.dims if sorted(opt) == sorted(map(str, main.dims))]
+    if target:
+        ds = ds.transpose(*target[0], ...)
+    for name, value in (arrays or {}).items():
+        ds = _add_array(ds, lay, name, value)
+    ds.attrs.update(parse_attrs(attrs or {}))
+    return ds
+
+
+def frames_dataset(
+    data: da.Array,
+    layout: str,
+    source: str,
+    *,
+    dims: Sequence[str] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    arrays: Arrays | None = None,
+) -> xr.Dataset:
+    """The dataset of ``layout`` whose main variable is ``data`` (read from ``source``)."""
+    lay = layout_of(layout)
+    axes = tuple(f"axis_{i}" for i in range(data.ndim))
+    ds = xr.Dataset({lay.main.name: (axes, data)})
+    dims = default_dims(layout, data.shape, source) if dims is None else dims
+    return arrange(ds, layout, dims=dims, attrs=attrs, arrays=arrays)
+
+
+def layout_of(layout: str | None) -> Layout:
+    """The Layout named ``layout``; LayoutError when it is unknown or not given."""
+    if layout not in LAYOUTS:
+        raise LayoutError(
+            f"layout={layout!r} is not a known layout." if layout else
+            "This input does not say which layout it holds.",
+            f"pass layout= one of {sorted(LAYOUTS)}.",
+        )
+    return LAYOUTS[layout]
+
+
+def default_dims(layout: str, shape: tuple[int, ...], source: str) -> Dims:
+    """The layout's dims for a main array of ``shape`` (e.g. 4-D diffraction is a grid)."""
+    lay = layout_of(layout)
+    options = [opt for opt in lay.main.dims if len(opt) == len(shape)]
+    if not options:
+        raise LayoutError(
+            f"{source} has shape {shape} ({len(shape)} axes); {layout} expects "
+            + " or ".join(f"{len(opt)} axes {opt}" for opt in lay.main.dims) + ".",
+            "point at the right dataset/HDU, or reshape the data before importing.",
+        )
+    return options[0]
+
+
+def parse_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """Attrs with string values (``key=value`` from a command line) parsed where possible.
+
+    ``"1e-10"`` -> 1e-10, ``"[1e-6, 2e-6]"`` or ``"1e-6,2e-6"`` -> [1e-6, 2e-6],
+    ``"cone"`` stays a string.
+    """
+    return {key: _parse(value) if isinstance(value, str) else value
+            for key, value in attrs.items()}
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    if "," in text:
+        try:
+            return [float(part) for part in text.split(",")]
+        except ValueError:
+            pass
+    return text
+
+
+def _checked_dims(lay: Layout, main: xr.DataArray, dims: Sequence[str]) -> Dims:
+    dims = tuple(dims)
+    if len(dims) != main.ndim:
+        raise LayoutError(
+            f"dims={dims} names {len(dims)} axes but the data has {main.ndim} "
+            f"(shape {main.shape}).",
+            f"name every axis, in stored order, from {' or '.join(map(str, lay.main.dims))}.",
+        )
+    return dims
+
+
+def _add_array(ds: xr.Dataset, lay: Layout, name: str, value: Any) -> xr.Dataset:
+    values = _load_array(name, value)
+    spec = next((var for var in lay.companions if var.name == name), None)
+    dims = spec.dims[0] if spec else (ds[lay.main.name].dims[0],)
+    if values.ndim != len(dims) or values.shape[0] != ds.sizes[dims[0]]:
+        raise LayoutError(
+            f"{name} has shape {values.shape}; {lay.name} needs dims {dims} with "
+            f"{dims[0]}={ds.sizes[dims[0]]} (the length of {lay.main.name}'s {dims[0]} axis).",
+            f"give one {name} value per {dims[0]}.",
+        )
+    ds = ds.assign({name: (dims, values)})
+    if spec:
+        ds = ds.assign_coords({dim: list(labels) for dim, labels in spec.labels.items()})
+    return ds
+
+
+def _load_array(name: str, value: Any) -> np.ndarray:
+    if not isinstance(value, str | Path):
+        return np.asarray(value)
+    path = existing_path(value, f"file of {name}")
+    if path.suffix == ".npy":
+        return np.load(path)
+    return np.loadtxt(path, delimiter="," if path.suffix == ".csv" else None, ndmin=1)

@@ -1,0 +1,83 @@
+"""FITS importer: an image cube (or one 2-D image) of one HDU, read with astropy per block."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from outcore.errors import LayoutError
+from outcore.io.importers import Arrays, FrameReader, frames_dataset, native, require
+from outcore.io.store import existing_path
+
+
+@dataclass
+class FitsFrames(FrameReader):
+    """Frames (the slowest axis in numpy order) of HDU number ``hdu`` of the file ``path``.
+
+    Reads through ``hdu.section`` on a memory-mapped file, so only the frames asked for are
+    read (and scaled by BSCALE/BZERO); tile-compressed HDUs work the same way. A 2-D image
+    is one frame.
+    """
+
+    path: str
+    hdu: int
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        fits = require("astropy.io.fits")
+        with fits.open(self.path, memmap=True) as hdul:
+            section = hdul[self.hdu].section
+            return section[start:stop] if len(hdul[self.hdu].shape) > 2 else section[:, :]
+
+
+def read_fits(
+    path: str | PathLike[str],
+    *,
+    layout: str,
+    hdu: int | str | None = None,
+    dims: Sequence[str] | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    arrays: Arrays | None = None,
+    frames_per_chunk: int | None = None,
+) -> xr.Dataset:
+    """Lazy dataset of ``layout`` over a FITS image HDU.
+
+    ``hdu`` is an HDU index or EXTNAME; by default the first HDU with 2 or more axes. Blocks
+    hold ``frames_per_chunk`` frames (default: ~64 MiB).
+    """
+    fits = require("astropy.io.fits")
+    path = existing_path(path, "FITS file")
+    with fits.open(path, memmap=True) as hdul:
+        index = _hdu_index(hdul, hdu, path)
+        shape = tuple(hdul[index].shape)
+        first = hdul[index].section[0:1]
+    reader = FitsFrames(shape if len(shape) > 2 else (1, *shape), native(first.dtype),
+                        str(path), index)
+    return frames_dataset(
+        reader.to_dask(frames_per_chunk), layout, f"{path}[{index}]",
+        dims=dims, attrs=attrs, arrays=arrays,
+    )
+
+
+def _hdu_index(hdul: Any, hdu: int | str | None, path: Any) -> int:
+    """Index of the HDU asked for, or of the first with 2 or more axes."""
+    images = [i for i, h in enumerate(hdul) if h.is_image and len(h.shape or ()) >= 2]
+    if hdu is None and images:
+        return images[0]
+    if hdu is not None:
+        try:
+            index = hdul.index_of(hdu)
+        except (KeyError, IndexError):
+            index = None
+        if index is not None and index < len(hdul) and index in images:
+            return index
+    listing = ", ".join(f"{i} {h.name!r} {tuple(h.shape or ())}" for i, h in enumerate(hdul))
+    asked = "" if hdu is None else f" {hdu!r}"
+    raise LayoutError(
+        f"{str(path)!r} has no image HDU{asked} with 2 or more axes; its HDUs are: {listing}.",
+        "pass hdu= the index or EXTNAME of an image HDU with 2 or more axes.",
+    )

@@ -1,0 +1,210 @@
+"""Open and save outcore stores: zarr v3 groups, lazy on read, written chunk by chunk.
+
+``save`` never overwrites and never leaves half a store: it writes into a sibling
+``<name>.partial-<id>`` directory and renames it to the target only once every chunk is on
+disk. The finite-value check of the layouts that refuse NaN/Inf runs inside the write tasks
+(each block is checked between its read and its write), so it costs no extra read pass and
+fails the save at the first bad block.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from os import PathLike
+from pathlib import Path
+
+import dask
+import dask.array as da
+import dask.threaded
+import distributed
+import numpy as np
+import xarray as xr
+from dask.base import get_scheduler
+from dask.delayed import Delayed
+from dask.system import CPU_COUNT
+
+from outcore.errors import InputNotFoundError, LayoutError, refuse_existing
+from outcore.io.layouts import LAYOUT_ATTR, finite_variables, validate
+
+#: Target size of one block (one dask chunk, one zarr chunk) when none is given, bytes.
+BLOCK_BYTES = 64 * 2**20
+
+STRING = np.dtypes.StringDType()
+
+
+def frames_per_block(frame_shape: tuple[int, ...], itemsize: int,
+                     target_bytes: int = BLOCK_BYTES) -> int:
+    """Frames (slices along axis 0) of ``frame_shape`` that fill about ``target_bytes``."""
+    return max(1, target_bytes // max(1, math.prod(frame_shape) * itemsize))
+
+
+def existing_path(path: str | PathLike[str], what: str = "input") -> Path:
+    """``path`` as a Path, or InputNotFoundError when nothing is there."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise InputNotFoundError(
+            f"The {what} {str(path)!r} does not exist.",
+            "check the path (relative paths start from the current directory "
+            f"{str(Path.cwd())!r}).",
+        )
+    return path
+
+
+def open(  # noqa: A001 - `outcore.open` is the public contract
+    path: str | PathLike[str],
+    *,
+    layout: str | None = None,
+    chunks: Mapping[str, int] | None = None,
+    check_values: bool = False,
+) -> xr.Dataset:
+    """Open an outcore store as a lazy, validated ``xarray.Dataset`` backed by dask.
+
+    Arrays keep the store's own chunks unless ``chunks`` maps dims to chunk sizes.
+    ``check_values=True`` also reads everything once to refuse non-finite values.
+    """
+    ds = open_unchecked(path, chunks)
+    validate(ds, layout, check_values=check_values)
+    return ds
+
+
+def open_unchecked(path: str | PathLike[str], chunks: Mapping[str, int] | None = None
+                   ) -> xr.Dataset:
+    """Open a zarr store lazily without checking its layout (chunks as in ``open``)."""
+    path = existing_path(path, "store")
+    v3 = (path / "zarr.json").is_file()
+    if not v3 and not (path / ".zgroup").is_file():
+        raise LayoutError(
+            f"{str(path)!r} is not a zarr store (it has no zarr.json or .zgroup).",
+            "point at the store's top directory, or import the file with "
+            "outcore.io.convert(source, output).",
+        )
+    return xr.open_zarr(
+        path, chunks={} if chunks is None else dict(chunks), consolidated=False if v3 else None
+    )
+
+
+def save(
+    ds: xr.Dataset,
+    path: str | PathLike[str],
+    *,
+    layout: str | None = None,
+    chunks: Mapping[str, int] | None = None,
+) -> Path:
+    """Validate ``ds`` and write it as a new zarr v3 store at ``path``; return the path.
+
+    Dask arrays are written block by block (on the active distributed Client, if any);
+    numpy arrays are chunked first. Each dim gets regular chunks, from ``chunks`` (dim ->
+    size) or else from the largest variable: its dask chunks, or ~64 MiB blocks along its
+    first dim. Zarr chunks equal the dask chunks. A NaN/Inf where the layout refuses them
+    fails the write at its block and leaves nothing at ``path``; an existing ``path`` is
+    refused with RunExistsError.
+    """
+    path = Path(path).expanduser()
+    refuse_existing(path)
+    layout = validate(ds, layout)
+    out = _prepare(ds, layout, chunks or {})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
+    try:
+        _run(out.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
+        refuse_existing(path)
+        partial.rename(path)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return path
+
+
+def _run(write: Delayed) -> None:
+    """Compute ``write`` on the active scheduler; if it fails, wait until none of its tasks
+    still runs (the local thread pool is drained, distributed workers are polled), so no
+    write outlives a failed save and the cleanup that follows is final."""
+    scheduler = get_scheduler(collections=[write])
+    if scheduler is dask.threaded.get:
+        with ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT) as pool:
+            dask.compute(write, scheduler="threads", pool=pool)
+        return
+    try:
+        dask.compute(write)
+    except BaseException:
+        client = getattr(scheduler, "__self__", None)
+        if isinstance(client, distributed.Client):
+            _wait_until_idle(client, {str(key) for key in write.__dask_graph__()})
+        raise
+
+
+def _wait_until_idle(client: distributed.Client, keys: set[str], timeout: float = 300) -> None:
+    """Return once no worker runs a task among ``keys`` (cancelled ones finish their block)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(keys & running for running in client.run(_running_keys).values()):
+            return
+        time.sleep(0.05)
+
+
+def _running_keys(dask_worker: distributed.Worker) -> set[str]:
+    return {str(task.key) for task in dask_worker.state.all_running_tasks}
+
+
+def _prepare(ds: xr.Dataset, layout: str, chunks: Mapping[str, int]) -> xr.Dataset:
+    """The dataset to write: strings as variable-length UTF-8, regular chunks, encodings and
+    the finite-value check of each block in front of its write."""
+    unknown = set(chunks) - set(map(str, ds.dims))
+    if unknown:
+        raise LayoutError(
+            f"chunks names dims {sorted(unknown)} that the dataset does not have.",
+            f"use dims among {sorted(map(str, ds.dims))}.",
+        )
+    out = ds.copy()
+    for name, var in ds.variables.items():
+        if var.dtype.kind in "UO":
+            out = _replace(out, name, var.astype(STRING))
+    out = out.chunk({dim: chunks.get(str(dim)) or _default_chunk(out, dim) for dim in out.dims})
+    for name in finite_variables(out, layout):
+        var = out.variables[name]
+        checked = da.map_blocks(_refuse_nonfinite, var.data, dtype=var.dtype, name_=name,
+                                layout=layout)
+        out = _replace(out, name, var.copy(data=checked))
+    for var in out.variables.values():
+        var.encoding = {"chunks": tuple(c[0] for c in var.chunks)} if var.chunks else {}
+    out.attrs = {**ds.attrs, LAYOUT_ATTR: layout}
+    return out
+
+
+def _replace(ds: xr.Dataset, name: object, var: xr.Variable) -> xr.Dataset:
+    """``ds`` with variable ``name`` (a coordinate or a data variable) replaced by ``var``."""
+    return ds.assign_coords({name: var}) if name in ds.coords else ds.assign({name: var})
+
+
+def _default_chunk(ds: xr.Dataset, dim: object) -> int:
+    """Chunk size of ``dim``: the largest variable's dask chunk, else ~64 MiB along axis 0."""
+    var = max((v for v in ds.variables.values() if dim in v.dims),
+              key=lambda v: v.size * v.dtype.itemsize)
+    axis = var.dims.index(dim)
+    if var.chunks:
+        return max(var.chunks[axis])
+    if axis == 0:
+        return frames_per_block(var.shape[1:], var.dtype.itemsize)
+    return max(1, var.shape[axis])
+
+
+def _refuse_nonfinite(block: np.ndarray, name_: str, layout: str,
+                      block_info: dict | None = None) -> np.ndarray:
+    """Pass ``block`` through, or raise LayoutError at its first NaN/Inf (runs in the write)."""
+    bad = ~np.isfinite(block)
+    if bad.any():
+        origin = tuple(start for start, _ in block_info[0]["array-location"])
+        first = tuple(int(i) for i in np.argwhere(bad)[0] + origin)
+        raise LayoutError(
+            f"{name_} has {int(bad.sum())} non-finite values (NaN or Inf) in the block "
+            f"starting at {origin}, the first at index {first}; {layout} refuses them, so "
+            "nothing was saved.",
+            f"replace them before saving, e.g. ds[{name_!r}] = ds[{name_!r}].fillna(0), or "
+            "drop the bad frames.",
+        )
+    return block

@@ -1,0 +1,201 @@
+"""Run one job end to end: validate, start the cluster, plan, record, execute, finish.
+
+A verb of the CLI turns its arguments into a ``Job`` (checking its inputs lazily, before
+anything starts) and hands it to ``run_job``. The order guarantees that bad input, an option
+that does not apply, an existing run directory or a plan that cannot fit all fail before any
+compute and before anything is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import distributed
+import psutil
+from dask.utils import format_bytes, parse_bytes
+
+from outcore import backend, cluster
+from outcore.errors import refuse_existing
+from outcore.plan import Plan
+from outcore.runs import Run
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a plan is made for: workers, threads per worker, memory limit per worker (bytes)."""
+
+    workers: int
+    threads_per_worker: int
+    memory_limit: int | None
+    backend: str = "numpy"
+
+    @classmethod
+    def of_client(cls, client: distributed.Client, backend_name: str) -> Resources:
+        """The resources of a running cluster (the smallest worker's memory limit)."""
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        limits = [int(w["memory_limit"]) for w in workers if w.get("memory_limit")]
+        return cls(
+            workers=len(workers),
+            threads_per_worker=max(int(w["nthreads"]) for w in workers),
+            memory_limit=min(limits) if limits else None,
+            backend=backend_name,
+        )
+
+    @classmethod
+    def of_options(cls, opts: cluster.ClusterOptions, backend_name: str) -> Resources:
+        """The resources a local cluster would get from these options (no cluster started)."""
+        workers = opts.workers or min(os.cpu_count() or 1, 4)
+        limit = opts.memory_limit
+        if limit is None or limit == "auto":
+            limit = psutil.virtual_memory().total // workers
+        return cls(workers, opts.threads_per_worker, parse_bytes(limit), backend_name)
+
+
+@dataclass
+class Job:
+    """One command's work.
+
+    ``plan(resources)`` builds the memory plan (no compute); ``execute(run, client)`` computes
+    and writes the outputs into ``run.path``, declaring them with ``run.add_output`` and
+    recording metrics. ``inputs`` are hashed into the summary. ``measure(client)``, when
+    given, is the compute-only round repeated by ``--warmup-rounds`` / ``--measure-rounds``.
+    """
+
+    command: str
+    config: dict[str, Any]
+    plan: Callable[[Resources], Plan]
+    execute: Callable[[Run, distributed.Client], None]
+    inputs: Sequence[str | Path] = field(default_factory=list)
+    plan_fixes: Sequence[str] = ()
+    measure: Callable[[distributed.Client], Any] | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The common options of every command (see ``outcore.cli.add_common_options``)."""
+
+    cluster: cluster.ClusterOptions
+    backend: str = "auto"
+    output_dir: str = "runs"
+    name: str | None = None
+    warmup_rounds: int = 0
+    measure_rounds: int = 1
+    progress: bool = True
+
+
+def default_run_name(command: str) -> str:
+    return f"{command}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
+
+
+#: Whether ``compute`` shows a progress bar; ``run_job`` sets it from ``--no-progress``.
+SHOW_PROGRESS: ContextVar[bool] = ContextVar("outcore_show_progress", default=True)
+
+
+def compute(client: distributed.Client, *collections: Any, show: bool | None = None) -> list[Any]:
+    """Compute dask collections on the cluster, with a progress bar in a terminal or notebook."""
+    futures = client.compute(list(collections))
+    if SHOW_PROGRESS.get() if show is None else show:
+        distributed.progress(futures, notebook=None, multi=False)
+        print(flush=True)
+    return client.gather(futures)
+
+
+def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[str, Any]:
+    """Run a job and return its final summary; raises ``OutcoreError`` on bad input or plans.
+
+    ``job_factory(backend)`` builds the job for the resolved backend; it must only read
+    metadata (lazy opens, validation), so that its errors come before the cluster starts.
+    """
+    kind = settings.cluster.validate()
+    backend_name = backend.resolve(settings.backend)
+    job = job_factory(backend_name)
+    SHOW_PROGRESS.set(settings.progress)
+    name = settings.name or default_run_name(job.command)
+    run_path = refuse_existing(Path(settings.output_dir) / name)
+    client = cluster.start(settings.cluster.kind, **_cluster_kwargs(settings.cluster))
+    exit_code = 1
+    try:
+        print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
+        resources = Resources.of_client(client, backend_name)
+        plan = job.plan(resources)
+        print(plan.table(), flush=True)
+        plan.check(job.plan_fixes)
+        run = Run.create(run_path.parent, run_path.name, job.command, _config(job, settings))
+        summary = _execute(run, client, job, plan, settings, kind)
+        exit_code = 0
+        return summary
+    finally:
+        cluster.stop(client, exit_code)
+
+
+def _execute(
+    run: Run, client: distributed.Client, job: Job, plan: Plan, settings: RunSettings, kind: str
+) -> dict[str, Any]:
+    try:
+        run.set(
+            "cluster",
+            {
+                "kind": kind,
+                "scheduler": client.scheduler.address,
+                "dashboard": client.dashboard_link,
+                "workers": cluster.placement(client),
+            },
+        )
+        run.set("plan", plan.to_dict())
+        with run.timing("hash_inputs"):
+            for path in job.inputs:
+                run.add_input(path)
+        if job.measure is not None and (settings.warmup_rounds or settings.measure_rounds > 1):
+            with run.timing("rounds"):
+                run.rounds(lambda: job.measure(client), settings.warmup_rounds,
+                           settings.measure_rounds)
+        with run.timing("execute"), run.performance_report():
+            t0 = time.perf_counter()
+            job.execute(run, client)
+            run.metric(execute_s=round(time.perf_counter() - t0, 6))
+        run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
+        with run.timing("verify_outputs"):
+            return run.finish()
+    except BaseException as err:
+        run.fail(err)
+        raise
+
+
+def _cluster_kwargs(opts: cluster.ClusterOptions) -> dict[str, Any]:
+    return {k: v for k, v in vars(opts).items() if k != "kind"}
+
+
+def _config(job: Job, settings: RunSettings) -> dict[str, Any]:
+    common = {
+        "cluster": vars(settings.cluster),
+        "backend": settings.backend,
+        "output_dir": str(settings.output_dir),
+        "name": settings.name,
+        "warmup_rounds": settings.warmup_rounds,
+        "measure_rounds": settings.measure_rounds,
+    }
+    return {"command": job.command, **common, **job.config}
+
+
+def _max_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_worker_rss(client: distributed.Client) -> dict[str, int]:
+    """Each worker process's peak resident memory in bytes (the kernel's high-water mark)."""
+    return client.run(_max_rss)
+
+
+def describe_plan(plan: Plan) -> str:
+    """The plan table and a one-line verdict."""
+    verdict = "fits" if plan.fits else f"needs a limit of {format_bytes(plan.needed_limit_bytes)}"
+    return f"{plan.table()}\nverdict: {verdict}"

@@ -1,0 +1,93 @@
+"""Cluster kinds: options checked before start, threads devices agree, loopback dashboard."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from urllib.parse import urlparse
+
+import dask.array as da
+import numpy as np
+import pytest
+import xarray as xr
+
+from outcore import cluster, reduce
+from outcore.errors import ClusterError
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "words"),
+    [
+        ("local", {"device_memory_limit": "1GiB"}, "does not apply"),
+        ("threads", {"device_memory_limit": "1GiB"}, "--device-memory-limit"),
+        ("mpi", {"workers": 3}, "mpirun"),
+        ("tcp://127.0.0.1:1", {"memory_limit": "1GiB"}, "existing cluster"),
+        ("tcp://127.0.0.1:1", {"workers": 2}, "--workers"),
+        ("bogus", {}, "Unknown cluster"),
+        ("local", {"workers": 0}, "at least 1"),
+        ("local", {"memory_limit": "lots"}, "not a size"),
+    ],
+)
+def test_options_that_do_not_apply_are_refused_before_start(kind, options, words):
+    with pytest.raises(ClusterError, match=words) as info:
+        cluster.ClusterOptions(kind=kind, **options).validate()
+    assert info.value.fix
+
+
+def test_cuda_without_gpu_is_a_clear_error():
+    from outcore import backend
+
+    if backend.gpu_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ClusterError, match="needs a CUDA GPU"):
+        cluster.start("cuda")
+    assert cluster.ClusterOptions(kind="auto").resolved_kind() == "local"
+
+
+def _statistics(client) -> xr.Dataset:
+    values = np.random.default_rng(7).random((12, 5, 16, 16), dtype=np.float32)
+    data = xr.DataArray(da.from_array(values, chunks=(2, 5, 16, 16)),
+                        dims=("scan_y", "scan_x", "k_y", "k_x"))
+    return reduce.stack_statistics(data).compute()
+
+
+def test_threads_devices_1_2_3_give_the_same_answer():
+    answers = []
+    for workers in (1, 2, 3):
+        with cluster.connect("threads", workers=workers, dashboard_address=":0") as client:
+            assert len(client.scheduler_info()["workers"]) == workers
+            answers.append(_statistics(client))
+    for other in answers[1:]:
+        xr.testing.assert_identical(answers[0], other)
+    truth = np.random.default_rng(7).random((12, 5, 16, 16), dtype=np.float32)
+    np.testing.assert_allclose(answers[0]["mean"], truth.mean(axis=(0, 1)), rtol=1e-6)
+
+
+def test_local_cluster_dashboard_on_loopback_and_placement():
+    client = cluster.start("local", workers=2, memory_limit="400MiB")
+    try:
+        link = client.dashboard_link
+        assert urlparse(link).hostname == "127.0.0.1"
+        with urllib.request.urlopen(link, timeout=10) as response:
+            assert response.status == 200
+        records = cluster.placement(client)
+        assert len(records) == 2
+        assert {r["memory_limit_bytes"] for r in records} == {400 * 2**20}
+        assert all(r["pid"] and r["threads"] == 1 and r["gpu_name"] is None for r in records)
+        assert len({r["pid"] for r in records}) == 2
+        assert cluster.total_memory_limit(client) == 800 * 2**20
+        assert "memory" in cluster.placement_table(records)
+    finally:
+        t0 = time.perf_counter()
+        cluster.stop(client, timeout=20)
+        assert time.perf_counter() - t0 < 25
+
+
+def test_joining_a_scheduler_address():
+    with cluster.connect("threads", workers=1, dashboard_address=":0") as first:
+        address = first.scheduler.address
+        joined = cluster.start(address)
+        try:
+            assert joined.submit(lambda x: x + 1, 1).result() == 2
+        finally:
+            cluster.stop(joined)

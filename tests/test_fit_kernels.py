@@ -1,0 +1,181 @@
+"""The batched Levenberg-Marquardt kernel against independent truths: scipy, simulated truth,
+per-candidate bad input, statuses, its memory model, and its cupy twin."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy.optimize import least_squares
+
+from outcore.fit.kernels import STATUS, STATUS_NAMES, fit_chunk, fit_columns, unpack
+from outcore.fit.memory import memory_model
+from outcore.fit.models import get_model
+from outcore.fit.simulate import simulate_catalog
+
+TIGHT = {"f_tol": 1e-15, "x_tol": 1e-15, "g_tol": 1e-15, "max_iterations": 500}
+
+
+def _catalog(n: int, model: str = "gaussian", **kwargs):
+    catalog, truth = simulate_catalog(n, seed=kwargs.pop("seed", 7), model=model, **kwargs)
+    catalog = catalog.compute()
+    arrays = {"images": catalog.images.values, "variance": catalog.variance.values}
+    if "mask" in catalog:
+        arrays["mask"] = catalog.mask.values
+    if model == "psf":
+        arrays["psf"] = catalog.psf.values
+    return arrays, truth
+
+
+def _scipy_fit(model: str, image, variance, mask, psf):
+    """scipy's MINPACK LM on the same model, start (from the kernel's own start) and weights."""
+    spec = get_model(model)
+    shape = image.shape
+    valid = ~mask
+    sqrtw = np.where(valid, 1 / np.sqrt(variance), 0.0)[valid]
+    extra = (psf,) if spec.needs_psf else ()
+    start = spec.start(np.where(valid, image, 0.0)[None], valid[None])[0]
+
+    def resid(p):
+        return sqrtw * (image[valid] - spec.evaluate(p[None], shape, *extra)[0][valid])
+
+    def jac(p):
+        return -sqrtw[:, None] * spec.jacobian(p[None], shape, *extra)[0][valid]
+
+    fit = least_squares(resid, start, jac=jac, method="lm", ftol=1e-15, xtol=1e-15, gtol=1e-15,
+                        max_nfev=10_000)
+    errors = np.sqrt(np.diag(np.linalg.inv(fit.jac.T @ fit.jac)))
+    params = spec.canonical(fit.x[None].copy())[0]
+    return params, errors, 2 * fit.cost
+
+
+@pytest.mark.parametrize(("model", "n"), [("gaussian", 20), ("psf", 10)])
+def test_same_fit_as_scipy_least_squares(model, n):
+    arrays, _ = _catalog(n, model, mask_fraction=0.03, noise="poisson", background=(-2.0, 2.0))
+    ours = unpack(fit_chunk(**arrays, model=model, **TIGHT), model)
+    names = get_model(model).params
+    assert set(ours["status"]) <= {STATUS["converged_f_tol"], STATUS["converged_x_tol"],
+                                   STATUS["converged_g_tol"]}
+    for i in range(n):
+        params, errors, chi2 = _scipy_fit(model, arrays["images"][i], arrays["variance"][i],
+                                          arrays["mask"][i], arrays.get("psf"))
+        mine = np.array([ours[name][i] for name in names])
+        np.testing.assert_allclose(mine, params, rtol=1e-5, atol=1e-8)
+        np.testing.assert_allclose([ours[f"{name}_err"][i] for name in names], errors,
+                                   rtol=1e-4)
+        assert ours["chi2"][i] == pytest.approx(chi2, rel=1e-8)
+
+
+@pytest.mark.parametrize("model", ["gaussian", "psf"])
+def test_unbiased_with_unit_pulls_on_simulated_dipoles(model):
+    n = 1500
+    arrays, truth = _catalog(n, model, seed=21, separation=(3.0, 6.0), snr=(20.0, 100.0))
+    fits = unpack(fit_chunk(**arrays, model=model), model)
+    assert (fits["status"] <= STATUS["converged_g_tol"]).all()
+    for name in ("x_pos", "y_pos", "x_neg", "y_neg", "flux_pos", "flux_neg"):
+        pull = (fits[name] - truth[name].values) / fits[f"{name}_err"]
+        sem = pull.std() / np.sqrt(n)
+        assert abs(pull.mean()) < 3 * sem, (name, pull.mean(), sem)
+        assert 0.9 < pull.std() < 1.1, (name, pull.std())
+    reduced = fits["chi2"] / fits["dof"]
+    assert reduced.mean() == pytest.approx(1.0, abs=0.02)
+
+
+def test_bad_candidates_are_flagged_and_leave_the_others_untouched():
+    arrays, _ = _catalog(30, mask_fraction=0.05)
+    clean = fit_chunk(**arrays)
+    images, variance, mask = (arrays[k].copy() for k in ("images", "variance", "mask"))
+    images[3, 8, 8] = np.nan
+    variance[7, 2, 5] = 0.0
+    mask[7, 2, 5] = False
+    mask[11] = True
+    mask[21] = True
+    mask[21, 0, :5] = False  # 5 unmasked pixels < 8 parameters
+    images[15][mask[15]] = np.inf  # bad values under the mask are ignored
+    variance[19][mask[19]] = -1.0
+    dirty = fit_chunk(images, variance, mask)
+    out = unpack(dirty, "gaussian")
+    bad = [3, 7, 11, 21]
+    assert [STATUS_NAMES[s] for s in out["status"][bad]] == ["invalid_input"] * 4
+    assert np.isnan(dirty[bad, :17]).all()
+    assert (out["iterations"][bad] == 0).all()
+    assert out["dof"][11] == -8 and out["dof"][21] == 5 - 8
+    keep = np.setdiff1d(np.arange(30), bad)
+    np.testing.assert_array_equal(dirty[keep], clean[keep])
+
+
+def test_a_blank_stamp_is_singular_and_breaks_nothing():
+    arrays, _ = _catalog(6)
+    images = arrays["images"].copy()
+    images[2] = 0.0
+    out = fit_chunk(images, arrays["variance"])
+    assert STATUS_NAMES[int(out[2, -1])] == "singular"
+    assert np.isnan(out[2, 8:16]).all()
+    np.testing.assert_array_equal(np.delete(out, 2, axis=0),
+                                  np.delete(fit_chunk(**arrays), 2, axis=0))
+
+
+def test_each_stopping_rule_reports_its_status():
+    arrays, _ = _catalog(12)
+    by_gradient = unpack(fit_chunk(**arrays, g_tol=1.0), "gaussian")  # cosines never exceed 1
+    assert (by_gradient["status"] == STATUS["converged_g_tol"]).all()
+    assert (by_gradient["iterations"] == 0).all()
+    by_step = unpack(fit_chunk(**arrays, f_tol=0.0, g_tol=0.0, x_tol=1e-3), "gaussian")
+    assert (by_step["status"] == STATUS["converged_x_tol"]).all()
+    capped = unpack(fit_chunk(**arrays, max_iterations=2, f_tol=0.0, x_tol=0.0, g_tol=0.0),
+                    "gaussian")
+    assert (capped["status"] == STATUS["max_iterations"]).all()
+    assert (capped["iterations"] == 2).all()
+    default = unpack(fit_chunk(**arrays), "gaussian")
+    assert (default["status"] == STATUS["converged_f_tol"]).all()
+
+
+def test_weights_and_error_scaling():
+    arrays, _ = _catalog(8, noise_variance=1.0)
+    unit = fit_chunk(arrays["images"])
+    np.testing.assert_array_equal(unit, fit_chunk(arrays["images"], np.ones((8, 17, 17))))
+    scaled = unpack(fit_chunk(arrays["images"], scale_errors=True), "gaussian")
+    plain = unpack(unit, "gaussian")
+    factor = np.sqrt(plain["chi2"] / plain["dof"])
+    np.testing.assert_allclose(scaled["x_pos_err"], plain["x_pos_err"] * factor, rtol=1e-12)
+    assert fit_columns("psf")[-4:] == ("chi2", "dof", "iterations", "status")
+
+
+@pytest.mark.parametrize("model", ["gaussian", "psf"])
+def test_memory_model_matches_the_measured_peak(model):
+    n = 256
+    arrays, _ = _catalog(n, model, mask_fraction=0.02, dtype="float32")
+    fit_chunk(**{k: v[:4] if v.ndim == 3 else v for k, v in arrays.items()}, model=model)
+    tracemalloc.start()
+    try:
+        fit_chunk(**arrays, model=model)
+        _, measured = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    psf_shape = arrays["psf"].shape if model == "psf" else None
+    fit, columns = memory_model(10 * n, n, (17, 17), "float32", model, mask=True,
+                                psf_shape=psf_shape)
+    assert fit.tasks == 10 and columns.tasks == 10
+    assert fit.input_bytes == n * 17 * 17 * (4 + 4 + 1)
+    projected = fit.transient_bytes + fit.output_bytes
+    assert 0.8 <= projected / measured <= 1.5, (projected, measured)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["gaussian", "psf"])
+def test_cupy_twin_equals_numpy(model):
+    import cupy
+
+    arrays, _ = _catalog(300, model, mask_fraction=0.02)
+    arrays["images"][5, 3, 3] = np.nan
+    host = fit_chunk(**arrays, model=model, **TIGHT)
+    device = fit_chunk(**{k: cupy.asarray(v) for k, v in arrays.items()}, model=model, **TIGHT)
+    assert isinstance(device, cupy.ndarray)
+    device = cupy.asnumpy(device)
+    names = get_model(model).params
+    np.testing.assert_array_equal(device[:, -1] <= STATUS["converged_g_tol"],
+                                  host[:, -1] <= STATUS["converged_g_tol"])
+    assert device[5, -1] == STATUS["invalid_input"]
+    np.testing.assert_allclose(device[:, : 2 * len(names) + 1], host[:, : 2 * len(names) + 1],
+                               rtol=1e-6, atol=1e-9)
