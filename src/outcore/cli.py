@@ -13,11 +13,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from dask.utils import format_bytes
 
 from outcore import __version__, backend, cluster, runs
-from outcore.errors import OutcoreError
+from outcore.errors import OutcoreError, refuse_existing
 from outcore.runner import Job, Resources, RunSettings, describe_plan, run_job
 
 
@@ -30,6 +31,8 @@ class Verb:
     add_arguments: Callable[[argparse.ArgumentParser], None]
     make_job: Callable[[argparse.Namespace, str], Job]
     defaults: dict | None = None
+    fill_defaults: Callable[[argparse.Namespace], None] | None = None
+    """Sets defaults that depend on other options (e.g. the workers of a local cluster)."""
 
 
 def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
@@ -104,6 +107,13 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=int, default=2, help="scan rows per chunk")
 
 
+def _demo_defaults(args: argparse.Namespace) -> None:
+    """Two workers of 512 MiB on a local cluster: less memory than the 1.5 GiB stack."""
+    if args.cluster in ("auto", "local", "threads"):
+        args.workers = 2 if args.workers is None else args.workers
+        args.memory_limit = args.memory_limit or "512MiB"
+
+
 def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
     from outcore import demo
 
@@ -112,10 +122,72 @@ def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
     return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows)
 
 
+def _convert_arguments(p: argparse.ArgumentParser) -> None:
+    from outcore.io import FORMATS, LAYOUTS
+
+    p.add_argument("source", help="HDF5, TIFF (file, directory or glob), FITS, NPZ or zarr")
+    p.add_argument("output", help="the new outcore store (.zarr); refused if it exists")
+    p.add_argument("--format", default="auto", choices=("auto", *FORMATS))
+    p.add_argument("--layout", default=None, choices=sorted(LAYOUTS))
+    p.add_argument("--dataset", default=None, help="HDF5 internal path, e.g. /entry/data/data")
+    p.add_argument("--hdu", default=None, help="FITS HDU index or name")
+    p.add_argument("--dims", nargs="+", default=None, help="the input's axes in stored order")
+    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                   help="root attribute, e.g. --attr wavelength=1e-10 (repeatable)")
+    p.add_argument("--array", action="append", default=[], metavar="NAME=SOURCE",
+                   help="companion array from .npy/.csv or an HDF5 path, e.g."
+                        " --array angles=/entry/angles (repeatable)")
+    p.add_argument("--chunk", action="append", default=[], metavar="DIM=SIZE",
+                   help="output chunk size of a dim (repeatable)")
+    p.add_argument("--frames-per-chunk", type=int, default=None, help="read block size")
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
+        pairs[key] = value
+    return pairs
+
+
+def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
+    from outcore import io, reduce
+    from outcore.plan import Plan
+
+    chunks = {k: int(v) for k, v in _pairs(args.chunk, "--chunk").items()}
+    hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
+    ds, layout = io.read_source(
+        args.source, format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
+        attrs=_pairs(args.attr, "--attr") or None, dims=args.dims,
+        arrays=_pairs(args.array, "--array") or None, frames_per_chunk=args.frames_per_chunk,
+    )
+    output = refuse_existing(Path(args.output).expanduser().resolve())
+    main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
+
+    def plan(resources: Resources) -> Plan:
+        stages = reduce.memory_model(main_var)[:1]
+        return Plan(stages, resources.workers, resources.threads_per_worker,
+                    resources.memory_limit)
+
+    def execute(run: runs.Run, client: object) -> None:
+        run.add_output(output, verify=lambda p: io.open(p))
+        with run.timing("convert"):
+            io.save(ds, output, layout=layout, chunks=chunks or None)
+        run.metric(layout=layout, bytes=int(ds.nbytes))
+
+    return Job("convert", {"source": str(args.source), "output": str(output), "layout": layout},
+               plan, execute, inputs=[args.source] if Path(args.source).exists() else [],
+               plan_fixes=["pass a smaller --frames-per-chunk"])
+
+
 CORE_VERBS = [
+    Verb("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store",
+         _convert_arguments, _convert_job),
     Verb("demo", "write a synthetic stack bigger than worker memory and stream its statistics",
-         _demo_arguments, _demo_job,
-         defaults={"workers": 2, "cluster": "local", "memory_limit": "512MiB"}),
+         _demo_arguments, _demo_job, defaults={"cluster": "local"},
+         fill_defaults=_demo_defaults),
 ]
 
 
@@ -158,6 +230,8 @@ def _plan(args: argparse.Namespace, verbs: dict[str, Verb]) -> int:
     verb.add_arguments(parser)
     add_common_options(parser, verb.defaults)
     vargs = parser.parse_args(args.rest)
+    if verb.fill_defaults:
+        verb.fill_defaults(vargs)
     backend_name = backend.resolve(vargs.backend)
     opts = cluster_options(vargs)
     opts.validate()
@@ -191,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             return _plan(args, verbs)
         verb = verbs[args.command]
+        if verb.fill_defaults:
+            verb.fill_defaults(args)
         summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
         print_summary(summary)
         return 0

@@ -244,7 +244,9 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
     if not is_client:
         # Scheduler or worker rank: its event loop has ended; exit with the client's code.
         sys.exit(_mpi_exit_code(comm, None))
-    return distributed.Client(timeout="60s")
+    client = distributed.Client(timeout="60s")
+    client.wait_for_workers(comm.Get_size() - 2, timeout=120)
+    return client
 
 
 def _mpi_exit_code(comm: Any, code: int | None) -> int:

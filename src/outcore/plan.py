@@ -87,10 +87,8 @@ class Plan:
         if self.fits:
             return self
         task = self.largest_task
-        advice = list(fixes) or [
-            "use a smaller chunk size",
-            f"raise --memory-limit above {format_bytes(self.needed_limit_bytes)}",
-        ]
+        advice = [*(fixes or ["use a smaller chunk size"]),
+                  f"raise --memory-limit to {format_bytes(self.needed_limit_bytes)} or more"]
         if self.threads_per_worker > 1:
             advice.append("use fewer threads per worker")
         raise PlanError(

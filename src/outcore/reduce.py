@@ -29,14 +29,15 @@ def stack_statistics(data: xr.DataArray) -> xr.Dataset:
     """Lazy statistics of a stack ``data(*index, py, px)``.
 
     Returns ``mean(py, px)`` and ``maximum(py, px)`` over all frames (float64 sums) and
-    ``total(*index)``, the sum of each frame. Nothing is computed until asked.
+    ``total(*index)``, the sum of each frame. Nothing is computed until asked. NaN
+    propagates (no NaN-skipping pass: the layouts that stream here refuse NaN on save).
     """
     index, pixels = frame_dims(data)
     return xr.Dataset(
         {
-            "mean": data.mean(dim=index, dtype=np.float64),
-            "maximum": data.max(dim=index),
-            "total": data.sum(dim=pixels, dtype=np.float64),
+            "mean": data.mean(dim=index, dtype=np.float64, skipna=False),
+            "maximum": data.max(dim=index, skipna=False),
+            "total": data.sum(dim=pixels, dtype=np.float64, skipna=False),
         },
         attrs={"source_dims": list(data.dims)},
     )

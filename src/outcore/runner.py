@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -65,7 +64,8 @@ class Job:
     ``plan(resources)`` builds the memory plan (no compute); ``execute(run, client)`` computes
     and writes the outputs into ``run.path``, declaring them with ``run.add_output`` and
     recording metrics. ``inputs`` are hashed into the summary. ``measure(client)``, when
-    given, is the compute-only round repeated by ``--warmup-rounds`` / ``--measure-rounds``.
+    given, is the compute-only round repeated by ``--warmup-rounds`` / ``--measure-rounds``
+    after ``execute`` (so it may read what ``execute`` wrote).
     """
 
     command: str
@@ -152,14 +152,12 @@ def _execute(
         with run.timing("hash_inputs"):
             for path in job.inputs:
                 run.add_input(path)
+        with run.timing("execute"), run.performance_report():
+            job.execute(run, client)
         if job.measure is not None and (settings.warmup_rounds or settings.measure_rounds > 1):
             with run.timing("rounds"):
                 run.rounds(lambda: job.measure(client), settings.warmup_rounds,
                            settings.measure_rounds)
-        with run.timing("execute"), run.performance_report():
-            t0 = time.perf_counter()
-            job.execute(run, client)
-            run.metric(execute_s=round(time.perf_counter() - t0, 6))
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
         with run.timing("verify_outputs"):
             return run.finish()

@@ -47,7 +47,7 @@ def kernel_transient_bytes(candidates: int, stamp_shape: tuple[int, int], model:
         if per_candidate_psf:
             values += 2 * py * px  # the chunk's normalised PSFs and the accepted ones' copies
     else:
-        values += m + 16 * (ny + nx)
+        values += m + 24 * (ny + nx)
     return _F64 * values * candidates
 
 

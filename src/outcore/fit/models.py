@@ -195,8 +195,8 @@ def _masked_median(values: Array, ok: Array) -> Array:
     xp = array_namespace(values)
     count = ok.sum(axis=1)
     ranked = xp.sort(xp.where(ok, values, xp.inf), axis=1)
-    lo = xp.clip((count - 1) // 2, 0, None)[:, None]
-    hi = xp.clip(count // 2, 0, values.shape[1] - 1)[:, None]
+    lo = xp.maximum((count - 1) // 2, 0)[:, None]
+    hi = xp.minimum(count // 2, values.shape[1] - 1)[:, None]
     mid = 0.5 * (xp.take_along_axis(ranked, lo, 1) + xp.take_along_axis(ranked, hi, 1))[:, 0]
     return xp.where(count > 0, mid, xp.nan)
 

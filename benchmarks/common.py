@@ -1,0 +1,79 @@
+"""Shared pieces of the benchmark scripts: the JSON line, machine facts, memory sampling.
+
+Every script prints one JSON object per line and case (DESIGN.md "Benchmark lines"), so runs
+compare with a few lines of Python. Quote medians and ratios from the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psutil
+
+import outcore
+from outcore.backend import devices
+from outcore.runs import versions
+
+
+def machine() -> dict[str, Any]:
+    gpus = devices()
+    return {"cpus": os.cpu_count(), "gpu": gpus[0]["name"] if gpus else None}
+
+
+def timed(run: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
+          ) -> list[float]:
+    """Wall seconds of ``runs`` calls of ``run`` (``setup`` before each, outside the clock)."""
+    walls = []
+    for _ in range(runs):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
+@contextmanager
+def sample_memory(pids: list[int], interval: float = 0.02) -> Iterator[dict[str, int]]:
+    """Peak resident memory of ``pids`` while open: the largest process and all summed."""
+    procs = [psutil.Process(pid) for pid in pids]
+    peaks = {"one": 0, "all": 0}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            sizes = [proc.memory_info().rss for proc in procs]
+            peaks["one"] = max(peaks["one"], max(sizes))
+            peaks["all"] = max(peaks["all"], sum(sizes))
+            stop.wait(interval)
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield peaks
+    finally:
+        stop.set()
+        thread.join()
+
+
+def line(bench: str, tool: str, case: dict, metric: str, value: float, walls: list[float],
+         **extra: Any) -> dict[str, Any]:
+    """Print and return one benchmark line."""
+    record = {
+        "bench": bench, "tool": tool, "case": case, "metric": metric,
+        "value": round(value, 6), "runs": len(walls),
+        "median_s": round(statistics.median(walls), 6),
+        "min_s": round(min(walls), 6), "max_s": round(max(walls), 6),
+        **extra,
+        "machine": machine(),
+        "versions": {"outcore": outcore.__version__, **versions()},
+    }
+    print(json.dumps(record), flush=True)
+    return record

@@ -1,0 +1,51 @@
+"""mpirun -n 4 outcore ... --cluster mpi on loopback: a real job, and every rank exits cleanly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from outcore.runs import load_summary
+from tests.conftest import MPIRUN
+
+pytestmark = pytest.mark.mpi
+OUTCORE = str(Path(sys.executable).parent / "outcore")
+
+
+def _mpirun(tmp_path: Path, args: list[str], timeout: float) -> tuple[dict[int, int], float]:
+    """Run outcore on 4 ranks; return each rank's exit code and the wall time."""
+    codes = tmp_path / "codes"
+    command = " ".join([OUTCORE, *args]) + f' >/dev/null 2>&1; echo "$PMI_RANK $?" >> {codes}'
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    subprocess.run([MPIRUN, "-n", "4", "sh", "-c", command], timeout=timeout, env=env,
+                   check=False, cwd=tmp_path)
+    wall = time.perf_counter() - t0
+    lines = codes.read_text().split()
+    return {int(r): int(c) for r, c in zip(lines[::2], lines[1::2], strict=True)}, wall
+
+
+def test_mpi_demo_runs_and_every_rank_exits_zero(tmp_path):
+    codes, _ = _mpirun(tmp_path, ["demo", "--cluster", "mpi", "--interface", "lo", "--scan",
+                                  "8", "32", "--frame", "64", "--no-progress", "--output-dir",
+                                  str(tmp_path / "runs"), "--name", "m"], timeout=180)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    summary = load_summary(tmp_path / "runs" / "m")
+    assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
+    assert len(summary["cluster"]["workers"]) == 2  # ranks 2 and 3
+    assert 0.7 < summary["metrics"]["verification"]["total_pull_std"] < 1.3
+
+
+def test_mpi_job_whose_command_fails_exits_non_zero_on_every_rank_quickly(tmp_path):
+    codes, wall = _mpirun(tmp_path, ["demo", "--cluster", "mpi", "--interface", "lo", "--scan",
+                                     "64", "64", "--chunk-rows", "32", "--frame", "128",
+                                     "--memory-limit", "200MiB", "--output-dir",
+                                     str(tmp_path / "runs"), "--name", "m"], timeout=120)
+    assert set(codes) == {0, 1, 2, 3} and all(code != 0 for code in codes.values())
+    assert wall < 30
+    assert not (tmp_path / "runs" / "m").exists()
