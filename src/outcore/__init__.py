@@ -1,5 +1,6 @@
 """outcore: out-of-core arrays on Dask for large scientific imaging data on one or many GPUs."""
 
+from outcore import backend, cluster, plan, reduce, runs
 from outcore.errors import (
     BackendError,
     ClusterError,
@@ -22,6 +23,11 @@ __all__ = [
     "PlanError",
     "RunExistsError",
     "__version__",
+    "backend",
+    "cluster",
+    "plan",
+    "reduce",
+    "runs",
     "open",
     "save",
 ]

@@ -1,8 +1,9 @@
-"""The ``outcore`` command: common options, the verb registry, and the core verbs.
+"""outcore: out-of-core imaging data on Dask, from a laptop to many GPUs.
 
-Each operator family adds its verbs with ``register(verbs)`` from its own ``cli`` module. A
-verb that runs a job gives ``make_job(args, backend) -> Job``; the same function serves
-``outcore plan VERB ...``, which prints the memory plan without starting anything.
+Each operator family lists its verbs in ``VERBS`` of its own ``cli`` module (named in
+``FAMILY_CLIS``). A verb that runs a job gives ``make_job(args, backend) -> Job``; the same
+function serves ``outcore plan VERB ...``, which prints the memory plan without starting
+anything.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = 
     """The options every job command takes (DESIGN.md: cluster, memory, backend, run dir)."""
     g = parser.add_argument_group("cluster and run options")
     g.add_argument("--cluster", default="auto",
-                   help="auto, local, threads, cuda, mpi, or a scheduler address (default auto)")
+                   help="auto, local, threads, cuda, mpi, or a scheduler address")
     g.add_argument("--workers", type=int, default=None, help="number of workers (one per GPU)")
     g.add_argument("--threads-per-worker", type=int, default=1)
     g.add_argument("--memory-limit", default=None, help="host memory per worker, e.g. 4GiB")
@@ -191,10 +192,14 @@ CORE_VERBS = [
 ]
 
 
+#: The cli modules of the operator families, each with a ``VERBS`` list.
+FAMILY_CLIS = ("outcore.fit.cli",)
+
+
 def _family_verbs() -> list[Verb]:
     """Verbs of the operator families (each family's cli module has ``VERBS``)."""
     verbs: list[Verb] = []
-    for module in ("outcore.fit.cli",):
+    for module in FAMILY_CLIS:
         try:
             mod = __import__(module, fromlist=["VERBS"])
         except ModuleNotFoundError as err:
@@ -214,7 +219,8 @@ def _info(args: argparse.Namespace) -> int:
         "outcore": __version__,
         "versions": runs.versions(),
         "cpus": os.cpu_count(),
-        "host_memory": {k: format_bytes(v) for k, v in backend.host_memory().items()},
+        "host_memory": {k.removesuffix("_bytes"): format_bytes(v)
+                        for k, v in backend.host_memory().items()},
         "backends": ["numpy"] + (["cupy"] if backend.gpu_available() else []),
         "auto_backend": backend.resolve("auto"),
         "auto_cluster": cluster.ClusterOptions().resolved_kind(),
@@ -242,7 +248,8 @@ def _plan(args: argparse.Namespace, verbs: dict[str, Verb]) -> int:
 
 
 def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="outcore", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="outcore", description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"outcore {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, devices and backends")
@@ -250,7 +257,8 @@ def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
     plan.add_argument("verb", choices=sorted(verbs))
     plan.add_argument("rest", nargs=argparse.REMAINDER)
     for verb in verbs.values():
-        p = sub.add_parser(verb.name, help=verb.help)
+        p = sub.add_parser(verb.name, help=verb.help, description=verb.help,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         verb.add_arguments(p)
         add_common_options(p, verb.defaults)
     return parser

@@ -89,11 +89,17 @@ class ClusterOptions:
                         f"--{name.replace('_', '-')} {value!r} is not a size.",
                         "write it like 4GiB, 500MB or a number of bytes.",
                     ) from err
-        if self.device_memory_limit is not None and kind in ("local", "threads"):
+        if self.device_memory_limit is not None and kind != "cuda":
             raise ClusterError(
-                f"--device-memory-limit does not apply to the {kind!r} cluster, which has no GPU"
-                " workers.",
-                "drop --device-memory-limit, or use --cluster cuda (or mpi on GPU nodes).",
+                f"--device-memory-limit does not apply to the {kind!r} cluster: only dask-cuda"
+                " workers (--cluster cuda) spill device memory to the host.",
+                "drop --device-memory-limit, or use --cluster cuda.",
+            )
+        if self.interface is not None and kind != "mpi":
+            raise ClusterError(
+                f"--interface does not apply to the {kind!r} cluster (local clusters use"
+                " loopback; an existing cluster chose its own).",
+                "drop --interface, or use --cluster mpi.",
             )
         if kind == "mpi" and self.workers is not None:
             raise ClusterError(
@@ -141,7 +147,13 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
     opts = ClusterOptions(kind=kind, **options)
     resolved = opts.validate()
     if resolved == "address":
-        client = distributed.Client(opts.kind, timeout="30s")
+        try:
+            client = distributed.Client(opts.kind, timeout="30s")
+        except OSError as err:
+            raise ClusterError(
+                f"No scheduler answered at {opts.kind} within 30 s ({err}).",
+                "check the address and that the scheduler is running and reachable.",
+            ) from err
     elif resolved == "mpi":
         client = _start_mpi(opts)
     elif resolved == "cuda":

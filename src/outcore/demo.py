@@ -110,7 +110,7 @@ def demo_job(
     def plan(resources: Resources) -> Plan:
         stages = reduce.memory_model(stack["data"])
         notes = [
-            f"stack: {format_bytes(stack['data'].nbytes)} on disk vs"
+            f"stack: {format_bytes(stack['data'].nbytes)} of frames vs"
             f" {format_bytes(resources.workers * (resources.memory_limit or 0))} of worker memory"
         ]
         return Plan(stages, resources.workers, resources.threads_per_worker,

@@ -9,7 +9,9 @@ compute and before anything is written.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
+import signal
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -17,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import distributed
-import psutil
-from dask.utils import format_bytes, parse_bytes
+from dask.utils import format_bytes
+from distributed.worker_memory import parse_memory_limit
 
 from outcore import backend, cluster
-from outcore.errors import refuse_existing
+from outcore.errors import OutcoreError, refuse_existing
 from outcore.plan import Plan
 from outcore.runs import Run
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,12 +53,20 @@ class Resources:
 
     @classmethod
     def of_options(cls, opts: cluster.ClusterOptions, backend_name: str) -> Resources:
-        """The resources a local cluster would get from these options (no cluster started)."""
-        workers = opts.workers or min(os.cpu_count() or 1, 4)
-        limit = opts.memory_limit
-        if limit is None or limit == "auto":
-            limit = psutil.virtual_memory().total // workers
-        return cls(workers, opts.threads_per_worker, parse_bytes(limit), backend_name)
+        """What a cluster started from these options would get (nothing is started).
+
+        Workers: ``--workers``, else what that kind starts by default (threads: 1; cuda: one
+        per GPU; local: min(CPUs, 4)). Memory: ``--memory-limit`` as dask reads it (bytes,
+        a size string, a fraction of RAM, or ``auto`` = RAM x threads / cores).
+        """
+        kind = opts.resolved_kind()
+        defaults = {"threads": 1, "cuda": max(len(backend.devices()), 1)}
+        workers = opts.workers or defaults.get(kind, min(os.cpu_count() or 1, 4))
+        limit = parse_memory_limit(
+            "auto" if opts.memory_limit is None else opts.memory_limit,
+            opts.threads_per_worker, total_cores=os.cpu_count() or 1, logger=log,
+        )
+        return cls(workers, opts.threads_per_worker, limit, backend_name)
 
 
 @dataclass
@@ -89,6 +101,15 @@ class RunSettings:
     measure_rounds: int = 1
     progress: bool = True
 
+    def validate(self) -> None:
+        """Refuse round counts that cannot work, before anything starts."""
+        if self.warmup_rounds < 0 or self.measure_rounds < 1:
+            raise OutcoreError(
+                f"--warmup-rounds {self.warmup_rounds} / --measure-rounds {self.measure_rounds}"
+                " cannot be run.",
+                "give --warmup-rounds 0 or more and --measure-rounds 1 or more.",
+            )
+
 
 def default_run_name(command: str) -> str:
     return f"{command}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
@@ -114,13 +135,16 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
     metadata (lazy opens, validation), so that its errors come before the cluster starts.
     """
     kind = settings.cluster.validate()
+    settings.validate()
     backend_name = backend.resolve(settings.backend)
     job = job_factory(backend_name)
+    job.config["backend_resolved"] = backend_name
     SHOW_PROGRESS.set(settings.progress)
     name = settings.name or default_run_name(job.command)
     run_path = refuse_existing(Path(settings.output_dir) / name)
     client = cluster.start(settings.cluster.kind, **_cluster_kwargs(settings.cluster))
     exit_code = 1
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
         resources = Resources.of_client(client, backend_name)
@@ -132,7 +156,13 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
         exit_code = 0
         return summary
     finally:
+        signal.signal(signal.SIGTERM, previous)
         cluster.stop(client, exit_code)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (Slurm's time limit, scancel) ends the run as failed, with its reason."""
+    raise SystemExit(f"terminated by signal {signum}")
 
 
 def _execute(
@@ -159,8 +189,7 @@ def _execute(
                 run.rounds(lambda: job.measure(client), settings.warmup_rounds,
                            settings.measure_rounds)
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
-        with run.timing("verify_outputs"):
-            return run.finish()
+        return run.finish()
     except BaseException as err:
         run.fail(err)
         raise
@@ -183,6 +212,18 @@ def _config(job: Job, settings: RunSettings) -> dict[str, Any]:
 
 
 def _max_rss() -> int:
+    """This process's peak resident memory in bytes since it started its program.
+
+    Linux's VmHWM (the high-water mark of this program's own memory map); ``ru_maxrss``
+    elsewhere, which on Linux would also count the parent's pages at fork.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for row in status:
+                if row.startswith("VmHWM:"):
+                    return int(row.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -212,6 +212,7 @@ class Run:
 
     def finish(self) -> dict[str, Any]:
         """Check every declared output on disk, hash it, and write ``status: success`` last."""
+        t0 = time.perf_counter()
         outputs = []
         for path, verify in self._outputs:
             if not path.exists():
@@ -223,6 +224,7 @@ class Run:
                  "sha256": sha256_path(path)}
             )
         self.record["outputs"] = outputs
+        self.record["timings_s"]["verify_outputs"] = round(time.perf_counter() - t0, 6)
         self.record["timings_s"]["total"] = round(time.perf_counter() - self.started, 6)
         self.record["finished_at"] = _now()
         self.record["status"] = "success"

@@ -14,6 +14,9 @@ One iteration solves ``(A + lambda diag(D)) delta = g`` for every running candid
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +41,10 @@ LAMBDA_START = 1e-3
 LAMBDA_UP = 10.0
 LAMBDA_DOWN = 10.0
 LAMBDA_RANGE = (1e-12, 1e16)
+#: Candidates whose model, Jacobian and start are computed at once on the host (numpy):
+#: few enough for their scratch to stay in a core's cache and to not grow with the chunk.
+#: On a GPU (cupy) the whole chunk goes at once, in fewer and larger kernels.
+HOST_BLOCK = 32
 #: A (Jacobi-scaled) normal matrix whose eigenvalue ratio falls below this is singular.
 SINGULAR_RCOND = 1e-12
 
@@ -105,13 +112,19 @@ def fit_chunk(
     if idx.size < n:
         data, sqrtw, valid = data[idx], sqrtw[idx], valid[idx]
         psf = psf[idx] if psf is not None and psf.ndim == 3 else psf
-    start = spec.start(data.reshape(-1, ny, nx), valid.reshape(-1, ny, nx))
+    block = HOST_BLOCK if xp is np else idx.size
+    start = xp.concatenate([spec.start(data[part].reshape(-1, ny, nx),
+                                       valid[part].reshape(-1, ny, nx))
+                            for part in _blocks(None, idx.size, block)])
     del valid
+    shared_psf = psf if psf is not None and psf.ndim == 2 else None
+    buffer = xp.empty((min(block, idx.size), npar, ny, nx), dtype=xp.float64)
+    problem = _Problem(spec, (ny, nx), block, shared_psf, buffer)
     state = {"idx": idx, "p": start, "data": data, "sqrtw": sqrtw}
-    if psf is not None:
+    if psf is not None and psf.ndim == 3:
         state["psf"] = psf
     del data, sqrtw
-    _levenberg_marquardt(spec, state, (ny, nx), out, max_iterations, (f_tol, x_tol, g_tol))
+    _levenberg_marquardt(problem, state, out, max_iterations, (f_tol, x_tol, g_tol))
     out[:, :npar] = spec.canonical(out[:, :npar])
     if scale_errors:
         dof = out[:, 2 * npar + 1]
@@ -120,7 +133,8 @@ def fit_chunk(
     return out
 
 
-def _prepare(images: Array, variance: Array | None, mask: Array | None, xp: Any):
+def _prepare(images: Array, variance: Array | None, mask: Array | None,
+             xp: Any) -> tuple[Array, Array, Array, Array]:
     """Flat float64 data (0 where ignored), sqrt weights, valid pixels and their count per row."""
     n = images.shape[0]
     flat = xp.asarray(images, dtype=xp.float64).reshape(n, -1)
@@ -154,26 +168,70 @@ def _bad_candidates(images: Array, variance: Array | None, valid: Array, psf: Ar
     return bad
 
 
-def _residual(spec: Model, state: dict, params: Array, shape: tuple[int, int]) -> Array:
-    """Weighted residual ``sqrt(w) (data - model)``, ``(k, ny * nx)``."""
-    extra = (state["psf"],) if spec.needs_psf else ()
-    resid = spec.evaluate(params, shape, *extra).reshape(params.shape[0], -1)
-    xp = array_namespace(resid)
-    xp.subtract(state["data"], resid, out=resid)
-    resid *= state["sqrtw"]
+@dataclass(frozen=True)
+class _Problem:
+    """What stays fixed while a chunk is fitted: the model, the stamp shape, the block size
+    of the per-pixel work, the PSF shared by all candidates (None when each has its own,
+    kept with the running candidates' arrays) and the Jacobian's buffer.
+
+    Reusing one buffer matters on Dask workers, whose allocator returns large blocks to the
+    system at once (``MALLOC_TRIM_THRESHOLD_``): a new Jacobian per block would page-fault.
+    """
+
+    spec: Model
+    shape: tuple[int, int]
+    block: int
+    psf: Array | None
+    jacobian: Array  # (block, p, ny, nx) buffer, reused for every block's Jacobian
+
+    def extra(self, state: dict, part: Array | slice) -> tuple:
+        """The model's extra argument for the candidates ``part``: their PSF, or nothing."""
+        if not self.spec.needs_psf:
+            return ()
+        return (state["psf"][part] if self.psf is None else self.psf,)
+
+
+def _blocks(rows: Array | None, count: int, block: int) -> Iterator[Array | slice]:
+    """Slices (``rows`` None) or index arrays (pieces of ``rows``) of ``block`` candidates."""
+    for lo in range(0, count, block):
+        yield slice(lo, lo + block) if rows is None else rows[lo : lo + block]
+
+
+def _residual(problem: _Problem, state: dict, params: Array) -> Array:
+    """Weighted residual ``sqrt(w) (data - model)`` of every candidate of ``state`` at
+    ``params``, ``(k, ny * nx)``, computed block by block."""
+    xp = array_namespace(params)
+    k = params.shape[0]
+    resid = xp.empty((k, math.prod(problem.shape)), dtype=xp.float64)
+    for part in _blocks(None, k, problem.block):
+        model = problem.spec.evaluate(params[part], problem.shape, *problem.extra(state, part))
+        xp.subtract(state["data"][part], model.reshape(model.shape[0], -1), out=resid[part])
+        resid[part] *= state["sqrtw"][part]
+        del model
     return resid
 
 
-def _normal_equations(spec: Model, state: dict, params: Array, resid: Array,
-                      shape: tuple[int, int]) -> tuple[Array, Array]:
-    """``A = J^T W J`` (k, p, p) and ``g = J^T W r`` (k, p) at ``params``."""
-    xp = array_namespace(params)
-    extra = (state["psf"],) if spec.needs_psf else ()
-    k, npar = params.shape
-    jt = xp.moveaxis(spec.jacobian(params, shape, *extra), -1, 1).reshape(k, npar, -1)
-    jt *= state["sqrtw"][:, None, :]
-    a = jt @ jt.transpose(0, 2, 1)
-    g = (jt @ resid[:, :, None])[:, :, 0]
+def _normal_equations(problem: _Problem, state: dict, rows: Array | None,
+                      resid: Array) -> tuple[Array, Array]:
+    """``A = J^T W J`` (k, p, p) and ``g = J^T W r`` (k, p) for the candidates ``rows`` of
+    ``state`` (an index array; None for all), ``resid`` being the residual of all of them.
+    The Jacobian is built one block at a time."""
+    xp = array_namespace(resid)
+    count = state["p"].shape[0] if rows is None else rows.shape[0]
+    npar = state["p"].shape[1]
+    a = xp.empty((count, npar, npar), dtype=xp.float64)
+    g = xp.empty((count, npar), dtype=xp.float64)
+    lo = 0
+    for part in _blocks(rows, count, problem.block):
+        params = state["p"][part]
+        size = params.shape[0]
+        jac = problem.spec.jacobian(params, problem.shape, *problem.extra(state, part),
+                                    out=problem.jacobian[:size])
+        jt = xp.moveaxis(jac, -1, 1).reshape(size, npar, -1)
+        jt *= state["sqrtw"][part][:, None, :]
+        a[lo : lo + size] = jt @ jt.transpose(0, 2, 1)
+        g[lo : lo + size] = (jt @ resid[part][:, :, None])[:, :, 0]
+        lo += size
     return a, g
 
 
@@ -181,15 +239,21 @@ def _diag(a: Array) -> Array:
     return a.diagonal(axis1=1, axis2=2)
 
 
-def _levenberg_marquardt(spec: Model, state: dict, shape: tuple[int, int], out: Array,
-                         max_iterations: int, tols: tuple[float, float, float]) -> None:
-    """Iterate every candidate of ``state`` to a status; write its row of ``out``."""
+def _levenberg_marquardt(problem: _Problem, state: dict, out: Array, max_iterations: int,
+                         tols: tuple[float, float, float]) -> None:
+    """Iterate every candidate of ``state`` to a status; write its row of ``out``.
+
+    ``state`` maps names to arrays whose first axis is the running candidates: ``idx``
+    (their rows of ``out``), ``p``, ``data``, ``sqrtw`` and their own ``psf`` if any; the
+    loop adds ``cost``, ``a``, ``g``, ``d``, ``lam``, ``iters`` and ``status``, and drops the
+    candidates that end.
+    """
     xp = array_namespace(state["p"])
     f_tol, x_tol, g_tol = tols
     k, npar = state["p"].shape
-    resid = _residual(spec, state, state["p"], shape)
+    resid = _residual(problem, state, state["p"])
     state["cost"] = (resid * resid).sum(axis=1)
-    state["a"], state["g"] = _normal_equations(spec, state, state["p"], resid, shape)
+    state["a"], state["g"] = _normal_equations(problem, state, None, resid)
     del resid
     state["d"] = _diag(state["a"]).copy()
     state["lam"] = xp.full(k, LAMBDA_START)
@@ -206,8 +270,7 @@ def _levenberg_marquardt(spec: Model, state: dict, shape: tuple[int, int], out: 
             _retire(state, done, out)
             keep = ~done
             for key, value in state.items():  # in place: the caller's arrays are freed too
-                if not (key == "psf" and value.ndim == 2):
-                    state[key] = value[keep]
+                state[key] = value[keep]
         if state["idx"].size == 0:
             return
         p, cost, a, g, d, lam = (state[key] for key in ("p", "cost", "a", "g", "d", "lam"))
@@ -216,7 +279,7 @@ def _levenberg_marquardt(spec: Model, state: dict, shape: tuple[int, int], out: 
         delta, singular = _solve(m, g, xp)
         del m
         trial = p + delta
-        resid = _residual(spec, state, trial, shape)
+        resid = _residual(problem, state, trial)
         trial_cost = (resid * resid).sum(axis=1)
         predicted = (delta * (g + lam[:, None] * d * delta)).sum(axis=1)
         actual = cost - trial_cost
@@ -233,27 +296,21 @@ def _levenberg_marquardt(spec: Model, state: dict, shape: tuple[int, int], out: 
         state["lam"] = xp.where(accept, xp.maximum(lam / LAMBDA_DOWN, LAMBDA_RANGE[0]),
                                 xp.minimum(lam * LAMBDA_UP, LAMBDA_RANGE[1]))
         if bool(accept.all()):
-            _update_accepted(spec, state, slice(None), resid, shape)
+            _update_accepted(problem, state, None, resid)
         elif bool(accept.any()):
-            sub = xp.nonzero(accept)[0]
-            resid = resid[sub]  # drop the full residual before the Jacobian is made
-            _update_accepted(spec, state, sub, resid, shape)
+            _update_accepted(problem, state, xp.nonzero(accept)[0], resid)
+        del resid  # before the next compaction copies the running candidates' planes
 
 
-def _update_accepted(spec: Model, state: dict, sub: Array, resid: Array,
-                     shape: tuple[int, int]) -> None:
-    """Recompute ``A``, ``g`` and the scaling ``D`` of the candidates ``sub`` whose step was
-    taken (an index array, or ``slice(None)`` for all); ``resid`` is theirs alone."""
+def _update_accepted(problem: _Problem, state: dict, rows: Array | None, resid: Array) -> None:
+    """Recompute ``A``, ``g`` and the scaling ``D`` of the candidates ``rows`` (None for all)
+    whose step was taken; ``resid`` is the trial residual of every running candidate."""
     xp = array_namespace(resid)
-    part = state
-    if not isinstance(sub, slice):
-        part = {"sqrtw": state["sqrtw"][sub]}
-        if "psf" in state:
-            part["psf"] = state["psf"][sub] if state["psf"].ndim == 3 else state["psf"]
-    a, g = _normal_equations(spec, part, state["p"][sub], resid, shape)
-    state["a"][sub] = a
-    state["g"][sub] = g
-    state["d"][sub] = xp.maximum(state["d"][sub], _diag(a))
+    a, g = _normal_equations(problem, state, rows, resid)
+    at = slice(None) if rows is None else rows
+    state["a"][at] = a
+    state["g"][at] = g
+    state["d"][at] = xp.maximum(state["d"][at], _diag(a))
 
 
 def _gradient_cosine(state: dict) -> Array:

@@ -1,15 +1,17 @@
 """Memory model of ``fit_dipoles`` for ``outcore.plan``: bytes held by each task, per chunk.
 
 The fit task holds its chunk of the catalog (input), its packed result (output) and the
-kernel's scratch (transient). The scratch peaks while a Jacobian is built after a step that
-some but not all candidates took; it then holds, per candidate, in float64:
+kernel's scratch (transient). The kernel keeps three float64 planes per candidate of the
+chunk (the data, its ``sqrt(1 / variance)`` weights and the trial residual) and a few
+``p x p`` matrices, and computes models, starts and Jacobians one block of candidates at a
+time (``HOST_BLOCK`` on the host, the whole chunk on a GPU). Its peak is reached while a
+block's Jacobian is built; a block then holds, per candidate, in float64 (``m = ny * nx``,
+``p`` parameters):
 
-- the stamp as data, its ``sqrt(1 / variance)`` weights, and the accepted candidates' copies
-  of the weights and of the trial residual: ``4 m`` values (``m = ny * nx``);
-- the Jacobian, ``p m`` values (``p`` parameters), the term that dominates;
-- the model's own scratch: one plane for the Gaussian model; two planes and about eight
-  interpolation matrices of ``max(ny * py, nx * px)`` values for the PSF model;
-- the small per-candidate matrices (three ``p x p``) and the per-axis factors.
+- the Jacobian, ``p m`` values, and the block's copies of weights and residual, ``2 m``;
+- the model's own scratch: one plane and the per-axis factors for the Gaussian model; two
+  planes and about eight interpolation matrices of ``max(ny * py, nx * px)`` values for the
+  PSF model.
 
 ``tests/test_fit_kernels.py`` checks this count against ``tracemalloc``'s peak of a real
 ``fit_chunk`` call.
@@ -21,7 +23,7 @@ import math
 
 import numpy as np
 
-from outcore.fit.kernels import fit_columns
+from outcore.fit.kernels import HOST_BLOCK, fit_columns
 from outcore.fit.models import get_model
 from outcore.plan import TaskMemory
 
@@ -32,23 +34,27 @@ _STATUS_BYTES = 4 * 15
 
 def kernel_transient_bytes(candidates: int, stamp_shape: tuple[int, int], model: str = "gaussian",
                            psf_shape: tuple[int, int] | None = None,
-                           per_candidate_psf: bool = False) -> int:
+                           per_candidate_psf: bool = False, backend: str = "numpy") -> int:
     """Peak scratch bytes of one ``fit_chunk`` call on ``candidates`` stamps, output excluded.
 
     ``psf_shape`` is the PSF's ``(py, px)`` (the stamp's shape when None; PSF model only).
+    ``backend="cupy"`` counts device memory, where the whole chunk is one block.
     """
     spec = get_model(model)
     ny, nx = stamp_shape
     m, p = ny * nx, len(spec.params)
-    values = (4 + p) * m + 3 * p * p
+    block = min(candidates, HOST_BLOCK) if backend == "numpy" else candidates
+    per_chunk = 3 * m + 3 * p * p
+    per_block = (p + 2) * m
     if spec.needs_psf:
         py, px = psf_shape or stamp_shape
-        values += 2 * m + 8 * max(ny * py, nx * px)
-        if per_candidate_psf:
-            values += 2 * py * px  # the chunk's normalised PSFs and the accepted ones' copies
+        per_block += 2 * m + 8 * max(ny * py, nx * px)
+        if per_candidate_psf:  # the running candidates' PSFs, and the block's normalised ones
+            per_chunk += py * px
+            per_block += py * px
     else:
-        values += m + 24 * (ny + nx)
-    return _F64 * values * candidates
+        per_block += m + 24 * (ny + nx)
+    return _F64 * (per_chunk * candidates + per_block * block)
 
 
 def memory_model(
@@ -62,13 +68,15 @@ def memory_model(
     mask: bool = False,
     psf_shape: tuple[int, int] | None = None,
     per_candidate_psf: bool = False,
+    backend: str = "numpy",
 ) -> list[TaskMemory]:
     """The stages of a ``fit_dipoles`` graph on ``n_candidates`` stamps of ``stamp_shape``.
 
     ``dtype`` is the catalog's pixel dtype; ``variance`` and ``mask`` say which companions
     the catalog holds. Returns the fit stage (one task per chunk of ``chunk_size``
     candidates) and the column stage that splits each packed result into the output
-    variables (what a writer then stores). Feed them to ``outcore.plan.Plan``.
+    variables (what a writer then stores). Feed them to ``outcore.plan.Plan``. With
+    ``backend="cupy"`` the fit's scratch is device memory (see ``kernel_transient_bytes``).
     """
     chunk = min(chunk_size, n_candidates)
     tasks = math.ceil(n_candidates / chunk)
@@ -77,7 +85,8 @@ def memory_model(
     psf_bytes = _F64 * math.prod(psf_shape or stamp_shape) if per_candidate_psf else 0
     inputs = chunk * (ny * nx * pixel_bytes + psf_bytes)
     packed = chunk * len(fit_columns(model)) * _F64
-    transient = kernel_transient_bytes(chunk, stamp_shape, model, psf_shape, per_candidate_psf)
+    transient = kernel_transient_bytes(chunk, stamp_shape, model, psf_shape, per_candidate_psf,
+                                       backend)
     columns = packed + chunk * _STATUS_BYTES
     return [
         TaskMemory("fit-dipoles", tasks, input_bytes=inputs, output_bytes=packed,

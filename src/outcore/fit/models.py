@@ -12,7 +12,8 @@ Conventions shared by every model (all lengths in pixels):
 Every function works on numpy or cupy arrays alike (the namespace of ``params``) and is
 vectorised over the ``n`` candidates of a batch. ``evaluate`` returns ``(n, ny, nx)``;
 ``jacobian`` returns ``(n, ny, nx, p)``, a view of a parameter-major ``(n, p, ny, nx)``
-buffer so that the fitter reads one parameter's derivatives as one contiguous plane.
+buffer (new, or the ``out=`` one the fitter reuses) so that the fitter reads one
+parameter's derivatives as one contiguous plane.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def _gaussian_factors(params: Array, shape: tuple[int, int], xp: Any) -> tuple[A
     return ys, xs
 
 
+def _jacobian_buffer(out: Array | None, n: int, npar: int, shape: tuple[int, int],
+                     xp: Any) -> Array:
+    """``out`` (a reused ``(n, p, ny, nx)`` float64 buffer) or a new one."""
+    if out is None:
+        return xp.empty((n, npar, *shape), dtype=xp.float64)
+    if out.shape != (n, npar, *shape):
+        raise ValueError(f"out has shape {out.shape}; expected {(n, npar, *shape)}.")
+    return out
+
+
 def gaussian_evaluate(params: Array, shape: tuple[int, int]) -> Array:
     """Two circular Gaussian lobes of shared width plus a background, ``(n, ny, nx)``.
 
@@ -86,7 +97,7 @@ def gaussian_evaluate(params: Array, shape: tuple[int, int]) -> Array:
     return out
 
 
-def gaussian_jacobian(params: Array, shape: tuple[int, int]) -> Array:
+def gaussian_jacobian(params: Array, shape: tuple[int, int], *, out: Array | None = None) -> Array:
     """Analytic derivatives of ``gaussian_evaluate``, ``(n, ny, nx, 8)``.
 
     With ``u`` a unit-flux lobe and ``L = flux * u``: ``dL/dx0 = L (x - x0) / sigma^2``,
@@ -94,7 +105,7 @@ def gaussian_jacobian(params: Array, shape: tuple[int, int]) -> Array:
     """
     xp = array_namespace(params)
     ys, xs = _gaussian_factors(params, shape, xp)
-    jac = xp.empty((params.shape[0], 8, *shape), dtype=xp.float64)
+    jac = _jacobian_buffer(out, params.shape[0], 8, shape, xp)
     xp.multiply(ys[:, :6, :, None], xs[:, :6, None, :], out=jac[:, :6])
     jac[:, 6] = xp.matmul(ys[:, 6:].transpose(0, 2, 1), xs[:, 6:])
     jac[:, 7] = 1.0
@@ -166,7 +177,8 @@ def psf_evaluate(params: Array, shape: tuple[int, int], psf: Array) -> Array:
     return out
 
 
-def psf_jacobian(params: Array, shape: tuple[int, int], psf: Array) -> Array:
+def psf_jacobian(params: Array, shape: tuple[int, int], psf: Array, *,
+                 out: Array | None = None) -> Array:
     """Analytic derivatives of ``psf_evaluate``, ``(n, ny, nx, 7)``, through ``dw/dt``."""
     xp = array_namespace(params)
     psf = normalise_psf(psf)
@@ -174,7 +186,7 @@ def psf_jacobian(params: Array, shape: tuple[int, int], psf: Array) -> Array:
     ny, nx = shape
     y, x = pixel_grid(shape, xp)
     py, px = psf.shape[-2:]
-    jac = xp.empty((n, 7, ny, nx), dtype=xp.float64)
+    jac = _jacobian_buffer(out, n, 7, shape, xp)
     for ix, iy, iflux in ((0, 1, 4), (2, 3, 5)):
         flux = params[:, iflux, None, None]
         ky, dky = _psf_weights(params[:, iy], y, py, xp)

@@ -1,0 +1,30 @@
+"""Run every benchmark at a size that finishes in a few minutes on a 2-core machine.
+
+Each script prints one JSON line per case; this runner passes them through, so
+``make bench > bench.jsonl`` keeps a run to compare with later ones.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SMALL = {
+    "bench_read.py": ["--gib", "0.5", "--runs", "3"],
+    "bench_fit.py": [],
+}
+
+
+def main() -> int:
+    failed = 0
+    for script, args in SMALL.items():
+        print(f"# {script} {' '.join(args)}", file=sys.stderr, flush=True)
+        done = subprocess.run([sys.executable, str(HERE / script), *args], cwd=HERE)
+        failed += done.returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""outcore fit-dipoles: a run directory with fits.parquet, fits.zarr and status counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import outcore
+from outcore.cli import main
+from outcore.fit import simulate_catalog
+from outcore.runs import load_summary
+
+COMMON = ["--cluster", "threads", "--workers", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return simulate_catalog(300, seed=5)
+
+
+def test_fit_dipoles_from_an_npz_catalog(tmp_path, catalog):
+    cat, truth = catalog
+    source = tmp_path / "cat.npz"
+    images = cat["images"].values.copy()
+    images[7, 3, 3] = np.nan  # one bad candidate
+    np.savez(source, candidate_id=cat["candidate_id"].values, images=images,
+             variance=cat["variance"].values)
+    code = main(["fit-dipoles", "--input", str(source), "--chunk-size", "64", *COMMON,
+                 "--output-dir", str(tmp_path), "--name", "f"])
+    assert code == 0
+    summary = load_summary(tmp_path / "f")
+    counts = summary["metrics"]["status_counts"]
+    assert counts["invalid_input"] == 1 and sum(counts.values()) == 300
+    assert summary["metrics"]["fits_per_second"] > 0
+    table = pd.read_parquet(tmp_path / "f" / "fits.parquet")
+    assert len(table) == 300 and table.loc[7, "status"] == "invalid_input"
+    assert {"candidate_id", "status", "iterations", "chi2", "dof", "x_pos", "x_pos_err",
+            "flux_neg", "sigma_err"} <= set(table.columns)
+    fits = xr.open_zarr(tmp_path / "f" / "fits.zarr", consolidated=False)
+    np.testing.assert_array_equal(fits["chi2"].values, table["chi2"].values)
+    good = table["status"].str.startswith("converged").to_numpy()
+    pulls = (table["x_pos"] - truth["x_pos"].values) / table["x_pos_err"]
+    assert 0.7 < np.std(pulls[good]) < 1.3  # errors describe the scatter
+
+
+def test_chunk_size_does_not_change_the_fits(tmp_path, catalog):
+    cat, _ = catalog
+    store = tmp_path / "cat.zarr"
+    outcore.save(cat, store)
+    tables = []
+    for chunk in ("7", "300"):
+        assert main(["fit-dipoles", "--input", str(store), "--chunk-size", chunk, *COMMON,
+                     "--output-dir", str(tmp_path), "--name", f"c{chunk}"]) == 0
+        tables.append(pd.read_parquet(tmp_path / f"c{chunk}" / "fits.parquet"))
+    pd.testing.assert_frame_equal(tables[0], tables[1])
+
+
+def test_bad_catalog_is_refused_before_anything(tmp_path, capsys):
+    source = tmp_path / "cat.npz"
+    np.savez(source, candidate_id=np.arange(3), images=np.zeros((3, 9, 9)),
+             variance=np.ones((3, 9, 8)))
+    assert main(["fit-dipoles", "--input", str(source), *COMMON,
+                 "--output-dir", str(tmp_path / "runs")]) == 1
+    assert "variance" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_psf_model_needs_a_psf(tmp_path, capsys, catalog):
+    store = tmp_path / "cat.zarr"
+    outcore.save(catalog[0], store)
+    assert main(["fit-dipoles", "--input", str(store), "--model", "psf", *COMMON,
+                 "--output-dir", str(tmp_path / "runs")]) == 1
+    assert "psf" in capsys.readouterr().err.lower()
+    assert not (tmp_path / "runs").exists()
