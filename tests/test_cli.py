@@ -16,7 +16,7 @@ import outcore
 from outcore.cli import main
 from outcore.runs import load_summary
 
-SMALL = ["--scan", "8", "16", "--frame", "32", "--no-progress"]
+SMALL = ["--scan", "8", "16", "--frame", "32", "--fit-candidates", "300", "--no-progress"]
 
 
 def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
@@ -35,6 +35,8 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     assert (run / "dask-report.html").stat().st_size > 0
     assert "cluster" in (run / "effective-config.yaml").read_text()
     # the statistics agree with the simulation's truth within Poisson noise
+    fits = summary["metrics"]["fit_dipoles"]
+    assert fits["candidates"] == 300 and sum(fits["status_counts"].values()) == 300
     check = summary["metrics"]["verification"]
     assert 0.8 < check["mean_pull_std"] < 1.2 and 0.8 < check["total_pull_std"] < 1.2
     stack = outcore.open(run / "stack.zarr")["data"]

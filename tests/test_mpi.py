@@ -32,13 +32,15 @@ def _mpirun(tmp_path: Path, args: list[str], timeout: float) -> tuple[dict[int, 
 
 def test_mpi_demo_runs_and_every_rank_exits_zero(tmp_path):
     codes, _ = _mpirun(tmp_path, ["demo", "--cluster", "mpi", "--interface", "lo", "--scan",
-                                  "8", "32", "--frame", "64", "--no-progress", "--output-dir",
+                                  "8", "32", "--frame", "64", "--fit-candidates", "500", "--no-progress",
+                                  "--output-dir",
                                   str(tmp_path / "runs"), "--name", "m"], timeout=180)
     assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
     summary = load_summary(tmp_path / "runs" / "m")
     assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
     assert len(summary["cluster"]["workers"]) == 2  # ranks 2 and 3
     assert 0.7 < summary["metrics"]["verification"]["total_pull_std"] < 1.3
+    assert summary["metrics"]["fit_dipoles"]["status_counts"]["converged_f_tol"] > 450
 
 
 def test_mpi_job_whose_command_fails_exits_non_zero_on_every_rank_quickly(tmp_path):

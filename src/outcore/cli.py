@@ -106,6 +106,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="scan grid of the synthetic stack (frames = NY*NX)")
     p.add_argument("--frame", type=int, default=128, help="detector frame size in pixels")
     p.add_argument("--chunk-rows", type=int, default=2, help="scan rows per chunk")
+    p.add_argument("--fit-candidates", type=int, default=5000,
+                   help="simulated dipole cutouts to fit after the statistics (0: none)")
 
 
 def _demo_defaults(args: argparse.Namespace) -> None:
@@ -120,7 +122,8 @@ def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     if backend_name != "numpy":
         print("note: the demo runs on numpy chunks", file=sys.stderr)
-    return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows)
+    return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows,
+                         fit_candidates=args.fit_candidates)
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:

@@ -98,13 +98,33 @@ def check_statistics(stats: xr.Dataset, scan: tuple[int, int], frame: int, count
     }
 
 
+def fit_demo(run: Run, client: distributed.Client, candidates: int) -> None:
+    """Fit a simulated dipole catalog (outcore.fit) and record rate, statuses and pulls."""
+    from outcore.fit import fit_dipoles, simulate_catalog, status_counts
+
+    catalog, truth = simulate_catalog(candidates, seed=3, chunk_size=1024)
+    with run.timing("fit_dipoles"):
+        fits = client.persist(fit_dipoles(catalog, chunk_size=256))
+        distributed.wait(fits)
+    ok = fits["status"].str.startswith("converged")
+    pulls = ((fits["x_pos"] - truth["x_pos"]) / fits["x_pos_err"]).where(ok)
+    run.metric(fit_dipoles={
+        "candidates": candidates,
+        "fits_per_second": round(candidates / run.record["timings_s"]["fit_dipoles"], 1),
+        "status_counts": status_counts(fits),
+        "x_pos_pull_std": round(float(pulls.std().compute()), 4),
+    })
+
+
 def demo_job(
     scan: tuple[int, int] = (128, 192),
     frame: int = 128,
     chunk_rows: int = 2,
     counts: float = 2.0e4,
+    fit_candidates: int = 5000,
 ) -> Job:
-    """The demo's job: write the synthetic stack into the run, then stream its statistics."""
+    """The demo's job: write the synthetic stack into the run, stream its statistics, then
+    fit ``fit_candidates`` simulated dipole cutouts (none when 0)."""
     stack = synthetic_stack(scan, frame, counts, chunk_rows)
 
     def plan(resources: Resources) -> Plan:
@@ -141,10 +161,13 @@ def demo_job(
             read_gb_per_s=round(nbytes / run.record["timings_s"]["statistics"] / 1e9, 3),
             verification=check_statistics(computed, scan, frame, counts),
         )
+        if fit_candidates:
+            fit_demo(run, client, fit_candidates)
 
     return Job(
         command="demo",
-        config={"scan": list(scan), "frame": frame, "chunk_rows": chunk_rows, "counts": counts},
+        config={"scan": list(scan), "frame": frame, "chunk_rows": chunk_rows, "counts": counts,
+                "fit_candidates": fit_candidates},
         plan=plan,
         execute=execute,
         plan_fixes=["use fewer --chunk-rows"],

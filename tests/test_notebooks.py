@@ -1,0 +1,30 @@
+"""Every notebook under notebooks/ runs top to bottom at a small size."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+SMALL = {"OUTCORE_NB_CANDIDATES": "1500"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    for key, value in SMALL.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "dashboard: http://127.0.0.1:" in text
+    if path.stem == "cutout-fits":  # the errors the notebook reports describe the scatter
+        spread = float(re.search(r"pull spread of x_pos: ([0-9.]+)", text).group(1))
+        assert 0.8 < spread < 1.2
