@@ -31,10 +31,10 @@ def _mpirun(tmp_path: Path, args: list[str], timeout: float) -> tuple[dict[int, 
 
 
 def test_mpi_demo_runs_and_every_rank_exits_zero(tmp_path):
-    codes, _ = _mpirun(tmp_path, ["demo", "--cluster", "mpi", "--interface", "lo", "--scan",
-                                  "8", "32", "--frame", "64", "--fit-candidates", "500", "--no-progress",
-                                  "--output-dir",
-                                  str(tmp_path / "runs"), "--name", "m"], timeout=180)
+    args = ["demo", "--cluster", "mpi", "--interface", "lo", "--scan", "8", "32", "--frame",
+            "64", "--fit-candidates", "500", "--no-progress", "--output-dir",
+            str(tmp_path / "runs"), "--name", "m"]
+    codes, _ = _mpirun(tmp_path, args, timeout=180)
     assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
     summary = load_summary(tmp_path / "runs" / "m")
     assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
