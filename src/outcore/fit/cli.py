@@ -120,7 +120,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             n, args.chunk_size, stamp, catalog["images"].dtype, args.model,
             variance="variance" in catalog, mask="mask" in catalog,
             psf_shape=None if psf is None else psf.shape[-2:],
-            per_candidate_psf=psf is not None and psf.ndim == 3,
+            per_candidate_psf=psf is not None and psf.ndim == 3, backend=backend_name,
         )
         return Plan(stages, resources.workers, resources.threads_per_worker,
                     resources.memory_limit)

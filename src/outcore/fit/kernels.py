@@ -9,7 +9,10 @@ and ``w = 0`` on masked pixels; its result never depends on the other candidates
 One iteration solves ``(A + lambda diag(D)) delta = g`` for every running candidate, with
 ``A = J^T W J``, ``g = J^T W r`` (``r`` the residual) and ``D`` the running maximum of
 ``diag(A)`` (Marquardt's scaling). A step that lowers chi2 is taken and ``lambda`` divided by
-``LAMBDA_DOWN``; otherwise it is refused and ``lambda`` multiplied by ``LAMBDA_UP``.
+``LAMBDA_DOWN``; otherwise it is refused and ``lambda`` multiplied by ``LAMBDA_UP``. The
+small per-candidate systems are solved in one batched call; the per-pixel work (models,
+Jacobians, starts) runs over blocks of ``HOST_BLOCK`` candidates on the host, the whole
+chunk at once on a GPU.
 """
 
 from __future__ import annotations
@@ -135,20 +138,24 @@ def fit_chunk(
 
 def _prepare(images: Array, variance: Array | None, mask: Array | None,
              xp: Any) -> tuple[Array, Array, Array, Array]:
-    """Flat float64 data (0 where ignored), sqrt weights, valid pixels and their count per row."""
+    """Flat float64 data (0 where ignored), sqrt weights, valid pixels and their count per row.
+
+    Each is one new array, whatever the input dtype (no float64 copy of the input first).
+    """
     n = images.shape[0]
-    flat = xp.asarray(images, dtype=xp.float64).reshape(n, -1)
-    valid = xp.ones(flat.shape, dtype=bool) if mask is None else ~xp.asarray(mask).reshape(n, -1)
-    data = xp.where(valid & xp.isfinite(flat), flat, 0.0)
+    flat = images.reshape(n, -1)
+    valid = (xp.ones(flat.shape, dtype=bool) if mask is None
+             else ~mask.reshape(n, -1).astype(bool, copy=False))
+    data = flat.astype(xp.float64)
+    data[~(valid & xp.isfinite(flat))] = 0.0
     if variance is None:
-        sqrtw = valid.astype(xp.float64)
-    else:
-        var = xp.asarray(variance, dtype=xp.float64).reshape(n, -1)
-        good = valid & (var > 0) & xp.isfinite(var)
-        sqrtw = xp.where(good, var, 1.0)
-        xp.sqrt(sqrtw, out=sqrtw)
-        xp.divide(1.0, sqrtw, out=sqrtw)
-        sqrtw[~good] = 0.0
+        return data, valid.astype(xp.float64), valid, valid.sum(axis=1)
+    sqrtw = variance.reshape(n, -1).astype(xp.float64)
+    good = valid & (sqrtw > 0) & xp.isfinite(sqrtw)
+    sqrtw[~good] = 1.0
+    xp.sqrt(sqrtw, out=sqrtw)
+    xp.divide(1.0, sqrtw, out=sqrtw)
+    sqrtw[~good] = 0.0
     return data, sqrtw, valid, valid.sum(axis=1)
 
 
@@ -197,18 +204,21 @@ def _blocks(rows: Array | None, count: int, block: int) -> Iterator[Array | slic
         yield slice(lo, lo + block) if rows is None else rows[lo : lo + block]
 
 
-def _residual(problem: _Problem, state: dict, params: Array) -> Array:
+def _residual(problem: _Problem, state: dict, params: Array) -> tuple[Array, Array]:
     """Weighted residual ``sqrt(w) (data - model)`` of every candidate of ``state`` at
-    ``params``, ``(k, ny * nx)``, computed block by block."""
+    ``params``, ``(k, ny * nx)``, and its chi2 ``(k,)``, computed block by block."""
     xp = array_namespace(params)
     k = params.shape[0]
     resid = xp.empty((k, math.prod(problem.shape)), dtype=xp.float64)
+    chi2 = xp.empty(k, dtype=xp.float64)
     for part in _blocks(None, k, problem.block):
         model = problem.spec.evaluate(params[part], problem.shape, *problem.extra(state, part))
-        xp.subtract(state["data"][part], model.reshape(model.shape[0], -1), out=resid[part])
-        resid[part] *= state["sqrtw"][part]
+        r = resid[part]
+        xp.subtract(state["data"][part], model.reshape(model.shape[0], -1), out=r)
+        r *= state["sqrtw"][part]
+        chi2[part] = (r * r).sum(axis=1)
         del model
-    return resid
+    return resid, chi2
 
 
 def _normal_equations(problem: _Problem, state: dict, rows: Array | None,
@@ -251,8 +261,7 @@ def _levenberg_marquardt(problem: _Problem, state: dict, out: Array, max_iterati
     xp = array_namespace(state["p"])
     f_tol, x_tol, g_tol = tols
     k, npar = state["p"].shape
-    resid = _residual(problem, state, state["p"])
-    state["cost"] = (resid * resid).sum(axis=1)
+    resid, state["cost"] = _residual(problem, state, state["p"])
     state["a"], state["g"] = _normal_equations(problem, state, None, resid)
     del resid
     state["d"] = _diag(state["a"]).copy()
@@ -279,8 +288,7 @@ def _levenberg_marquardt(problem: _Problem, state: dict, out: Array, max_iterati
         delta, singular = _solve(m, g, xp)
         del m
         trial = p + delta
-        resid = _residual(problem, state, trial)
-        trial_cost = (resid * resid).sum(axis=1)
+        resid, trial_cost = _residual(problem, state, trial)
         predicted = (delta * (g + lam[:, None] * d * delta)).sum(axis=1)
         actual = cost - trial_cost
         accept = (trial_cost < cost) & ~singular

@@ -41,38 +41,6 @@ def pixel_grid(shape: tuple[int, int], xp: Any) -> tuple[Array, Array]:
             xp.arange(nx, dtype=xp.float64) - (nx - 1) / 2)
 
 
-# --- gaussian -------------------------------------------------------------------------------
-
-
-def _gaussian_factors(params: Array, shape: tuple[int, int], xp: Any) -> tuple[Array, Array]:
-    """Per-axis factors of the Gaussian model: ``ys (n, 10, ny)`` and ``xs (n, 10, nx)``.
-
-    Both lobes are separable, so every Jacobian plane is a sum of outer products
-    ``ys[:, t, :, None] * xs[:, t, None, :]``: terms 0-5 are the planes of ``x_pos`` ..
-    ``flux_neg`` (terms 4 and 5, the unit-flux lobes ``u``), terms 6-9 add up to the plane of
-    ``sigma``: ``dL/dsigma = flux c / sigma^3 [e_y (x) e_x (dx^2 - s^2) + e_y (dy^2 - s^2) (x)
-    e_x]`` with ``c = 1 / (2 pi sigma^2)``.
-    """
-    n = params.shape[0]
-    y, x = pixel_grid(shape, xp)
-    sigma = params[:, 6, None]
-    s2 = sigma**2
-    norm = 1.0 / (2 * math.pi * s2)
-    ys = xp.empty((n, 10, shape[0]), dtype=xp.float64)
-    xs = xp.empty((n, 10, shape[1]), dtype=xp.float64)
-    for ix, iy, iflux, t in ((0, 1, 4, 6), (2, 3, 5, 8)):
-        dx, dy = x[None, :] - params[:, ix, None], y[None, :] - params[:, iy, None]
-        ex, ey = xp.exp(-(dx * dx) / (2 * s2)), xp.exp(-(dy * dy) / (2 * s2))
-        unit_y = ey * norm
-        slope_y = unit_y * (params[:, iflux, None] / s2)
-        ys[:, iflux], xs[:, iflux] = unit_y, ex
-        ys[:, ix], xs[:, ix] = slope_y, ex * dx
-        ys[:, iy], xs[:, iy] = slope_y * dy, ex
-        ys[:, t], xs[:, t] = slope_y / sigma, ex * (dx * dx - s2)
-        ys[:, t + 1], xs[:, t + 1] = slope_y * (dy * dy - s2) / sigma, ex
-    return ys, xs
-
-
 def _jacobian_buffer(out: Array | None, n: int, npar: int, shape: tuple[int, int],
                      xp: Any) -> Array:
     """``out`` (a reused ``(n, p, ny, nx)`` float64 buffer) or a new one."""
@@ -83,6 +51,23 @@ def _jacobian_buffer(out: Array | None, n: int, npar: int, shape: tuple[int, int
     return out
 
 
+# --- gaussian -------------------------------------------------------------------------------
+
+
+def _gaussian_axes(params: Array, shape: tuple[int, int], xp: Any) -> dict[str, Array]:
+    """Per-axis pieces of both lobes (axis 1: positive, negative lobe): offsets ``dx``
+    (n, 2, nx) and ``dy`` (n, 2, ny), profiles ``ex`` along x and unit-flux profiles
+    ``cy = e_y / (2 pi sigma^2)`` along y, and ``sigma``, ``s2`` (n, 1, 1)."""
+    y, x = pixel_grid(shape, xp)
+    sigma = params[:, 6, None, None]
+    s2 = sigma * sigma
+    dx = x - params[:, 0:4:2, None]
+    dy = y - params[:, 1:4:2, None]
+    ex = xp.exp(dx * dx / (-2 * s2))
+    cy = xp.exp(dy * dy / (-2 * s2)) / (2 * math.pi * s2)
+    return {"dx": dx, "dy": dy, "ex": ex, "cy": cy, "sigma": sigma, "s2": s2}
+
+
 def gaussian_evaluate(params: Array, shape: tuple[int, int]) -> Array:
     """Two circular Gaussian lobes of shared width plus a background, ``(n, ny, nx)``.
 
@@ -90,9 +75,8 @@ def gaussian_evaluate(params: Array, shape: tuple[int, int]) -> Array:
     sampled at pixel centres; ``params`` is ``(n, 8)`` in the order of ``GAUSSIAN_PARAMS``.
     """
     xp = array_namespace(params)
-    ys, xs = _gaussian_factors(params, shape, xp)
-    lobes = ys[:, 4:6] * params[:, 4:6, None]
-    out = xp.matmul(lobes.transpose(0, 2, 1), xs[:, 4:6])
+    f = _gaussian_axes(params, shape, xp)
+    out = xp.matmul((f["cy"] * params[:, 4:6, None]).transpose(0, 2, 1), f["ex"])
     out += params[:, 7, None, None]
     return out
 
@@ -102,10 +86,24 @@ def gaussian_jacobian(params: Array, shape: tuple[int, int], *, out: Array | Non
 
     With ``u`` a unit-flux lobe and ``L = flux * u``: ``dL/dx0 = L (x - x0) / sigma^2``,
     ``dL/dflux = u``, ``dL/dsigma = L (r^2 - 2 sigma^2) / sigma^3``, ``d/dbackground = 1``.
+    Both lobes are separable, so each plane is a sum of outer products of per-axis factors
+    ``ys (n, 10, ny)`` and ``xs (n, 10, nx)``: terms 0-5 are the planes of ``x_pos`` ..
+    ``flux_neg``, one each, and terms 6-9 add up to the plane of ``sigma``, as
+    ``dL/dsigma = flux c / sigma^3 [e_y (x) e_x (dx^2 - s^2) + e_y (dy^2 - s^2) (x) e_x]``.
     """
     xp = array_namespace(params)
-    ys, xs = _gaussian_factors(params, shape, xp)
-    jac = _jacobian_buffer(out, params.shape[0], 8, shape, xp)
+    n = params.shape[0]
+    f = _gaussian_axes(params, shape, xp)
+    dx, dy, ex, sigma, s2 = f["dx"], f["dy"], f["ex"], f["sigma"], f["s2"]
+    slope_y = f["cy"] * (params[:, 4:6, None] / s2)
+    ys = xp.empty((n, 10, shape[0]), dtype=xp.float64)
+    xs = xp.empty((n, 10, shape[1]), dtype=xp.float64)
+    ys[:, 0:4:2], xs[:, 0:4:2] = slope_y, ex * dx  # x_pos, x_neg
+    ys[:, 1:4:2], xs[:, 1:4:2] = slope_y * dy, ex  # y_pos, y_neg
+    ys[:, 4:6], xs[:, 4:6] = f["cy"], ex  # flux_pos, flux_neg
+    ys[:, 6:10:2], xs[:, 6:10:2] = slope_y / sigma, ex * (dx * dx - s2)
+    ys[:, 7:10:2], xs[:, 7:10:2] = slope_y * (dy * dy - s2) / sigma, ex
+    jac = _jacobian_buffer(out, n, 8, shape, xp)
     xp.multiply(ys[:, :6, :, None], xs[:, :6, None, :], out=jac[:, :6])
     jac[:, 6] = xp.matmul(ys[:, 6:].transpose(0, 2, 1), xs[:, 6:])
     jac[:, 7] = 1.0
@@ -182,11 +180,9 @@ def psf_jacobian(params: Array, shape: tuple[int, int], psf: Array, *,
     """Analytic derivatives of ``psf_evaluate``, ``(n, ny, nx, 7)``, through ``dw/dt``."""
     xp = array_namespace(params)
     psf = normalise_psf(psf)
-    n = params.shape[0]
-    ny, nx = shape
     y, x = pixel_grid(shape, xp)
     py, px = psf.shape[-2:]
-    jac = _jacobian_buffer(out, n, 7, shape, xp)
+    jac = _jacobian_buffer(out, params.shape[0], 7, shape, xp)
     for ix, iy, iflux in ((0, 1, 4), (2, 3, 5)):
         flux = params[:, iflux, None, None]
         ky, dky = _psf_weights(params[:, iy], y, py, xp)

@@ -1,0 +1,32 @@
+"""Fits stream: worker memory does not grow with the catalog, and stays under the limit."""
+
+from __future__ import annotations
+
+import dask
+
+from outcore import cluster
+from outcore.fit import fit_dipoles, memory_model, simulate_catalog, status_counts
+from outcore.plan import Plan
+from outcore.runner import peak_worker_rss
+
+LIMIT = 400 * 2**20
+
+
+def _peak_for(n: int) -> tuple[int, dict]:
+    catalog, _ = simulate_catalog(n, seed=11, dtype="float32", chunk_size=2048)
+    assert isinstance(catalog["images"].data, dask.array.Array)  # never made on the client
+    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
+        counts = status_counts(fit_dipoles(catalog, chunk_size=256))
+        peak = max(peak_worker_rss(client).values())
+    return peak, counts
+
+
+def test_worker_memory_does_not_grow_with_the_catalog():
+    small, small_counts = _peak_for(4_000)
+    large, large_counts = _peak_for(24_000)
+    assert sum(large_counts.values()) == 24_000 and large_counts["invalid_input"] == 0
+    assert large < LIMIT and small < LIMIT
+    assert large <= 1.15 * small, (small, large)  # 6x the candidates, the same footprint
+    stages = memory_model(24_000, 256, (17, 17), "float32", "gaussian", variance=True)
+    plan = Plan(stages, workers=2, memory_limit=LIMIT)
+    assert plan.fits and large < plan.budget_bytes
