@@ -8,10 +8,13 @@ compute and before anything is written.
 
 from __future__ import annotations
 
+import _thread
 import datetime as dt
 import logging
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -28,6 +31,9 @@ from outcore.plan import Plan
 from outcore.runs import Run
 
 log = logging.getLogger(__name__)
+
+#: Seconds a run waits with every worker paused for memory before it is ended as failed.
+PAUSED_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -182,17 +188,73 @@ def _execute(
         with run.timing("hash_inputs"):
             for path in job.inputs:
                 run.add_input(path)
-        with run.timing("execute"), run.performance_report():
-            job.execute(run, client)
-        if job.measure is not None and (settings.warmup_rounds or settings.measure_rounds > 1):
-            with run.timing("rounds"):
-                run.rounds(lambda: job.measure(client), settings.warmup_rounds,
-                           settings.measure_rounds)
+        with PauseWatchdog(client) as watchdog:
+            try:
+                with run.timing("execute"), run.performance_report():
+                    job.execute(run, client)
+                if job.measure is not None and (
+                    settings.warmup_rounds or settings.measure_rounds > 1
+                ):
+                    with run.timing("rounds"):
+                        run.rounds(lambda: job.measure(client), settings.warmup_rounds,
+                                   settings.measure_rounds)
+            except KeyboardInterrupt:
+                watchdog.raise_if_fired()
+                raise
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
         return run.finish()
     except BaseException as err:
         run.fail(err)
         raise
+
+
+class PauseWatchdog:
+    """Ends a run whose workers all stay paused (dask pauses a worker at 80 % of its memory
+    limit): such a run would otherwise wait forever. After ``grace_s`` seconds of every
+    worker paused, it interrupts the main thread; ``run_job`` turns that into a failed run
+    with the reason and a fix.
+    """
+
+    def __init__(self, client: distributed.Client, grace_s: float | None = None) -> None:
+        self.client = client
+        self.grace_s = PAUSED_GRACE_S if grace_s is None else grace_s
+        self.reason: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="outcore-paused")
+
+    def __enter__(self) -> PauseWatchdog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        paused_since = None
+        while not self._stop.wait(1.0):
+            try:
+                workers = list(self.client.scheduler_info(n_workers=-1)["workers"].values())
+            except Exception:
+                continue
+            if workers and all(w.get("status") == "paused" for w in workers):
+                paused_since = paused_since or time.monotonic()
+                if time.monotonic() - paused_since > self.grace_s:
+                    limit = min(int(w.get("memory_limit") or 0) for w in workers)
+                    self.reason = (
+                        f"Every worker has been paused for over {self.grace_s:.0f} s: their"
+                        f" memory stays above 80 % of the {format_bytes(limit)} limit, so dask"
+                        " runs no task and the run cannot progress."
+                    )
+                    _thread.interrupt_main()
+                    return
+            else:
+                paused_since = None
+
+    def raise_if_fired(self) -> None:
+        if self.reason is not None:
+            raise OutcoreError(self.reason, "raise --memory-limit (400 MiB or more per worker),"
+                               " or use a smaller chunk size.")
 
 
 def _cluster_kwargs(opts: cluster.ClusterOptions) -> dict[str, Any]:

@@ -1,0 +1,52 @@
+"""run_job ends runs cleanly: a cluster whose workers all stay paused fails with a reason."""
+
+from __future__ import annotations
+
+import time
+
+import dask
+import dask.array as da
+import pytest
+
+from outcore import runner
+from outcore.cluster import ClusterOptions
+from outcore.errors import OutcoreError
+from outcore.plan import Plan, TaskMemory
+from outcore.runs import load_summary
+
+
+def _job() -> runner.Job:
+    def plan(resources: runner.Resources) -> Plan:
+        return Plan([TaskMemory("sum", 4, 2**20, 8)], resources.workers,
+                    resources.threads_per_worker, None)
+
+    def execute(run, client) -> None:
+        runner.compute(client, da.ones((4000, 4000), chunks=1000).sum(), show=False)
+
+    return runner.Job("paused", {}, plan, execute)
+
+
+def test_workers_paused_for_good_end_the_run_as_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(runner, "PAUSED_GRACE_S", 2.0)
+    settings = runner.RunSettings(
+        ClusterOptions("local", workers=1, memory_limit="1GiB"), backend="numpy",
+        output_dir=str(tmp_path), name="r", progress=False)
+    # pause as soon as a worker holds 1 % of its limit: every worker pauses at once
+    with dask.config.set({"distributed.worker.memory.pause": 0.01,
+                          "distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.target": False}):
+        t0 = time.perf_counter()
+        with pytest.raises(OutcoreError, match="paused") as info:
+            runner.run_job(settings, lambda backend: _job())
+    assert time.perf_counter() - t0 < 60
+    assert "--memory-limit" in info.value.fix
+    summary = load_summary(tmp_path / "r")
+    assert summary["status"] == "failed" and "paused" in summary["reason"]
+
+
+def test_negative_rounds_are_refused_before_start(tmp_path):
+    settings = runner.RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path),
+                                  warmup_rounds=-1)
+    with pytest.raises(OutcoreError, match="warmup-rounds"):
+        runner.run_job(settings, lambda backend: _job())
+    assert list(tmp_path.iterdir()) == []
