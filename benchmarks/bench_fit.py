@@ -1,15 +1,44 @@
-"""Benchmark: batched dipole fits, outcore on a LocalCluster vs a per-stamp scipy loop.
+"""Benchmark: batched dipole fits, outcore on a LocalCluster vs a scipy loop vs cuPhoton's xfit.
 
-Prints one JSON line per case (DESIGN.md, "Benchmark lines"). outcore fits a simulated
-catalog held in the workers' memory (made and persisted before the clock starts) at each
-``--chunk`` size; the peer, ``tool="scipy-loop"``, fits the first ``--scipy-n`` stamps of
-the same catalog one at a time with ``scipy.optimize.least_squares(method="lm")``, the same
-model, analytic Jacobian, weights and start, and scipy's default tolerances, in this process:
-the way per-source loops (LSST's dipole task, lmfit) run. Memory is sampled every 20 ms:
-``peak_worker_bytes`` is the largest worker's resident set, ``peak_rss_bytes`` that of the
-client and workers together (the persisted catalog included).
+Prints one JSON line per tool and case (DESIGN.md, "Benchmark lines"). For each ``--n`` the
+same simulated catalog (``outcore.fit.simulate_catalog``, 17 x 17 stamps, one seed) is fitted
+with the same model, a Gaussian dipole, by
 
-    python benchmarks/bench_fit.py --n 20000 --chunk 256 1024 --workers 2
+- ``outcore``: ``fit_dipoles`` on a LocalCluster of ``--workers`` processes of one thread,
+  at each ``--chunk`` size, the catalog persisted in the workers before the clock starts;
+- ``scipy-loop``: ``scipy.optimize.least_squares(method="lm")`` one stamp at a time on the
+  first ``--scipy-n`` stamps, outcore's model, analytic Jacobian, weights and start, scipy's
+  default tolerances: the way per-source loops (LSST's dipole task, lmfit) run;
+- ``cuphoton``: ``cuphoton.xfit.fit_dipoles(..., backend="numpy")`` on the whole batch in
+  one process, as its local executor does, in its own venv (Python >= 3.12, made by
+  ``benchmarks/peers/make_cuphoton_venv.sh``), through ``benchmarks/peers/cuphoton_runner.py``
+  on the same stamps written to a temporary folder. Its model ties both lobes to one
+  amplitude and lets them be elliptical, without a background; outcore's has two free fluxes,
+  one circular width and a background. The default catalog (``--flux-ratio 1``, background 0)
+  lies inside both models. The runner maps its fits to outcore's parameters (see its
+  docstring); without the venv the line says so (``"value": null``, ``"error"``).
+
+``value`` is fits per second (median of the runs). Memory is sampled every 20 ms:
+``peak_worker_bytes`` is the largest fitting process's resident set (an outcore worker, the
+scipy loop's process, cuPhoton's process), ``peak_rss_bytes`` that of every process of the
+tool (outcore: client and workers, the persisted catalog included);
+``bytes_per_candidate_in_flight`` is the peak above the process's resident set before the
+runs, over the candidates one process holds at once (an outcore chunk, one stamp for scipy,
+the batch for cuPhoton). ``quality`` compares the fits with the truth for each tool:
+fraction converged (each tool's own verdict), median ``|x_pos - truth|`` (pixels) and
+``|flux_pos - truth| / truth``, the fraction of fits more than half a pixel off (or NaN),
+and the median and spread (interquartile range / 1.349) of the pulls ``(fit - truth) / err``
+of ``x_pos`` and ``flux_pos``, from each tool's own errors: a spread near 1 means the
+errors are right.
+
+``--big N`` also streams a lazy catalog of N stamps (never materialised, made chunk by chunk
+in the workers) through ``--workers`` workers of ``--big-memory`` each, computing only the
+status counts and histograms of the errors and pulls; its line gives the peak worker memory
+against the limit, and the wall time of only simulating the stamps (``simulate_s``).
+
+    python benchmarks/bench_fit.py                       # make bench: 10^4, about a minute
+    python benchmarks/bench_fit.py --n 10000 100000 --scipy-n 2000
+    python benchmarks/bench_fit.py --n 10000 --no-cuphoton --big 1000000
 """
 
 from __future__ import annotations
@@ -17,138 +46,383 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import threading
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from pathlib import Path
 
 import dask
+import dask.array as da
 import numpy as np
 import psutil
-import scipy
+from common import line, machine, sample_memory, timed
 from distributed import Client, LocalCluster, wait
 
 import outcore
-from outcore.backend import devices
-from outcore.fit import fit_dipoles, get_model, simulate_catalog
+from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, simulate_catalog
+from outcore.runs import versions
+
+BENCH = "fit-dipoles"
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+CUPHOTON_PYTHON = PEERS / ".venv-cuphoton" / "bin" / "python"
+CONVERGED = tuple(name for name in STATUS_NAMES if name.startswith("converged"))
+#: Histogram edges of the quality reductions (the same for every tool and size).
+ABS_EDGES = np.append(np.linspace(0.0, 2.0, 8001), np.inf)  # |x - truth|, pixels
+REL_EDGES = np.append(np.linspace(0.0, 1.0, 10001), np.inf)  # |flux - truth| / truth
+PULL_EDGES = np.concatenate([[-np.inf], np.linspace(-10.0, 10.0, 8001), [np.inf]])
+LOST_PX = 0.5
 
 
-@contextmanager
-def sample_memory(pids: list[int]) -> Iterator[dict[str, int]]:
-    """Track the peak resident memory of ``pids`` (largest one, and all summed) while open."""
-    procs = [psutil.Process(pid) for pid in pids]
-    peaks = {"one": 0, "all": 0}
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            sizes = [proc.memory_info().rss for proc in procs]
-            peaks["one"] = max(peaks["one"], max(sizes))
-            peaks["all"] = max(peaks["all"], sum(sizes))
-            stop.wait(0.02)
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    try:
-        yield peaks
-    finally:
-        stop.set()
-        thread.join()
+# --- quality ----------------------------------------------------------------------------------
 
 
-def timed(run: Callable[[], object], runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return times
+def _quantile(counts: np.ndarray, edges: np.ndarray, q: float, total: int) -> float | None:
+    """The ``q`` quantile of ``total`` values histogrammed as ``counts`` over ``edges``
+    (values outside every bin count as +inf), linear within a bin; None when not finite."""
+    if total == 0:
+        return None
+    cum = np.cumsum(counts)
+    target = q * total
+    i = int(np.searchsorted(cum, target))
+    if i >= len(counts):
+        return None
+    lo, hi = edges[i], edges[i + 1]
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return None
+    before = cum[i - 1] if i else 0
+    frac = (target - before) / counts[i] if counts[i] else 0.0
+    return float(lo + frac * (hi - lo))
 
 
-def line(tool: str, case: dict, fits: int, times: list[float], peaks: dict[str, int]) -> str:
-    gpus = devices()
-    return json.dumps({
-        "bench": "fit-dipoles", "tool": tool, "case": case, "metric": "fits_per_s",
-        "value": round(fits / statistics.median(times), 1), "runs": len(times),
-        "median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
-        "max_s": round(max(times), 4), "peak_worker_bytes": peaks["one"],
-        "peak_rss_bytes": peaks["all"],
-        "machine": {"cpus": os.cpu_count(), "gpu": gpus[0]["name"] if gpus else None},
-        "versions": {"outcore": outcore.__version__, "numpy": np.__version__,
-                     "scipy": scipy.__version__, "dask": dask.__version__},
-    })
+def quality_graph(fit: dict, truth_x: np.ndarray, truth_flux: np.ndarray) -> dict:
+    """Lazy reductions comparing ``fit`` (1-D numpy or dask ``x_pos``, ``x_pos_err``,
+    ``flux_pos``, ``flux_pos_err``, ``converged``) with the truth; finish with ``quality``."""
+    cols = {key: da.asarray(value) if not isinstance(value, da.Array) else value
+            for key, value in fit.items()}
+    chunks = cols["x_pos"].chunks
+    cols = {key: value.rechunk(chunks) for key, value in cols.items()}
+    tx = da.from_array(np.asarray(truth_x, dtype=np.float64), chunks=chunks)
+    tf = da.from_array(np.asarray(truth_flux, dtype=np.float64), chunks=chunks)
+    dx = cols["x_pos"] - tx
+    df = cols["flux_pos"] - tf
+    return {
+        "fits": cols["x_pos"].shape[0],
+        "converged": cols["converged"].sum(),
+        "abs_x": da.histogram(da.fabs(dx), bins=ABS_EDGES)[0],
+        "rel_flux": da.histogram(da.fabs(df) / tf, bins=REL_EDGES)[0],
+        "pull_x": da.histogram(dx / cols["x_pos_err"], bins=PULL_EDGES)[0],
+        "pull_flux": da.histogram(df / cols["flux_pos_err"], bins=PULL_EDGES)[0],
+    }
 
 
-def bench_outcore(args: argparse.Namespace) -> None:
-    catalog, _ = simulate_catalog(args.n, args.stamp, seed=args.seed, model=args.model)
+def quality(done: dict) -> dict:
+    """Summary numbers from computed ``quality_graph`` reductions."""
+    n = int(done["fits"])
+    out = {"fits": n, "converged_fraction": round(int(done["converged"]) / n, 5)}
+    rnd = lambda value, digits=4: None if value is None else round(value, digits)  # noqa: E731
+    abs_x = np.asarray(done["abs_x"])
+    out["x_pos_abs_err_median_px"] = rnd(_quantile(abs_x, ABS_EDGES, 0.5, n), 5)
+    lost = n - int(abs_x[:np.searchsorted(ABS_EDGES, LOST_PX)].sum())
+    out["x_pos_lost_fraction"] = round(lost / n, 5)  # |x_pos - truth| > 0.5 px, or NaN
+    out["flux_pos_rel_err_median"] = rnd(_quantile(np.asarray(done["rel_flux"]), REL_EDGES,
+                                                   0.5, n), 5)
+    for key, param in (("pull_x", "x_pos"), ("pull_flux", "flux_pos")):
+        counts = np.asarray(done[key])
+        total = int(counts.sum())  # fits with a finite error
+        q25, q50, q75 = (_quantile(counts, PULL_EDGES, q, total) for q in (0.25, 0.5, 0.75))
+        spread = None if q25 is None or q75 is None else (q75 - q25) / 1.349
+        out[f"{param}_pull_median"] = rnd(q50)
+        out[f"{param}_pull_spread"] = rnd(spread)
+        out[f"{param}_with_error_fraction"] = round(total / n, 5)
+    return out
+
+
+def outcore_columns(fits) -> dict:
+    """The columns ``quality_graph`` needs, lazily, from a ``fit_dipoles`` result."""
+    converged = fits["status"].isin(list(CONVERGED)).data
+    return {"x_pos": fits["x_pos"].data, "x_pos_err": fits["x_pos_err"].data,
+            "flux_pos": fits["flux_pos"].data, "flux_pos_err": fits["flux_pos_err"].data,
+            "converged": converged}
+
+
+# --- catalog --------------------------------------------------------------------------------
+
+
+def catalog_options(args: argparse.Namespace) -> dict:
+    ratio = args.flux_ratio[0] if len(args.flux_ratio) == 1 else tuple(args.flux_ratio[:2])
+    return {"seed": args.seed, "model": args.model, "flux_ratio": ratio}
+
+
+def case_for(args: argparse.Namespace, n: int, **more) -> dict:
+    return {"n": n, "stamp": args.stamp, "model": args.model,
+            "flux_ratio": catalog_options(args)["flux_ratio"], **more}
+
+
+def write_stamps(catalog, folder: Path) -> None:
+    """``images.npy`` and ``variance.npy`` of ``catalog`` in ``folder``, block by block."""
+    for name in ("images", "variance"):
+        data = catalog[name].data
+        out = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=np.float64,
+                                        shape=data.shape)
+        da.store(data.astype(np.float64), out, lock=False, scheduler="threads")
+        out.flush()
+        del out
+
+
+# --- tools ------------------------------------------------------------------------------------
+
+
+def bench_outcore(args: argparse.Namespace, n: int, truth) -> None:
+    catalog, _ = simulate_catalog(n, args.stamp, **catalog_options(args))
     with (
         LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                      dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
-        pids = [os.getpid(), *client.run(os.getpid).values()]
+        worker_pids = list(client.run(os.getpid).values())
+        pids = [os.getpid(), *worker_pids]
         catalog = client.persist(catalog)
         wait(catalog)
+        # warm-up on a few stamps: imports and kernels in every worker, little memory
+        warm = client.persist(fit_dipoles(catalog.isel(candidate=slice(0, 64 * args.workers)),
+                                          model=args.model, chunk_size=32))
+        wait(warm)
+        del warm
+        base = max(psutil.Process(pid).memory_info().rss for pid in worker_pids)
+        records = []
         for chunk in args.chunk:
-            def run(chunk: int = chunk) -> None:
+            held: dict = {}
+
+            def run(chunk: int = chunk, held: dict = held) -> None:
+                held.clear()
                 fits = client.persist(fit_dipoles(catalog, model=args.model, chunk_size=chunk))
                 wait(fits)
-                del fits
+                held["fits"] = fits
 
-            run()  # warm-up: imports and first-touch allocations in every worker
             with sample_memory(pids) as peaks:
-                times = timed(run, args.runs)
-            case = {"n": args.n, "stamp": args.stamp, "chunk": chunk, "workers": args.workers}
-            print(line("outcore", case, args.n, times, peaks), flush=True)
+                walls = timed(run, args.runs)
+            graph = quality_graph(outcore_columns(held.pop("fits")),
+                                  truth["x_pos"].values, truth["flux_pos"].values)
+            found = quality(dict(zip(graph, dask.compute(*graph.values()), strict=True)))
+            records.append((chunk, walls, dict(peaks), found))
+    # the peak's growth with the chunk size: bytes per candidate, fixed overheads aside
+    (c0, _, p0, _), (c1, _, p1, _) = min(records), max(records)
+    slope = round((p1["one"] - p0["one"]) / (c1 - c0)) if c1 > c0 else None
+    for chunk, walls, peaks, found in records:
+        line(BENCH, "outcore", case_for(args, n, chunk=chunk, workers=args.workers),
+             "fits_per_s", n / np.median(walls), walls,
+             peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"],
+             base_worker_bytes=base,
+             bytes_per_candidate_in_flight=round((peaks["one"] - base) / chunk),
+             marginal_bytes_per_candidate=slope, quality=found)
 
 
-def bench_scipy_loop(args: argparse.Namespace) -> None:
+def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> None:
     from scipy.optimize import least_squares
 
-    catalog, _ = simulate_catalog(args.scipy_n, args.stamp, seed=args.seed, model=args.model)
-    catalog = catalog.compute()
+    count = min(args.scipy_n, n)
     spec = get_model(args.model)
-    extra = (catalog.psf.values,) if spec.needs_psf else ()
+    if spec.needs_psf:
+        raise SystemExit("the scipy loop here fits the gaussian model only")
     shape = (args.stamp, args.stamp)
-    images, variance = catalog.images.values, catalog.variance.values
+    images = np.array(np.load(stamps / "images.npy", mmap_mode="r")[:count])
+    variance = np.array(np.load(stamps / "variance.npy", mmap_mode="r")[:count])
     valid = np.ones(shape, dtype=bool)
+    found: dict = {}
+
+    def weights(var: np.ndarray) -> np.ndarray:
+        return 1 / np.sqrt(var).ravel()
+
+    def jac(p: np.ndarray, sqrtw: np.ndarray) -> np.ndarray:
+        return -sqrtw[:, None] * spec.jacobian(p[None], shape).reshape(-1, p.size)
 
     def run() -> None:
-        for image, var in zip(images, variance, strict=True):
-            sqrtw = 1 / np.sqrt(var).ravel()
+        params = np.empty((count, len(spec.params)))
+        status = np.empty(count, dtype=int)
+        for k, (image, var) in enumerate(zip(images, variance, strict=True)):
+            sqrtw = weights(var)
             start = spec.start(image[None], valid[None])[0]
 
             def resid(p: np.ndarray, image=image, sqrtw=sqrtw) -> np.ndarray:
-                return sqrtw * (image.ravel() - spec.evaluate(p[None], shape, *extra).ravel())
+                return sqrtw * (image.ravel() - spec.evaluate(p[None], shape).ravel())
 
-            def jac(p: np.ndarray, sqrtw=sqrtw) -> np.ndarray:
-                return -sqrtw[:, None] * spec.jacobian(p[None], shape, *extra).reshape(-1, p.size)
+            res = least_squares(resid, start, jac=lambda p, sqrtw=sqrtw: jac(p, sqrtw),
+                                method="lm")
+            params[k], status[k] = res.x, res.status
+        found["params"], found["status"] = params, status
 
-            least_squares(resid, start, jac=jac, method="lm")
+    pid = os.getpid()
+    base = psutil.Process(pid).memory_info().rss
+    with sample_memory([pid]) as peaks:
+        walls = timed(run, args.peer_runs)
+    # errors from the covariance (J^T W J)^-1 at the solution, outside the clock
+    params = spec.canonical(found["params"])
+    errors = np.full_like(params, np.nan)
+    for k in range(count):
+        j = jac(params[k], weights(variance[k]))
+        try:
+            errors[k] = np.sqrt(np.diag(np.linalg.inv(j.T @ j)))
+        except np.linalg.LinAlgError:
+            pass
+    ix, iflux = spec.params.index("x_pos"), spec.params.index("flux_pos")
+    fit = {"x_pos": params[:, ix], "x_pos_err": errors[:, ix], "flux_pos": params[:, iflux],
+           "flux_pos_err": errors[:, iflux], "converged": found["status"] > 0}
+    graph = quality_graph(fit, truth["x_pos"].values[:count], truth["flux_pos"].values[:count])
+    done = quality(dict(zip(graph, dask.compute(*graph.values(), scheduler="sync"),
+                            strict=True)))
+    line(BENCH, "scipy-loop", case_for(args, count, chunk=1, workers=1), "fits_per_s",
+         count / np.median(walls), walls, peak_worker_bytes=peaks["one"],
+         peak_rss_bytes=peaks["all"], base_worker_bytes=base,
+         bytes_per_candidate_in_flight=peaks["one"] - base, quality=done)
 
-    with sample_memory([os.getpid()]) as peaks:
-        times = timed(run, args.runs)
-    case = {"n": args.scipy_n, "stamp": args.stamp, "chunk": 1, "workers": 1}
-    print(line("scipy-loop", case, args.scipy_n, times, peaks), flush=True)
+
+def peer_error(tool: str, case: dict, error: str) -> None:
+    """The line of a peer that could not run: ``value`` null and why."""
+    print(json.dumps({"bench": BENCH, "tool": tool, "case": case, "metric": "fits_per_s",
+                      "value": None, "error": error, "machine": machine(),
+                      "versions": {"outcore": outcore.__version__, **versions()}}), flush=True)
+
+
+def bench_cuphoton(args: argparse.Namespace, n: int, stamps: Path, truth) -> None:
+    case = case_for(args, n, chunk=args.cuphoton_batch or n, workers=1, backend="numpy")
+    python = Path(args.cuphoton_python)
+    if args.model != "gaussian":
+        return peer_error("cuphoton", case, "this comparison covers the gaussian model only")
+    if not python.exists():
+        return peer_error("cuphoton", case, f"no cuPhoton environment at {python}: run "
+                          "benchmarks/peers/make_cuphoton_venv.sh (needs Python >= 3.12)")
+    out = stamps / "cuphoton-fits.npz"
+    command = [str(python), str(PEERS / "cuphoton_runner.py"), str(stamps), str(out),
+               "--runs", str(args.peer_runs), "--batch", str(args.cuphoton_batch)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True,
+                              timeout=args.cuphoton_timeout)
+    except subprocess.TimeoutExpired:
+        return peer_error("cuphoton", case, f"timed out after {args.cuphoton_timeout} s")
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        why = "killed (out of memory?)" if done.returncode < 0 else f"exit {done.returncode}"
+        return peer_error("cuphoton", case, f"cuphoton_runner {why}: {' | '.join(tail)}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    with np.load(out) as fits:
+        names = list(fits["names"])
+        ix, iflux = names.index("x_pos"), names.index("flux_pos")
+        params, errors = fits["params"], fits["errors"]
+        fit = {"x_pos": params[:, ix], "x_pos_err": errors[:, ix],
+               "flux_pos": params[:, iflux], "flux_pos_err": errors[:, iflux],
+               "converged": fits["converged"]}
+    graph = quality_graph(fit, truth["x_pos"].values, truth["flux_pos"].values)
+    found = quality(dict(zip(graph, dask.compute(*graph.values(), scheduler="sync"),
+                             strict=True)))
+    walls = report["walls"]
+    line(BENCH, "cuphoton", case, "fits_per_s", n / np.median(walls), walls,
+         peak_worker_bytes=report["peak_rss_bytes"], peak_rss_bytes=report["peak_rss_bytes"],
+         base_worker_bytes=report["base_rss_bytes"],
+         bytes_per_candidate_in_flight=round(
+             (report["peak_rss_bytes"] - report["base_rss_bytes"]) / report["batch"]),
+         quality=found, status_counts=report["status_counts"],
+         peer_versions=report["versions"])
+    return None
+
+
+def bench_big(args: argparse.Namespace) -> None:
+    """A lazy catalog of ``--big`` stamps through workers of ``--big-memory`` each."""
+    n, chunk = args.big, args.big_chunk
+    catalog, truth = simulate_catalog(n, args.stamp, chunk_size=chunk, **catalog_options(args))
+    with (
+        LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                     memory_limit=args.big_memory, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+        before = client.run(os.getpid)
+        pids = [os.getpid(), *before.values()]
+        warm = fit_dipoles(catalog.isel(candidate=slice(0, 64 * args.workers)),
+                           model=args.model, chunk_size=32)
+        client.compute(warm["chi2"].sum()).result()
+        base = max(psutil.Process(pid).memory_info().rss for pid in before.values())
+        fits = fit_dipoles(catalog, model=args.model, chunk_size=chunk)
+        graph = quality_graph(outcore_columns(fits), truth["x_pos"].values,
+                              truth["flux_pos"].values)
+        graph.update({name: (fits["status"] == name).sum().data for name in STATUS_NAMES})
+        held: dict = {}
+
+        def run() -> None:
+            futures = client.compute(list(graph.values()))
+            held["done"] = dict(zip(graph, client.gather(futures), strict=True))
+
+        with sample_memory(pids) as peaks:
+            walls = timed(run, 1)
+        restarted = client.run(os.getpid) != before
+        done = held["done"]
+        counts = {name: int(done.pop(name)) for name in STATUS_NAMES}
+        found = quality(done)
+        t0 = time.perf_counter()  # the stamps alone, made and summed the same way
+        client.compute(catalog["images"].data.sum() + catalog["variance"].data.sum()).result()
+        simulate_s = time.perf_counter() - t0
+    line(BENCH, "outcore", case_for(args, n, chunk=chunk, workers=args.workers,
+                                    memory_limit=args.big_memory, catalog="lazy"),
+         "fits_per_s", n / np.median(walls), walls,
+         peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"], base_worker_bytes=base,
+         bytes_per_candidate_in_flight=round((peaks["one"] - base) / chunk),
+         memory_limit_bytes=limit, peak_worker_fraction_of_limit=round(peaks["one"] / limit, 4),
+         workers_restarted=restarted, simulate_s=round(simulate_s, 3),
+         status_counts=counts, quality=found)
+
+
+# --- main -------------------------------------------------------------------------------------
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=20_000, help="cutouts fitted by outcore")
+    parser.add_argument("--n", type=int, nargs="*", default=[10_000],
+                        help="catalog sizes (every tool fits each; none: only --big)")
     parser.add_argument("--stamp", type=int, default=17, help="stamp side, pixels")
     parser.add_argument("--chunk", type=int, nargs="+", default=[256, 1024],
                         help="outcore chunk sizes (candidates per task)")
     parser.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
-    parser.add_argument("--scipy-n", type=int, default=300, help="cutouts in the scipy loop")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs per case")
-    parser.add_argument("--model", choices=["gaussian", "psf"], default="gaussian")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per outcore case")
+    parser.add_argument("--peer-runs", type=int, default=1,
+                        help="timed runs of the scipy loop and cuPhoton")
+    parser.add_argument("--scipy-n", type=int, default=500,
+                        help="first stamps of each catalog fitted by the scipy loop")
+    parser.add_argument("--model", choices=["gaussian"], default="gaussian",
+                        help="the model every tool fits (the one cuPhoton has too)")
+    parser.add_argument("--flux-ratio", type=float, nargs="+", default=[1.0],
+                        help="|flux_neg| / flux_pos of the catalog: one value or a range lo hi "
+                             "(cuPhoton's model holds 1 only)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--skip-scipy", action="store_true", help="outcore cases only")
+    parser.add_argument("--skip-scipy", action="store_true", help="no scipy-loop lines")
+    parser.add_argument("--cuphoton", action=argparse.BooleanOptionalAction, default=True,
+                        help="fit with cuPhoton's xfit numpy backend too")
+    parser.add_argument("--cuphoton-python", default=str(CUPHOTON_PYTHON),
+                        help="python of the cuPhoton venv")
+    parser.add_argument("--cuphoton-batch", type=int, default=0,
+                        help="stamps per cuPhoton call (0: the whole catalog, its local executor)")
+    parser.add_argument("--cuphoton-timeout", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--big", type=int, default=0,
+                        help="also stream a lazy catalog of this many stamps (e.g. 1000000)")
+    parser.add_argument("--big-memory", default="2GiB", help="memory_limit of each worker")
+    parser.add_argument("--big-chunk", type=int, default=1024, help="chunk size of --big")
     args = parser.parse_args()
-    bench_outcore(args)
-    if not args.skip_scipy:
-        bench_scipy_loop(args)
+
+    for n in args.n:
+        _, truth = simulate_catalog(n, args.stamp, **catalog_options(args))
+        if not args.skip_scipy or args.cuphoton:
+            with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp:
+                stamps = Path(tmp)
+                need = n if args.cuphoton else min(n, args.scipy_n)
+                catalog, _ = simulate_catalog(need, args.stamp, **catalog_options(args))
+                write_stamps(catalog, stamps)
+                del catalog
+                if not args.skip_scipy:
+                    bench_scipy_loop(args, n, stamps, truth)
+                if args.cuphoton:
+                    bench_cuphoton(args, n, stamps, truth)
+        bench_outcore(args, n, truth)
+    if args.big:
+        bench_big(args)
 
 
 if __name__ == "__main__":

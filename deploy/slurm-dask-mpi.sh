@@ -4,10 +4,14 @@
 #
 # Assumes: outcore installed with the mpi (and gpu) extras in $OUTCORE_VENV on a shared
 # filesystem; GPU nodes with 4 GPUs each; an InfiniBand interface named ib0 (use the name
-# `ip addr` shows on your nodes). Ranks = workers + 2: here 2 nodes x 4 GPUs = 8 workers.
+# `ip addr` shows on your nodes). Ranks = workers + 2: here 2 nodes x 4 GPUs = 8 workers;
+# block placement puts 6 ranks on node 1 (scheduler, client, 4 workers) and 4 on node 2, so
+# every worker has a GPU of its own. Each worker gets --memory-limit of host RAM: 4 x 32 GiB
+# per node here.
 #SBATCH --job-name=outcore
 #SBATCH --nodes=2
 #SBATCH --ntasks=10
+#SBATCH --ntasks-per-node=6
 #SBATCH --gpus-per-node=4
 #SBATCH --time=02:00:00
 set -euo pipefail

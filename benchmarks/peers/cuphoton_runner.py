@@ -1,9 +1,9 @@
 """Fit stamps with cuPhoton's ``xfit`` numpy backend; run by ``bench_fit.py`` in the peer venv.
 
     benchmarks/peers/.venv-cuphoton/bin/python benchmarks/peers/cuphoton_runner.py \
-        STAMPS.npz OUT.npz [--runs 1] [--batch 0]
+        STAMPS_DIR OUT.npz [--runs 1] [--batch 0]
 
-Reads ``images`` and ``variance`` (``(n, ny, nx)``) from ``STAMPS.npz``, fits them the way
+Reads ``images.npy`` and ``variance.npy`` (``(n, ny, nx)``) from ``STAMPS_DIR``, fits them the way
 cuPhoton's local executor does (``cuphoton.xfit.fit_dipoles`` on the whole batch in this one
 process, its own start and default tolerances; ``--batch k`` fits ``k`` stamps per call
 instead), writes the fits to ``OUT.npz`` in outcore's parameter order and conventions, and
@@ -131,7 +131,8 @@ def to_outcore(names: tuple[str, ...], params: np.ndarray, errors: np.ndarray,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stamps", type=Path, help=".npz with images and variance (n, ny, nx)")
+    parser.add_argument("stamps", type=Path,
+                        help="folder with images.npy and variance.npy, (n, ny, nx) each")
     parser.add_argument("out", type=Path, help=".npz written with the fits, outcore's order")
     parser.add_argument("--runs", type=int, default=1, help="timed runs")
     parser.add_argument("--batch", type=int, default=0,
@@ -140,9 +141,8 @@ def main() -> int:
 
     from cuphoton.xfit import fit_dipoles
 
-    with np.load(args.stamps) as data:
-        images = np.ascontiguousarray(data["images"], dtype=np.float64)
-        variance = np.ascontiguousarray(data["variance"], dtype=np.float64)
+    images = np.ascontiguousarray(np.load(args.stamps / "images.npy"), dtype=np.float64)
+    variance = np.ascontiguousarray(np.load(args.stamps / "variance.npy"), dtype=np.float64)
     n = images.shape[0]
     batch = args.batch or n
 

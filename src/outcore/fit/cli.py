@@ -30,7 +30,8 @@ from outcore.runs import Run
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True,
-                   help="cutout catalog: an outcore store, or NPZ/FITS (see docs/formats.md)")
+                   help="cutout catalog: an outcore store or an NPZ file; convert FITS/HDF5"
+                        " first with outcore convert --array candidate_id=... (docs/formats.md)")
     p.add_argument("--model", default="gaussian", choices=sorted(MODELS))
     p.add_argument("--psf", default=None,
                    help="PSF stamp for --model psf: .npy or FITS, (py, px) or (n, py, px)")
@@ -41,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def open_catalog(path: str) -> xr.Dataset:
-    """A cutout catalog, lazily: an outcore store, or any importer format (NPZ, FITS...)."""
+    """A cutout catalog, lazily: an outcore store, or any importer format that carries
+    ``candidate_id`` (NPZ; FITS and HDF5 after ``outcore convert --array candidate_id=...``)."""
     source = Path(path)
     if source.is_dir() and (source / "zarr.json").exists():
         return io.open(source, layout="cutouts")
