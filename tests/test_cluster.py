@@ -54,7 +54,7 @@ def _statistics(client) -> xr.Dataset:
 def test_threads_devices_1_2_3_give_the_same_answer():
     answers = []
     for workers in (1, 2, 3):
-        with cluster.connect("threads", workers=workers, dashboard_address=":0") as client:
+        with cluster.connect("threads", workers=workers) as client:
             assert len(client.scheduler_info()["workers"]) == workers
             answers.append(_statistics(client))
     for other in answers[1:]:
@@ -84,7 +84,7 @@ def test_local_cluster_dashboard_on_loopback_and_placement():
 
 
 def test_joining_a_scheduler_address():
-    with cluster.connect("threads", workers=1, dashboard_address=":0") as first:
+    with cluster.connect("threads", workers=1) as first:
         address = first.scheduler.address
         joined = cluster.start(address)
         try:

@@ -50,3 +50,28 @@ def test_negative_rounds_are_refused_before_start(tmp_path):
     with pytest.raises(OutcoreError, match="warmup-rounds"):
         runner.run_job(settings, lambda backend: _job())
     assert list(tmp_path.iterdir()) == []
+
+
+def _sleepy_job() -> runner.Job:
+    def plan(resources: runner.Resources) -> Plan:
+        return Plan([TaskMemory("sleep", 1, 8, 8)], resources.workers, 1, None)
+
+    def execute(run, client) -> None:
+        runner.compute(client, dask.delayed(time.sleep)(120), show=False)
+
+    return runner.Job("stuck", {}, plan, execute)
+
+
+def test_worker_timeout_ends_a_stuck_task(tmp_path):
+    settings = runner.RunSettings(ClusterOptions("local", workers=1, memory_limit="400MiB"),
+                                  output_dir=str(tmp_path), name="r", progress=False,
+                                  worker_timeout=2.0)
+    t0 = time.perf_counter()
+    with pytest.raises(OutcoreError, match="--worker-timeout"):
+        runner.run_job(settings, lambda backend: _sleepy_job())
+    assert time.perf_counter() - t0 < 45
+    summary = load_summary(tmp_path / "r")
+    assert summary["status"] == "failed" and "sleep" in summary["reason"]
+    with pytest.raises(OutcoreError, match="positive"):
+        runner.run_job(runner.RunSettings(ClusterOptions("threads"), worker_timeout=0),
+                       lambda backend: _sleepy_job())

@@ -50,11 +50,16 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = 
     g.add_argument("--dashboard-address", default=cluster.LOOPBACK_DASHBOARD,
                    help="host:port of the dashboard (default loopback, random port)")
     g.add_argument("--interface", default=None, help="network interface for mpi (e.g. ib0, lo)")
+    g.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for every component")
+    g.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
+    g.add_argument("--tls-ca", default=None, help="CA certificate that signed --tls-cert (PEM)")
     g.add_argument("--backend", default="auto", choices=backend.BACKENDS)
     g.add_argument("--output-dir", default="runs", help="parent folder of run directories")
     g.add_argument("--name", default=None, help="run directory name (default: command-time)")
     g.add_argument("--warmup-rounds", type=int, default=0)
     g.add_argument("--measure-rounds", type=int, default=1)
+    g.add_argument("--worker-timeout", type=float, default=None,
+                   help="seconds one task may run before the run is ended as failed")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     if defaults:
         parser.set_defaults(**defaults)
@@ -70,6 +75,9 @@ def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:
         spill_dir=args.spill_dir,
         dashboard_address=args.dashboard_address,
         interface=args.interface,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
     )
 
 
@@ -82,6 +90,7 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         warmup_rounds=args.warmup_rounds,
         measure_rounds=args.measure_rounds,
         progress=not args.no_progress,
+        worker_timeout=args.worker_timeout,
     )
 
 

@@ -18,10 +18,12 @@ import os
 import socket
 import sys
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import dask
 import distributed
 from dask.utils import parse_bytes
 
@@ -51,6 +53,25 @@ class ClusterOptions:
     spill_dir: str | None = None
     dashboard_address: str = LOOPBACK_DASHBOARD
     interface: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return any((self.tls_cert, self.tls_key, self.tls_ca))
+
+    def security(self) -> distributed.Security | None:
+        """dask's Security for TLS between client, scheduler and workers (None without TLS)."""
+        if not self.tls:
+            return None
+        return distributed.Security(
+            require_encryption=True,
+            tls_ca_file=self.tls_ca,
+            tls_client_cert=self.tls_cert, tls_client_key=self.tls_key,
+            tls_scheduler_cert=self.tls_cert, tls_scheduler_key=self.tls_key,
+            tls_worker_cert=self.tls_cert, tls_worker_key=self.tls_key,
+        )
 
     @property
     def is_address(self) -> bool:
@@ -107,6 +128,8 @@ class ClusterOptions:
                 " mpirun (ranks minus 2: one scheduler, one client).",
                 "drop --workers and run under mpirun -n WORKERS+2.",
             )
+        if self.tls:
+            self._validate_tls(kind)
         if kind == "address":
             given = [n for n in ("workers", "memory_limit", "device_memory_limit", "spill_dir")
                      if getattr(self, n) is not None]
@@ -130,6 +153,49 @@ class ClusterOptions:
         return kind
 
 
+    def _validate_tls(self, kind: str) -> None:
+        files = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
+        missing = [flag for flag, value in files.items() if not value]
+        if missing:
+            raise ClusterError(
+                f"TLS needs a certificate, its key and the CA that signed it; {', '.join(missing)}"
+                " is missing.",
+                "give all three of --tls-cert, --tls-key and --tls-ca.",
+            )
+        absent = [f"{flag} {value}" for flag, value in files.items() if not os.path.isfile(value)]
+        if absent:
+            raise ClusterError(f"TLS file not found: {'; '.join(absent)}.",
+                               "check the paths of the certificate, key and CA files.")
+        if kind == "threads":
+            raise ClusterError(
+                "TLS does not apply to --cluster threads: its workers share one process.",
+                "use --cluster local (or mpi, cuda, an address) with TLS, or drop the --tls-*"
+                " options.",
+            )
+        if self.is_address and not self.kind.startswith("tls://"):
+            raise ClusterError(
+                f"--tls-* options were given but the address {self.kind} is not tls://.",
+                f"use tls://{self.kind.split('://')[-1]}, the scheduler's TLS address.",
+            )
+
+    def warn_if_exposed(self) -> None:
+        """Warn when the dashboard or the cluster listens beyond loopback without TLS."""
+        host = self.dashboard_address.rpartition(":")[0]
+        if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
+            warnings.warn(
+                f"The dashboard listens on {self.dashboard_address!r}, beyond this machine:"
+                " anyone who can reach it sees your tasks and data names. Bind it to"
+                " 127.0.0.1 (the default) and use an SSH tunnel.",
+                stacklevel=3,
+            )
+        if self.resolved_kind() == "mpi" and self.interface not in (None, "lo") and not self.tls:
+            warnings.warn(
+                f"The MPI cluster talks over {self.interface} without TLS: anyone on that"
+                " network can connect to its scheduler. Give --tls-cert, --tls-key, --tls-ca.",
+                stacklevel=3,
+            )
+
+
 def _dask_cuda_importable() -> bool:
     try:
         import dask_cuda  # noqa: F401
@@ -146,9 +212,10 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
     """
     opts = ClusterOptions(kind=kind, **options)
     resolved = opts.validate()
+    opts.warn_if_exposed()
     if resolved == "address":
         try:
-            client = distributed.Client(opts.kind, timeout="30s")
+            client = distributed.Client(opts.kind, timeout="30s", security=opts.security())
         except OSError as err:
             raise ClusterError(
                 f"No scheduler answered at {opts.kind} within 30 s ({err}).",
@@ -173,10 +240,11 @@ def _start_local(opts: ClusterOptions, processes: bool) -> distributed.Client:
         memory_limit=opts.memory_limit if opts.memory_limit is not None else "auto",
         local_directory=opts.spill_dir,
         dashboard_address=opts.dashboard_address,
-        # process workers talk tcp on loopback; thread workers share one process (inproc)
+        # process workers talk tcp (or tls) on loopback; thread workers share one process
         **({"host": "127.0.0.1"} if processes else {}),
+        **({"security": opts.security(), "protocol": "tls://"} if opts.tls else {}),
     )
-    return distributed.Client(cluster)
+    return distributed.Client(cluster, security=opts.security())
 
 
 def _start_cuda(opts: ClusterOptions) -> distributed.Client:
@@ -189,11 +257,13 @@ def _start_cuda(opts: ClusterOptions) -> distributed.Client:
         "dashboard_address": opts.dashboard_address,
         "host": "127.0.0.1",
     }
+    if opts.tls:
+        kwargs.update(security=opts.security(), protocol="tls")
     if opts.workers is not None:
         kwargs["n_workers"] = opts.workers
     if opts.device_memory_limit is not None:
         kwargs["device_memory_limit"] = opts.device_memory_limit
-    return distributed.Client(LocalCUDACluster(**kwargs))
+    return distributed.Client(LocalCUDACluster(**kwargs), security=opts.security())
 
 
 def _mpi_comm() -> Any:
@@ -244,7 +314,10 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
     import dask_mpi
 
     memory_limit = opts.memory_limit if opts.memory_limit is not None else "auto"
+    if opts.tls:  # dask-mpi builds its scheduler and workers from dask's config
+        dask.config.set(_tls_config(opts))
     is_client = dask_mpi.initialize(
+        protocol="tls" if opts.tls else None,
         interface=opts.interface,
         nthreads=opts.threads_per_worker,
         local_directory=opts.spill_dir or "",
@@ -256,9 +329,20 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
     if not is_client:
         # Scheduler or worker rank: its event loop has ended; exit with the client's code.
         sys.exit(_mpi_exit_code(comm, None))
-    client = distributed.Client(timeout="60s")
+    client = distributed.Client(timeout="60s", security=opts.security())
     client.wait_for_workers(comm.Get_size() - 2, timeout=120)
     return client
+
+
+def _tls_config(opts: ClusterOptions) -> dict[str, Any]:
+    """dask config keys that give every component in this process TLS."""
+    tls = "distributed.comm.tls"
+    config: dict[str, Any] = {"distributed.comm.require-encryption": True,
+                              f"{tls}.ca-file": opts.tls_ca}
+    for role in ("client", "scheduler", "worker"):
+        config[f"{tls}.{role}.cert"] = opts.tls_cert
+        config[f"{tls}.{role}.key"] = opts.tls_key
+    return config
 
 
 def _mpi_exit_code(comm: Any, code: int | None) -> int:

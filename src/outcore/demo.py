@@ -116,15 +116,29 @@ def fit_demo(run: Run, client: distributed.Client, candidates: int) -> None:
     })
 
 
+def write_stack(
+    path: str | Path, scan: tuple[int, int], frame: int, chunk_rows: int = 2,
+    counts: float = 2.0e4,
+) -> Path:
+    """Write the demo's synthetic stack, ``chunk_rows`` scan rows a chunk, to a new store at
+    ``path`` (on the active dask client) and return its path."""
+    return io.save(synthetic_stack(scan, frame, counts, chunk_rows), path)
+
+
 def demo_job(
     scan: tuple[int, int] = (128, 192),
     frame: int = 128,
     chunk_rows: int = 2,
     counts: float = 2.0e4,
     fit_candidates: int = 5000,
+    stack_path: str | Path | None = None,
 ) -> Job:
     """The demo's job: write the synthetic stack into the run, stream its statistics, then
-    fit ``fit_candidates`` simulated dipole cutouts (none when 0)."""
+    fit ``fit_candidates`` simulated dipole cutouts (none when 0).
+
+    ``stack_path`` names a stack already written by ``write_stack`` with the same arguments,
+    so that ``measure`` can stream it without ``execute`` running first (``outcore tune``).
+    """
     stack = synthetic_stack(scan, frame, counts, chunk_rows)
 
     def plan(resources: Resources) -> Plan:
@@ -136,7 +150,7 @@ def demo_job(
         return Plan(stages, resources.workers, resources.threads_per_worker,
                     resources.memory_limit, notes=notes)
 
-    written: dict[str, Path] = {}
+    written: dict[str, Path] = {} if stack_path is None else {"stack": Path(stack_path)}
 
     def statistics(client: distributed.Client) -> xr.Dataset:
         """One streaming pass over the stack on disk; the statistics in memory."""

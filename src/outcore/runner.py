@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a run waits with every worker paused for memory before it is ended as failed.
 PAUSED_GRACE_S = 60.0
+#: Seconds a run waits for a scheduler that stopped answering before it is ended as failed.
+SCHEDULER_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,13 @@ class RunSettings:
     warmup_rounds: int = 0
     measure_rounds: int = 1
     progress: bool = True
+    worker_timeout: float | None = None
 
     def validate(self) -> None:
-        """Refuse round counts that cannot work, before anything starts."""
+        """Refuse round counts and timeouts that cannot work, before anything starts."""
+        if self.worker_timeout is not None and self.worker_timeout <= 0:
+            raise OutcoreError(f"--worker-timeout {self.worker_timeout} must be positive.",
+                               "give the seconds one task may run, e.g. --worker-timeout 600.")
         if self.warmup_rounds < 0 or self.measure_rounds < 1:
             raise OutcoreError(
                 f"--warmup-rounds {self.warmup_rounds} / --measure-rounds {self.measure_rounds}"
@@ -188,7 +194,7 @@ def _execute(
         with run.timing("hash_inputs"):
             for path in job.inputs:
                 run.add_input(path)
-        with PauseWatchdog(client) as watchdog:
+        with RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
                 with run.timing("execute"), run.performance_report():
                     job.execute(run, client)
@@ -201,6 +207,14 @@ def _execute(
             except KeyboardInterrupt:
                 watchdog.raise_if_fired()
                 raise
+            except Exception as err:
+                if client.status != "running":
+                    raise OutcoreError(
+                        f"Lost the scheduler at {run.record['cluster']['scheduler']} during the"
+                        f" run ({type(err).__name__}: {err}).",
+                        "check the scheduler's log for why it stopped, then run again.",
+                    ) from err
+                raise
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
         return run.finish()
     except BaseException as err:
@@ -208,21 +222,24 @@ def _execute(
         raise
 
 
-class PauseWatchdog:
-    """Ends a run whose workers all stay paused (dask pauses a worker at 80 % of its memory
-    limit): such a run would otherwise wait forever. After ``grace_s`` seconds of every
-    worker paused, it interrupts the main thread; ``run_job`` turns that into a failed run
-    with the reason and a fix.
+class RunWatchdog:
+    """Ends a run that can no longer progress, instead of letting it wait forever.
+
+    It polls the scheduler once a second and fires when every worker has stayed paused for
+    memory (dask pauses a worker at 80 % of its limit) for ``PAUSED_GRACE_S``, when one task
+    has been processing for more than ``worker_timeout`` seconds (``--worker-timeout``), or
+    when the scheduler has not answered for ``SCHEDULER_GRACE_S``. Firing interrupts the main
+    thread; ``run_job`` turns that into a failed run with the reason and a fix.
     """
 
-    def __init__(self, client: distributed.Client, grace_s: float | None = None) -> None:
+    def __init__(self, client: distributed.Client, worker_timeout: float | None = None) -> None:
         self.client = client
-        self.grace_s = PAUSED_GRACE_S if grace_s is None else grace_s
-        self.reason: str | None = None
+        self.worker_timeout = worker_timeout
+        self.reason: tuple[str, str] | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True, name="outcore-paused")
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="outcore-watch")
 
-    def __enter__(self) -> PauseWatchdog:
+    def __enter__(self) -> RunWatchdog:
         self._thread.start()
         return self
 
@@ -231,30 +248,52 @@ class PauseWatchdog:
         self._thread.join()
 
     def _watch(self) -> None:
-        paused_since = None
+        paused_since = silent_since = None
+        first_seen: dict[str, float] = {}
         while not self._stop.wait(1.0):
+            now = time.monotonic()
             try:
                 workers = list(self.client.scheduler_info(n_workers=-1)["workers"].values())
+                processing = {k for keys in self.client.processing().values() for k in keys}
+                silent_since = None
             except Exception:
+                silent_since = silent_since or now
+                if now - silent_since > SCHEDULER_GRACE_S:
+                    self._fire(f"The scheduler has not answered for {SCHEDULER_GRACE_S:.0f} s.",
+                               "check that the scheduler is running (its log says why it"
+                               " stopped), then run again.")
+                    return
                 continue
             if workers and all(w.get("status") == "paused" for w in workers):
-                paused_since = paused_since or time.monotonic()
-                if time.monotonic() - paused_since > self.grace_s:
+                paused_since = paused_since or now
+                if now - paused_since > PAUSED_GRACE_S:
                     limit = min(int(w.get("memory_limit") or 0) for w in workers)
-                    self.reason = (
-                        f"Every worker has been paused for over {self.grace_s:.0f} s: their"
+                    self._fire(
+                        f"Every worker has been paused for over {PAUSED_GRACE_S:.0f} s: their"
                         f" memory stays above 80 % of the {format_bytes(limit)} limit, so dask"
-                        " runs no task and the run cannot progress."
-                    )
-                    _thread.interrupt_main()
+                        " runs no task and the run cannot progress.",
+                        "raise --memory-limit (400 MiB or more per worker), or use a smaller"
+                        " chunk size.")
                     return
             else:
                 paused_since = None
+            first_seen = {k: first_seen.get(k, now) for k in map(str, processing)}
+            stuck = [k for k, t in first_seen.items()
+                     if self.worker_timeout and now - t > self.worker_timeout]
+            if stuck:
+                self._fire(f"Task {stuck[0]} has run for over {self.worker_timeout:.0f} s"
+                           " (--worker-timeout).",
+                           "look at the dashboard's call stack of that task; raise"
+                           " --worker-timeout if such tasks are expected to take longer.")
+                return
+
+    def _fire(self, problem: str, fix: str) -> None:
+        self.reason = (problem, fix)
+        _thread.interrupt_main()
 
     def raise_if_fired(self) -> None:
         if self.reason is not None:
-            raise OutcoreError(self.reason, "raise --memory-limit (400 MiB or more per worker),"
-                               " or use a smaller chunk size.")
+            raise OutcoreError(*self.reason)
 
 
 def _cluster_kwargs(opts: cluster.ClusterOptions) -> dict[str, Any]:
@@ -269,6 +308,7 @@ def _config(job: Job, settings: RunSettings) -> dict[str, Any]:
         "name": settings.name,
         "warmup_rounds": settings.warmup_rounds,
         "measure_rounds": settings.measure_rounds,
+        "worker_timeout": settings.worker_timeout,
     }
     return {"command": job.command, **common, **job.config}
 

@@ -1,0 +1,539 @@
+"""``outcore tune``: time a verb over a grid of chunk sizes and worker counts.
+
+For each worker count one cluster is started; inside it, for each chunk size, the verb's job
+is built with that chunk size, planned for the cluster (a point whose plan does not fit is
+recorded as skipped, never run) and its compute-only ``measure`` round is timed over the
+warmup and measured rounds. Each point records wall seconds, throughput, the measured peak
+memory per worker, the planner's projection and the parallel efficiency against one worker.
+The run directory holds ``tune.zarr`` (dims ``workers`` x ``chunk``), ``tune.png`` and the
+best point in ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import math
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import distributed
+import numpy as np
+import xarray as xr
+from dask.utils import format_bytes
+
+from outcore import backend, cli, cluster, runner
+from outcore.errors import OutcoreError, PlanError, refuse_existing
+from outcore.runner import Job, Resources, RunSettings
+from outcore.runs import Run
+
+#: Rounds a point runs by default: one warmup, then three timed (their median is reported).
+DEFAULT_ROUNDS = {"warmup_rounds": 1, "measure_rounds": 3}
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """How ``tune`` drives one verb.
+
+    ``option``: the verb's chunk-size argument (its argparse dest). ``work(args)``: the work
+    of one round, in ``work_units``; throughput is work / median seconds, in ``units``.
+    ``build(verb, args, backend, scratch)`` makes the job of one point (default: the verb's
+    own ``make_job``); ``stage(args, scratch)`` writes what ``measure`` reads, inside the
+    cluster, before the clock starts.
+    """
+
+    option: str
+    units: str
+    work_units: str
+    work: Callable[[argparse.Namespace], float]
+    build: Callable[[cli.Verb, argparse.Namespace, str, Path], Job] | None = None
+    stage: Callable[[argparse.Namespace, Path], None] | None = None
+
+
+def _demo_stack(args: argparse.Namespace, scratch: Path) -> Path:
+    return scratch / f"stack-rows{args.chunk_rows}.zarr"
+
+
+def _demo_build(verb: cli.Verb, args: argparse.Namespace, backend_name: str,
+                scratch: Path) -> Job:
+    """The demo's job, measuring the stack ``_demo_stage`` writes into ``scratch``."""
+    from outcore import demo
+
+    return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows,
+                         fit_candidates=args.fit_candidates,
+                         stack_path=_demo_stack(args, scratch))
+
+
+def _demo_stage(args: argparse.Namespace, scratch: Path) -> None:
+    """Write the demo's stack for this chunking once (later worker counts reuse it)."""
+    from outcore import demo
+
+    path = _demo_stack(args, scratch)
+    if not path.exists():
+        demo.write_stack(path, tuple(args.scan), args.frame, args.chunk_rows)
+
+
+def _demo_gigabytes(args: argparse.Namespace) -> float:
+    """GB (1e9 bytes) of frames one statistics pass reads."""
+    from outcore import demo
+
+    return demo.synthetic_stack(tuple(args.scan), args.frame)["data"].nbytes / 1e9
+
+
+def _catalog_candidates(args: argparse.Namespace) -> float:
+    """Candidates one fit pass fits."""
+    from outcore.fit.cli import open_catalog
+
+    return float(open_catalog(args.input).sizes["candidate"])
+
+
+#: The verbs ``tune`` knows, and how it drives each.
+TUNABLE: dict[str, Tunable] = {
+    "demo": Tunable("chunk_rows", "GB/s", "GB", _demo_gigabytes, _demo_build, _demo_stage),
+    "fit-dipoles": Tunable("chunk_size", "fits/s", "fits", _catalog_candidates),
+}
+
+
+# --- command line -----------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction, verbs: dict[str, cli.Verb]) -> None:
+    """Add ``outcore tune VERB ...`` to the ``outcore`` parser's subcommands."""
+    p = subparsers.add_parser(
+        "tune", help="time a command over chunk sizes and worker counts",
+        description="Time VERB over --chunk-size values and --workers counts; see"
+                    " `outcore tune VERB -h` for every option and docs/tune.md.")
+    p.add_argument("verb", help=f"the command to tune: {', '.join(TUNABLE)}")
+    p.add_argument("rest", nargs=argparse.REMAINDER,
+                   help="--chunk-size ..., --workers ..., the verb's own and common options")
+
+
+def run_cli(args: argparse.Namespace, verbs: dict[str, cli.Verb]) -> int:
+    """Run ``outcore tune`` from the parsed ``register`` arguments; print the best point."""
+    verb_args = parse([args.verb, *args.rest], verbs)
+    _, summary = run_tune(verb_args, verbs[args.verb])
+    cli.print_summary(summary)
+    return 0
+
+
+def tune_parser(verb: cli.Verb) -> argparse.ArgumentParser:
+    """The options of ``outcore tune VERB``: the verb's, the common ones and the grid's."""
+    spec = TUNABLE[verb.name]
+    p = argparse.ArgumentParser(prog=f"outcore tune {verb.name}", conflict_handler="resolve",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    verb.add_arguments(p)
+    cli.add_common_options(p, {**(verb.defaults or {}), **DEFAULT_ROUNDS})
+    g = p.add_argument_group("tuning grid")
+    g.add_argument("--chunk-size", dest="chunks", type=int, nargs="+", required=True,
+                   help=f"values of the verb's {spec.option} to try")
+    g.add_argument("--workers", type=int, nargs="+", required=True,
+                   help="worker counts to try, one cluster each (include 1 for efficiency)")
+    return p
+
+
+def parse(argv: Sequence[str], verbs: dict[str, cli.Verb]) -> argparse.Namespace:
+    """Parse ``VERB [options]``; refuse a verb that cannot be tuned, naming those that can."""
+    name = argv[0] if argv else ""
+    if name not in TUNABLE or name not in verbs:
+        tunable = ", ".join(n for n in TUNABLE if n in verbs)
+        raise OutcoreError(f"{name!r} cannot be tuned: tune knows the chunk option of"
+                           f" {tunable} only.", f"tune one of {tunable}.")
+    verb = verbs[name]
+    args = tune_parser(verb).parse_args(argv[1:])
+    if verb.fill_defaults:
+        verb.fill_defaults(args)
+    args.verb = name
+    return args
+
+
+def _argv(options: dict[str, Any]) -> list[str]:
+    """Keyword options as command-line words: ``scan=(8, 16)`` -> ``--scan 8 16``."""
+    words: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list | tuple):
+            words += [flag, *map(str, value)]
+        elif value is not None and value is not False:
+            words += [flag, str(value)]
+    return words
+
+
+def tune(verb: str, chunks: Sequence[int], workers: Sequence[int], **options: Any
+         ) -> xr.Dataset:
+    """Tune ``verb`` over ``chunks`` x ``workers`` and return the ``tune.zarr`` dataset.
+
+    ``options`` are the command-line options by name (``scan=(8, 16)``,
+    ``memory_limit="512MiB"``, ``output_dir="runs"``, ``name="t1"``, ``no_progress=True``);
+    they go through the same parser as ``outcore tune``.
+    """
+    argv = [verb, "--chunk-size", *map(str, chunks), "--workers", *map(str, workers),
+            *_argv(options)]
+    verbs = cli.all_verbs()
+    args = parse(argv, verbs)
+    return run_tune(args, verbs[verb])[0]
+
+
+# --- the grid ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """One measured (or skipped) point of the grid; seconds and bytes."""
+
+    workers: int
+    chunk: int
+    fits: bool
+    projected_worker_bytes: int
+    memory_limit_bytes: int | None
+    walls_s: list[float]
+    peak_worker_bytes: int | None = None
+    reason: str | None = None
+
+
+def _check_grid(args: argparse.Namespace, settings: RunSettings) -> None:
+    """Refuse a grid or cluster options that cannot be run, before anything starts."""
+    for flag, values in (("--chunk-size", args.chunks), ("--workers", args.workers)):
+        if min(values) < 1 or len(set(values)) != len(values):
+            raise OutcoreError(f"{flag} {' '.join(map(str, values))} needs distinct values"
+                               " of at least 1.", f"give {flag} as distinct positive numbers.")
+    kind = settings.cluster.resolved_kind()
+    if kind in ("mpi", "address"):
+        raise OutcoreError(f"tune starts a cluster of each worker count itself; it cannot"
+                           f" resize an {kind} cluster.", "use --cluster local, threads or cuda.")
+    for count in args.workers:
+        replace(settings.cluster, workers=count).validate()
+    settings.validate()
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as err:
+        raise OutcoreError("tune draws tune.png with matplotlib, which does not import here.",
+                           "pip install matplotlib (or the notebook extra).") from err
+
+
+def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict[str, Any]]:
+    """Tune a parsed ``outcore tune`` command; return the dataset and the final summary."""
+    spec = TUNABLE[verb.name]
+    settings = cli.run_settings(args)
+    _check_grid(args, settings)
+    backend_name = backend.resolve(settings.backend)
+    chunks, counts = sorted(args.chunks), sorted(args.workers)
+    run_path = refuse_existing(
+        Path(settings.output_dir) / (settings.name or runner.default_run_name("tune")))
+    scratch = run_path / "scratch"
+    jobs = {c: _build(spec, verb, args, c, backend_name, scratch) for c in chunks}
+    work = spec.work(args)
+    first = jobs[chunks[0]]
+    config = _config(args, spec, settings, first)
+    run = Run.create(run_path.parent, run_path.name, "tune", config)
+    try:
+        for path in first.inputs:
+            run.add_input(path)
+        points = []
+        for count in counts:
+            points += _one_cluster(run, args, spec, settings, jobs, count, scratch, work)
+        shutil.rmtree(scratch, ignore_errors=True)
+        ds = to_dataset(points, chunks, counts, spec, work, verb.name, settings)
+        ds.attrs["run_dir"] = str(run.path.resolve())
+        _write(run, ds, spec)
+        print(table(ds), flush=True)
+        return ds, run.finish()
+    except BaseException as err:
+        shutil.rmtree(scratch, ignore_errors=True)
+        run.fail(err)
+        raise
+
+
+def _build(spec: Tunable, verb: cli.Verb, args: argparse.Namespace, chunk: int,
+           backend_name: str, scratch: Path) -> Job:
+    """The verb's job at one chunk size (its inputs are checked here, lazily)."""
+    point_args = argparse.Namespace(**{**vars(args), spec.option: chunk})
+    if spec.build is None:
+        return verb.make_job(point_args, backend_name)
+    return spec.build(verb, point_args, backend_name, scratch)
+
+
+def _config(args: argparse.Namespace, spec: Tunable, settings: RunSettings, job: Job
+            ) -> dict[str, Any]:
+    """The effective config: the grid, the cluster options and the verb's own config."""
+    return {
+        "command": "tune",
+        "verb": args.verb,
+        "chunk_option": spec.option,
+        "chunks": sorted(args.chunks),
+        "workers": sorted(args.workers),
+        "cluster": {**vars(settings.cluster), "workers": None},
+        "backend": settings.backend,
+        "output_dir": str(settings.output_dir),
+        "name": settings.name,
+        "warmup_rounds": settings.warmup_rounds,
+        "measure_rounds": settings.measure_rounds,
+        "verb_config": {k: v for k, v in job.config.items() if k != spec.option},
+    }
+
+
+def _one_cluster(run: Run, args: argparse.Namespace, spec: Tunable, settings: RunSettings,
+                 jobs: dict[int, Job], count: int, scratch: Path, work: float) -> list[Point]:
+    """Every chunk size on one cluster of ``count`` workers."""
+    opts = replace(settings.cluster, workers=count)
+    backend_name = backend.resolve(settings.backend)
+    client = cluster.start(**vars(opts))
+    try:
+        client.wait_for_workers(count, timeout=120)
+        resources = Resources.of_client(client, backend_name)
+        placements = run.record.get("cluster") or {"kind": opts.resolved_kind(), "runs": []}
+        placements["runs"].append({"workers": count, "placement": cluster.placement(client)})
+        run.set("cluster", placements)
+        points = []
+        for chunk, job in jobs.items():
+            point = _point(client, job, resources, settings, chunk)
+            if point.fits:
+                point_args = argparse.Namespace(**{**vars(args), spec.option: chunk})
+                _measure(client, job, point, settings, spec, point_args, scratch)
+            print(_describe(point, spec, work), flush=True)
+            points.append(point)
+        return points
+    finally:
+        cluster.stop(client)
+
+
+def _point(client: distributed.Client, job: Job, resources: Resources, settings: RunSettings,
+           chunk: int) -> Point:
+    """A point with its plan: fits, or skipped with the planner's reason."""
+    plan = job.plan(resources)
+    point = Point(resources.workers, chunk, plan.fits, plan.worker_peak_bytes,
+                  resources.memory_limit, [])
+    try:
+        plan.check(job.plan_fixes)
+    except PlanError as err:
+        point.reason = str(err)
+    return point
+
+
+def _measure(client: distributed.Client, job: Job, point: Point, settings: RunSettings,
+             spec: Tunable, args: argparse.Namespace, scratch: Path) -> None:
+    """Stage the inputs, run the warmup rounds, reset the peaks, time the measured rounds."""
+    if spec.stage is not None:
+        spec.stage(args, scratch)
+    with _quiet(), runner.RunWatchdog(client, settings.worker_timeout) as watchdog:
+        try:
+            for _ in range(settings.warmup_rounds):
+                job.measure(client)
+            reset = all(client.run(reset_peak).values())
+            for _ in range(settings.measure_rounds):
+                t0 = time.perf_counter()
+                job.measure(client)
+                point.walls_s.append(time.perf_counter() - t0)
+        except KeyboardInterrupt:
+            watchdog.raise_if_fired()
+            raise
+    point.peak_worker_bytes = max(runner.peak_worker_rss(client).values())
+    if not reset:
+        point.reason = "peak since the worker started (/proc/self/clear_refs not writable)"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No progress bar per round (tune prints a line per point)."""
+    token = runner.SHOW_PROGRESS.set(False)
+    try:
+        yield
+    finally:
+        runner.SHOW_PROGRESS.reset(token)
+
+
+def reset_peak() -> bool:
+    """On a worker: return freed heap to the OS, then reset this process's peak resident
+    memory (Linux VmHWM) to its current size. False where ``clear_refs`` is not writable."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def _describe(point: Point, spec: Tunable, work: float) -> str:
+    """One line per point for the terminal."""
+    head = f"workers {point.workers} {spec.option} {point.chunk}:"
+    projected = format_bytes(point.projected_worker_bytes)
+    if not point.walls_s:
+        return f"{head} skipped, plan needs {projected} per worker"
+    median = statistics.median(point.walls_s)
+    return (f"{head} {median:.3f} s, {work / median:.4g} {spec.units}, peak"
+            f" {format_bytes(point.peak_worker_bytes or 0)} per worker (projected {projected})")
+
+
+# --- the record -------------------------------------------------------------------------------
+
+
+_DOCS = {
+    "median_s": ("median wall time of the measured rounds", "s"),
+    "min_s": ("fastest measured round", "s"),
+    "max_s": ("slowest measured round", "s"),
+    "peak_worker_bytes": ("largest worker's peak resident memory during the measured rounds",
+                          "bytes"),
+    "projected_worker_bytes": ("planner's projected peak per worker", "bytes"),
+    "efficiency": ("throughput / (workers x throughput at 1 worker), same chunk", "1"),
+    "fits": ("the plan fits the memory limit (else the point was skipped, not run)", "1"),
+    "memory_limit_bytes": ("memory limit of each worker (NaN: none)", "bytes"),
+}
+
+
+def to_dataset(points: Sequence[Point], chunks: Sequence[int], counts: Sequence[int],
+               spec: Tunable, work: float, verb: str, settings: RunSettings) -> xr.Dataset:
+    """The grid as a Dataset with dims ``(workers, chunk)``; skipped points are NaN."""
+    shape = (len(counts), len(chunks))
+    values = {name: np.full(shape, np.nan) for name in
+              ("median_s", "min_s", "max_s", "peak_worker_bytes")}
+    projected = np.zeros(shape, np.int64)
+    fits = np.zeros(shape, bool)
+    limits = np.full(len(counts), np.nan)
+    for p in points:
+        i, j = counts.index(p.workers), chunks.index(p.chunk)
+        projected[i, j], fits[i, j] = p.projected_worker_bytes, p.fits
+        limits[i] = np.nan if p.memory_limit_bytes is None else p.memory_limit_bytes
+        if p.walls_s:
+            values["median_s"][i, j] = statistics.median(p.walls_s)
+            values["min_s"][i, j], values["max_s"][i, j] = min(p.walls_s), max(p.walls_s)
+            values["peak_worker_bytes"][i, j] = p.peak_worker_bytes
+    dims = ("workers", "chunk")
+    ds = xr.Dataset(
+        {name: (dims, v) for name, v in values.items()}
+        | {"projected_worker_bytes": (dims, projected), "fits": (dims, fits),
+           "memory_limit_bytes": (("workers",), limits)},
+        coords={"workers": list(counts), "chunk": list(chunks)},
+    )
+    ds["throughput"] = work / ds["median_s"]
+    ds["throughput"].attrs = {"long_name": f"{spec.work_units} per second of median wall",
+                              "units": spec.units}
+    one = ds["throughput"].sel(workers=1) if 1 in counts else np.nan
+    ds["efficiency"] = ds["throughput"] / (ds["workers"] * one)
+    for name, (doc, units) in _DOCS.items():
+        ds[name].attrs = {"long_name": doc, "units": units}
+    ds["chunk"].attrs = {"long_name": f"the verb's {spec.option}"}
+    ds.attrs = {
+        "verb": verb, "chunk_option": spec.option, "units": spec.units,
+        "work": work, "work_units": spec.work_units,
+        "warmup_rounds": settings.warmup_rounds, "measure_rounds": settings.measure_rounds,
+        "notes": [f"workers={p.workers} chunk={p.chunk}: {p.reason}" for p in points
+                  if p.reason],
+    }
+    ds.attrs.update({f"best_{k}": v for k, v in (best_point(ds) or {}).items()})
+    return ds
+
+
+def best_point(ds: xr.Dataset) -> dict[str, Any] | None:
+    """The highest-throughput point whose plan fits and whose peak stayed under the limit."""
+    limit = ds["memory_limit_bytes"].fillna(np.inf)
+    ok = ds["fits"] & (ds["peak_worker_bytes"] < limit) & np.isfinite(ds["throughput"])
+    if not bool(ok.any()):
+        return None
+    where = ds["throughput"].where(ok).argmax(dim=["workers", "chunk"])
+    best = ds.isel(where)
+    return {"workers": int(best["workers"]), "chunk": int(best["chunk"]),
+            "throughput": float(best["throughput"]), "median_s": float(best["median_s"]),
+            "peak_worker_bytes": int(best["peak_worker_bytes"])}
+
+
+def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
+    """tune.zarr, tune.png and the summary's metrics (best point, efficiencies)."""
+    zarr_path = run.add_output("tune.zarr", verify=lambda p: xr.open_zarr(p, consolidated=False))
+    png_path = run.add_output("tune.png", verify=_check_png)
+    ds.to_zarr(zarr_path, mode="w-", zarr_format=3, consolidated=False)
+    plot(ds).savefig(png_path, dpi=110)
+    best = best_point(ds)
+    run.metric(
+        units=spec.units,
+        best=best,
+        efficiency={str(c): {str(w): _number(ds["efficiency"].sel(workers=w, chunk=c))
+                             for w in ds["workers"].values} for c in ds["chunk"].values},
+        points=[{k: _number(v) for k, v in row.items()} for row in _rows(ds)],
+        notes=ds.attrs["notes"],
+    )
+    if best is None:
+        print("best point: none (no point ran under its memory limit)", flush=True)
+    else:
+        print(f"best point: workers {best['workers']}, {spec.option} {best['chunk']}:"
+              f" {best['throughput']:.4g} {spec.units}", flush=True)
+
+
+def _check_png(path: Path) -> None:
+    if path.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
+        raise OutcoreError(f"{path.name} is not a PNG image.", "rerun outcore tune.")
+
+
+def _number(value: Any) -> float | int | bool | None:
+    """A JSON-ready scalar (NaN becomes None)."""
+    value = np.asarray(value).item()
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _rows(ds: xr.Dataset) -> list[dict[str, Any]]:
+    names = ["median_s", "min_s", "max_s", "throughput", "peak_worker_bytes",
+             "projected_worker_bytes", "efficiency", "fits"]
+    return [{"workers": w, "chunk": c, **{n: ds[n].sel(workers=w, chunk=c) for n in names}}
+            for w in ds["workers"].values for c in ds["chunk"].values]
+
+
+def table(ds: xr.Dataset) -> str:
+    """A plain-text table of the grid."""
+    units = ds.attrs["units"]
+    head = (f"{'workers':>7}{'chunk':>8}{'median s':>10}{units:>12}{'peak':>12}"
+            f"{'projected':>12}{'efficiency':>11}")
+    lines = [head, "-" * len(head)]
+    for row in _rows(ds):
+        if not bool(row["fits"]):
+            lines.append(f"{row['workers']:>7}{row['chunk']:>8}   skipped: plan does not fit"
+                         f" ({format_bytes(int(row['projected_worker_bytes']))})")
+            continue
+        lines.append(
+            f"{row['workers']:>7}{row['chunk']:>8}{float(row['median_s']):>10.3f}"
+            f"{float(row['throughput']):>12.4g}"
+            f"{format_bytes(int(row['peak_worker_bytes'])):>12}"
+            f"{format_bytes(int(row['projected_worker_bytes'])):>12}"
+            f"{float(row['efficiency']):>11.2f}")
+    return "\n".join(lines)
+
+
+def plot(ds: xr.Dataset) -> Any:
+    """A matplotlib Figure: throughput and peak memory per worker vs chunk size, one line
+    per worker count (dashed: the planner's projection; dotted: the memory limit)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    speed, memory = fig.subplots(1, 2)
+    chunks = ds["chunk"].values
+    for index, count in enumerate(ds["workers"].values):
+        row, color = ds.sel(workers=count), f"C{index}"
+        label = f"{count} worker{'s' if count > 1 else ''}"
+        speed.plot(chunks, row["throughput"], "o-", color=color, label=label)
+        memory.plot(chunks, row["peak_worker_bytes"] / 2**20, "o-", color=color, label=label)
+        memory.plot(chunks, row["projected_worker_bytes"] / 2**20, "--", color=color)
+        if np.isfinite(row["memory_limit_bytes"]):
+            memory.axhline(float(row["memory_limit_bytes"]) / 2**20, ls=":", color=color)
+    if "best_workers" in ds.attrs:
+        speed.plot(ds.attrs["best_chunk"], ds.attrs["best_throughput"], "*", ms=16,
+                   color="gold", mec="k", label="best")
+    speed.set(ylabel=f"throughput ({ds.attrs['units']})", title=ds.attrs["verb"])
+    memory.set(ylabel="peak memory per worker (MiB)",
+               title="measured (solid), projected (dashed), limit (dotted)")
+    for ax in (speed, memory):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(chunks, [str(c) for c in chunks])
+        ax.minorticks_off()
+        ax.set_xlabel(ds["chunk"].attrs["long_name"])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return fig
