@@ -30,3 +30,28 @@ def test_worker_memory_does_not_grow_with_the_catalog():
     stages = memory_model(24_000, 256, (17, 17), "float32", "gaussian", variance=True)
     plan = Plan(stages, workers=2, memory_limit=LIMIT)
     assert plan.fits and large < plan.budget_bytes
+
+
+def test_killed_worker_gives_the_same_fits():
+    import os
+    import signal
+    import time
+
+    import numpy as np
+    import xarray as xr
+
+    catalog, _ = simulate_catalog(6_000, seed=4, chunk_size=500)
+    clean = fit_dipoles(catalog, chunk_size=250).compute(scheduler="sync")
+    client = cluster.start("local", workers=2, memory_limit=LIMIT)
+    try:
+        futures = client.compute(fit_dipoles(catalog, chunk_size=250))
+        time.sleep(1.5)
+        assert not futures.done()  # killed mid-run
+        victim = cluster.placement(client)[0]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        result = futures.result()
+        assert victim not in {r["pid"] for r in cluster.placement(client)}
+    finally:
+        cluster.stop(client)
+    xr.testing.assert_identical(result, clean)
+    assert np.all(result["status"].values == clean["status"].values)

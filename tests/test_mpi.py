@@ -51,3 +51,25 @@ def test_mpi_job_whose_command_fails_exits_non_zero_on_every_rank_quickly(tmp_pa
     assert set(codes) == {0, 1, 2, 3} and all(code != 0 for code in codes.values())
     assert wall < 30
     assert not (tmp_path / "runs" / "m").exists()
+
+
+def test_mpi_fit_dipoles_and_convert_run_on_every_rank(tmp_path):
+    import numpy as np
+
+    from outcore.fit import simulate_catalog
+
+    catalog, _ = simulate_catalog(400, seed=2)
+    np.savez(tmp_path / "cat.npz", candidate_id=catalog["candidate_id"].values,
+             images=catalog["images"].values, variance=catalog["variance"].values)
+    common = ["--cluster", "mpi", "--interface", "lo", "--no-progress",
+              "--output-dir", str(tmp_path / "runs")]
+    codes, _ = _mpirun(tmp_path, ["convert", str(tmp_path / "cat.npz"),
+                                  str(tmp_path / "cat.zarr"), "--name", "c", *common], 180)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    (tmp_path / "codes").unlink()
+    codes, _ = _mpirun(tmp_path, ["fit-dipoles", "--input", str(tmp_path / "cat.zarr"),
+                                  "--chunk-size", "100", "--name", "f", *common], 180)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    summary = load_summary(tmp_path / "runs" / "f")
+    assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
+    assert sum(summary["metrics"]["status_counts"].values()) == 400
