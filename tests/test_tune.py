@@ -64,28 +64,29 @@ def test_a_chunk_whose_plan_cannot_fit_is_skipped_not_run(tmp_path, monkeypatch)
 
     write_stack = demo.write_stack
     monkeypatch.setattr(demo, "write_stack", spy)
-    # frames of 1 MiB: one scan row a chunk is tiny; 64 rows need ~200 MiB a task, over
+    # frames of 1 MiB: one scan row a chunk is small; 16 rows need ~200 MiB a task, over
     # the 307 MiB budget (60 % of 512 MiB) with the worker's baseline
-    ds = tune.tune("demo", [1, 64], [1], scan=(64, 1), frame=512, fit_candidates=0,
+    ds = tune.tune("demo", [1, 16], [1], scan=(16, 4), frame=512, fit_candidates=0,
                    memory_limit="512MiB", warmup_rounds=0, measure_rounds=1,
                    output_dir=tmp_path, name="t", no_progress=True)
     assert staged == [1]
     assert ds["fits"].values.tolist() == [[True, False]]
-    skipped = ds.sel(workers=1, chunk=64)
+    skipped = ds.sel(workers=1, chunk=16)
     assert np.isnan(skipped["median_s"]) and np.isnan(skipped["peak_worker_bytes"])
     assert skipped["projected_worker_bytes"] > 0.6 * LIMIT
     assert ds.attrs["best_chunk"] == 1
     summary = load_summary(tmp_path / "t")
     assert summary["status"] == "success"
-    assert any("chunk=64: skipped" in note and "does not fit" in note
+    assert any("chunk=16: skipped" in note and "does not fit" in note
                for note in summary["metrics"]["notes"])
 
 
 def test_fit_dipoles_grid_from_python(tmp_path):
     store = tmp_path / "cat.zarr"
     outcore.save(simulate_catalog(400, seed=1)[0], store)
-    ds = tune.tune("fit-dipoles", [100, 200], [1, 2], input=str(store), warmup_rounds=0,
-                   measure_rounds=1, output_dir=tmp_path / "runs", name="f", no_progress=True)
+    ds = tune.tune("fit-dipoles", [100, 200], [1, 2], input=str(store), cluster="threads",
+                   warmup_rounds=0, measure_rounds=1, output_dir=tmp_path / "runs", name="f",
+                   no_progress=True)
     assert ds.attrs["units"] == "fits/s" and ds["fits"].all()
     np.testing.assert_allclose(ds["throughput"] * ds["median_s"], 400)
     assert (ds["efficiency"].sel(workers=1) == 1.0).all()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -277,6 +278,8 @@ def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # distributed logs every connection at INFO, on every MPI rank; keep warnings and errors
+    logging.getLogger("distributed").setLevel(os.environ.get("OUTCORE_LOG_LEVEL", "WARNING"))
     verbs = all_verbs()
     args = build_parser(verbs).parse_args(argv)
     try:

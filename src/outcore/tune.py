@@ -20,7 +20,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,9 +194,26 @@ class Point:
     fits: bool
     projected_worker_bytes: int
     memory_limit_bytes: int | None
-    walls_s: list[float]
+    plan: dict[str, Any]
+    walls_s: list[float] = field(default_factory=list)
     peak_worker_bytes: int | None = None
-    reason: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """What every point of one tune shares: the parsed command and one job per chunk size."""
+
+    args: argparse.Namespace
+    spec: Tunable
+    settings: RunSettings
+    backend: str
+    scratch: Path
+    jobs: dict[int, Job] = field(default_factory=dict)
+
+    def point_args(self, chunk: int) -> argparse.Namespace:
+        """The verb's arguments with its chunk option set to ``chunk``."""
+        return argparse.Namespace(**{**vars(self.args), self.spec.option: chunk})
 
 
 def _check_grid(args: argparse.Namespace, settings: RunSettings) -> None:
@@ -220,109 +237,106 @@ def _check_grid(args: argparse.Namespace, settings: RunSettings) -> None:
 
 
 def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict[str, Any]]:
-    """Tune a parsed ``outcore tune`` command; return the dataset and the final summary."""
-    spec = TUNABLE[verb.name]
+    """Tune a parsed ``outcore tune`` command; return the dataset and the final summary.
+
+    Everything that can be refused (options, the verb's inputs, an existing run directory)
+    is refused before the first cluster starts.
+    """
     settings = cli.run_settings(args)
     _check_grid(args, settings)
-    backend_name = backend.resolve(settings.backend)
-    chunks, counts = sorted(args.chunks), sorted(args.workers)
     run_path = refuse_existing(
         Path(settings.output_dir) / (settings.name or runner.default_run_name("tune")))
-    scratch = run_path / "scratch"
-    jobs = {c: _build(spec, verb, args, c, backend_name, scratch) for c in chunks}
-    work = spec.work(args)
-    first = jobs[chunks[0]]
-    config = _config(args, spec, settings, first)
-    run = Run.create(run_path.parent, run_path.name, "tune", config)
+    grid = _Grid(args, TUNABLE[verb.name], settings, backend.resolve(settings.backend),
+                 run_path / "scratch")
+    for chunk in sorted(args.chunks):
+        grid.jobs[chunk] = _build(grid, verb, chunk)
+    work = grid.spec.work(args)
+    first = next(iter(grid.jobs.values()))
+    run = Run.create(run_path.parent, run_path.name, "tune", _config(grid, first))
     try:
         for path in first.inputs:
             run.add_input(path)
         points = []
-        for count in counts:
-            points += _one_cluster(run, args, spec, settings, jobs, count, scratch, work)
-        shutil.rmtree(scratch, ignore_errors=True)
-        ds = to_dataset(points, chunks, counts, spec, work, verb.name, settings)
+        for count in sorted(args.workers):
+            with run.timing(f"workers_{count}"):
+                points += _one_cluster(run, grid, count, work)
+        run.set("plan", [{"workers": p.workers, "chunk": p.chunk, **p.plan} for p in points])
+        ds = to_dataset(points, grid, work, verb.name)
         ds.attrs["run_dir"] = str(run.path.resolve())
-        _write(run, ds, spec)
-        print(table(ds), flush=True)
+        _write(run, ds, grid.spec)
         return ds, run.finish()
     except BaseException as err:
-        shutil.rmtree(scratch, ignore_errors=True)
         run.fail(err)
         raise
+    finally:
+        shutil.rmtree(grid.scratch, ignore_errors=True)
 
 
-def _build(spec: Tunable, verb: cli.Verb, args: argparse.Namespace, chunk: int,
-           backend_name: str, scratch: Path) -> Job:
+def _build(grid: _Grid, verb: cli.Verb, chunk: int) -> Job:
     """The verb's job at one chunk size (its inputs are checked here, lazily)."""
-    point_args = argparse.Namespace(**{**vars(args), spec.option: chunk})
-    if spec.build is None:
-        return verb.make_job(point_args, backend_name)
-    return spec.build(verb, point_args, backend_name, scratch)
+    if grid.spec.build is None:
+        return verb.make_job(grid.point_args(chunk), grid.backend)
+    return grid.spec.build(verb, grid.point_args(chunk), grid.backend, grid.scratch)
 
 
-def _config(args: argparse.Namespace, spec: Tunable, settings: RunSettings, job: Job
-            ) -> dict[str, Any]:
+def _config(grid: _Grid, job: Job) -> dict[str, Any]:
     """The effective config: the grid, the cluster options and the verb's own config."""
+    settings = grid.settings
     return {
         "command": "tune",
-        "verb": args.verb,
-        "chunk_option": spec.option,
-        "chunks": sorted(args.chunks),
-        "workers": sorted(args.workers),
+        "verb": grid.args.verb,
+        "chunk_option": grid.spec.option,
+        "chunks": sorted(grid.args.chunks),
+        "workers": sorted(grid.args.workers),
         "cluster": {**vars(settings.cluster), "workers": None},
         "backend": settings.backend,
         "output_dir": str(settings.output_dir),
         "name": settings.name,
         "warmup_rounds": settings.warmup_rounds,
         "measure_rounds": settings.measure_rounds,
-        "verb_config": {k: v for k, v in job.config.items() if k != spec.option},
+        "verb_config": {k: v for k, v in job.config.items() if k != grid.spec.option},
     }
 
 
-def _one_cluster(run: Run, args: argparse.Namespace, spec: Tunable, settings: RunSettings,
-                 jobs: dict[int, Job], count: int, scratch: Path, work: float) -> list[Point]:
-    """Every chunk size on one cluster of ``count`` workers."""
-    opts = replace(settings.cluster, workers=count)
-    backend_name = backend.resolve(settings.backend)
+def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
+    """Every chunk size on one cluster of ``count`` workers; the placement goes to the run."""
+    opts = replace(grid.settings.cluster, workers=count)
     client = cluster.start(**vars(opts))
     try:
         client.wait_for_workers(count, timeout=120)
-        resources = Resources.of_client(client, backend_name)
-        placements = run.record.get("cluster") or {"kind": opts.resolved_kind(), "runs": []}
-        placements["runs"].append({"workers": count, "placement": cluster.placement(client)})
-        run.set("cluster", placements)
+        resources = Resources.of_client(client, grid.backend)
+        record = run.record["cluster"] or {"kind": opts.resolved_kind(), "runs": []}
+        record["runs"].append({"workers": count, "placement": cluster.placement(client)})
+        run.set("cluster", record)
         points = []
-        for chunk, job in jobs.items():
-            point = _point(client, job, resources, settings, chunk)
+        for chunk, job in grid.jobs.items():
+            point = _point(job, resources, chunk)
             if point.fits:
-                point_args = argparse.Namespace(**{**vars(args), spec.option: chunk})
-                _measure(client, job, point, settings, spec, point_args, scratch)
-            print(_describe(point, spec, work), flush=True)
+                _measure(client, grid, job, point)
+            print(_describe(point, grid.spec, work), flush=True)
             points.append(point)
         return points
     finally:
         cluster.stop(client)
 
 
-def _point(client: distributed.Client, job: Job, resources: Resources, settings: RunSettings,
-           chunk: int) -> Point:
-    """A point with its plan: fits, or skipped with the planner's reason."""
+def _point(job: Job, resources: Resources, chunk: int) -> Point:
+    """A point with its plan: it fits, or it is skipped with the planner's reason."""
     plan = job.plan(resources)
     point = Point(resources.workers, chunk, plan.fits, plan.worker_peak_bytes,
-                  resources.memory_limit, [])
+                  resources.memory_limit, plan.to_dict())
     try:
         plan.check(job.plan_fixes)
     except PlanError as err:
-        point.reason = str(err)
+        point.note = f"skipped: {err}"
     return point
 
 
-def _measure(client: distributed.Client, job: Job, point: Point, settings: RunSettings,
-             spec: Tunable, args: argparse.Namespace, scratch: Path) -> None:
+def _measure(client: distributed.Client, grid: _Grid, job: Job, point: Point) -> None:
     """Stage the inputs, run the warmup rounds, reset the peaks, time the measured rounds."""
-    if spec.stage is not None:
-        spec.stage(args, scratch)
+    if grid.spec.stage is not None:
+        grid.spec.stage(grid.point_args(point.chunk), grid.scratch)
+    settings = grid.settings
     with _quiet(), runner.RunWatchdog(client, settings.worker_timeout) as watchdog:
         try:
             for _ in range(settings.warmup_rounds):
@@ -337,7 +351,7 @@ def _measure(client: distributed.Client, job: Job, point: Point, settings: RunSe
             raise
     point.peak_worker_bytes = max(runner.peak_worker_rss(client).values())
     if not reset:
-        point.reason = "peak since the worker started (/proc/self/clear_refs not writable)"
+        point.note = "peak since the worker started (/proc/self/clear_refs is not writable)"
 
 
 @contextlib.contextmanager
@@ -391,9 +405,10 @@ _DOCS = {
 }
 
 
-def to_dataset(points: Sequence[Point], chunks: Sequence[int], counts: Sequence[int],
-               spec: Tunable, work: float, verb: str, settings: RunSettings) -> xr.Dataset:
+def to_dataset(points: Sequence[Point], grid: _Grid, work: float, verb: str) -> xr.Dataset:
     """The grid as a Dataset with dims ``(workers, chunk)``; skipped points are NaN."""
+    spec, settings = grid.spec, grid.settings
+    chunks, counts = sorted(grid.args.chunks), sorted(grid.args.workers)
     shape = (len(counts), len(chunks))
     values = {name: np.full(shape, np.nan) for name in
               ("median_s", "min_s", "max_s", "peak_worker_bytes")}
@@ -427,8 +442,8 @@ def to_dataset(points: Sequence[Point], chunks: Sequence[int], counts: Sequence[
         "verb": verb, "chunk_option": spec.option, "units": spec.units,
         "work": work, "work_units": spec.work_units,
         "warmup_rounds": settings.warmup_rounds, "measure_rounds": settings.measure_rounds,
-        "notes": [f"workers={p.workers} chunk={p.chunk}: {p.reason}" for p in points
-                  if p.reason],
+        "notes": [f"workers={p.workers} chunk={p.chunk}: {p.note}" for p in points
+                  if p.note],
     }
     ds.attrs.update({f"best_{k}": v for k, v in (best_point(ds) or {}).items()})
     return ds
@@ -462,6 +477,7 @@ def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
         points=[{k: _number(v) for k, v in row.items()} for row in _rows(ds)],
         notes=ds.attrs["notes"],
     )
+    print(table(ds), flush=True)
     if best is None:
         print("best point: none (no point ran under its memory limit)", flush=True)
     else:
