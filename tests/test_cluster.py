@@ -91,3 +91,12 @@ def test_joining_a_scheduler_address():
             assert joined.submit(lambda x: x + 1, 1).result() == 2
         finally:
             cluster.stop(joined)
+
+
+def test_joining_a_scheduler_without_workers_is_a_clear_error(monkeypatch):
+    import distributed
+
+    monkeypatch.setattr(cluster, "JOIN_WORKER_TIMEOUT_S", 2.0)
+    with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc:
+        with pytest.raises(ClusterError, match="no worker"):
+            cluster.start(lc.scheduler_address)

@@ -221,6 +221,7 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
                 f"No scheduler answered at {opts.kind} within 30 s ({err}).",
                 "check the address and that the scheduler is running and reachable.",
             ) from err
+        _wait_for_a_worker(client, opts.kind)
     elif resolved == "mpi":
         client = _start_mpi(opts)
     elif resolved == "cuda":
@@ -229,6 +230,23 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
         client = _start_local(opts, processes=resolved == "local")
     client.outcore_kind = resolved  # type: ignore[attr-defined]
     return client
+
+
+#: Seconds a joined cluster may have no worker before ``start`` gives up.
+JOIN_WORKER_TIMEOUT_S = 60.0
+
+
+def _wait_for_a_worker(client: distributed.Client, address: str) -> None:
+    """Return once the joined cluster has a worker; ClusterError after a timeout."""
+    timeout = JOIN_WORKER_TIMEOUT_S
+    try:
+        client.wait_for_workers(1, timeout=timeout)
+    except TimeoutError as err:
+        client.close()
+        raise ClusterError(
+            f"The scheduler at {address} has had no worker for {timeout:.0f} s.",
+            "start workers for it (dask worker ADDRESS), or scale the cluster up first.",
+        ) from err
 
 
 def _start_local(opts: ClusterOptions, processes: bool) -> distributed.Client:
@@ -429,6 +447,7 @@ def placement(client: distributed.Client) -> list[dict[str, Any]]:
                 "pid": fact.get("pid"),
                 "threads": info.get("nthreads"),
                 "memory_limit_bytes": info.get("memory_limit"),
+                "cuda_visible_devices": fact.get("cuda_visible_devices"),
                 "gpu_name": gpu.get("name"),
                 "gpu_uuid": gpu.get("uuid"),
                 "gpu_memory_bytes": gpu.get("total_bytes"),
