@@ -206,7 +206,7 @@ CORE_VERBS = [
 
 
 #: The cli modules of the operator families, each with a ``VERBS`` list.
-FAMILY_CLIS = ("outcore.fit.cli",)
+FAMILY_CLIS = ("outcore.fit.cli", "outcore.tomo.cli")
 
 
 def _family_verbs() -> list[Verb]:
@@ -244,11 +244,17 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace, verbs: dict[str, Verb]) -> int:
-    verb = verbs[args.verb]
+    name, rest = args.verb, args.rest
+    if name not in verbs and rest:  # a family verb such as "tomo simulate"
+        name, rest = f"{name} {rest[0]}", rest[1:]
+    if name not in verbs:
+        raise OutcoreError(f"{name!r} is not a command with a plan.",
+                           f"use one of: {', '.join(sorted(verbs))}.")
+    verb = verbs[name]
     parser = argparse.ArgumentParser(prog=f"outcore plan {verb.name}")
     verb.add_arguments(parser)
     add_common_options(parser, verb.defaults)
-    vargs = parser.parse_args(args.rest)
+    vargs = parser.parse_args(rest)
     if verb.fill_defaults:
         verb.fill_defaults(vargs)
     backend_name = backend.resolve(vargs.backend)
@@ -267,11 +273,20 @@ def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions, devices and backends")
     plan = sub.add_parser("plan", help="print the memory plan of a command without running it")
-    plan.add_argument("verb", choices=sorted(verbs))
+    plan.add_argument("verb", choices=sorted({name.split()[0] for name in verbs}))
     plan.add_argument("rest", nargs=argparse.REMAINDER)
+    families: dict[str, argparse._SubParsersAction] = {}
     for verb in verbs.values():
-        p = sub.add_parser(verb.name, help=verb.help, description=verb.help,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        parent, _, child = verb.name.partition(" ")
+        where = sub
+        if child:  # "tomo simulate": a verb of the tomo family
+            if parent not in families:
+                group = sub.add_parser(parent, help=f"{parent} commands")
+                families[parent] = group.add_subparsers(dest="subcommand", required=True)
+            where = families[parent]
+        p = where.add_parser(child or parent, help=verb.help, description=verb.help,
+                             formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        p.set_defaults(verb_name=verb.name)
         verb.add_arguments(p)
         add_common_options(p, verb.defaults)
     return parser
@@ -287,14 +302,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "plan":
             return _plan(args, verbs)
-        verb = verbs[args.command]
+        verb = verbs[args.verb_name]
         if verb.fill_defaults:
             verb.fill_defaults(args)
         summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
         print_summary(summary)
         return 0
     except OutcoreError as err:
-        print(f"outcore {args.command}: error: {err}", file=sys.stderr)
+        print(f"outcore {getattr(args, 'verb_name', args.command)}: error: {err}",
+              file=sys.stderr)
         return 1
 
 

@@ -1,0 +1,93 @@
+"""Projector kernels on one block of views and one z-slab, for numpy (numba) or cupy arrays.
+
+``forward`` (Joseph's ray-driven projector), ``adjoint`` (its exact transpose) and
+``backproject`` (voxel-driven, weighted, for FBP/FDK) dispatch on the array they get: numpy
+runs ``kernels.cpu``, cupy runs ``kernels.gpu``. A slab is the planes ``z0 <= k < z0 + nz``
+of a volume of ``depth`` planes; a projection block holds the detector rows
+``v0 <= v < v0 + rows`` of some views. Voxels outside the slab and rows outside the block count
+as zero, so sums over slabs (forward) and over row blocks (adjoint) are exact.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from outcore.backend import array_namespace
+from outcore.tomo.geometry import Geometry
+from outcore.tomo.kernels import cpu
+
+Array = Any
+
+
+def _impl(x: Array) -> ModuleType:
+    if array_namespace(x) is np:
+        return cpu
+    from outcore.tomo.kernels import gpu
+
+    return gpu
+
+
+def _centre(depth: int, z0: int) -> float:
+    """Centre index of the volume in the slab's own indices."""
+    return (depth - 1) / 2.0 - z0
+
+
+def forward(slab: Array, angles: np.ndarray, geometry: Geometry, *, z0: int = 0,
+            depth: int | None = None, rows: tuple[int, int] | None = None) -> Array:
+    """Project ``slab (nz, ny, nx)``: ``(views, v1 - v0, nu)`` for the detector rows ``rows``.
+
+    ``angles`` (views,) in radians; ``depth`` is the whole volume's nz (the slab's own by
+    default); ``rows`` defaults to every row. Same dtype and backend as ``slab``; sums along
+    each ray in float64.
+    """
+    depth = slab.shape[0] if depth is None else depth
+    nv, nu = geometry.detector_shape
+    v0, v1 = rows if rows is not None else (0, nv)
+    return _impl(slab).forward(slab, np.asarray(angles, np.float64), geometry.kernel_args(),
+                               v0, v1 - v0, nu, nv, _centre(depth, z0))
+
+
+def adjoint(proj: Array, angles: np.ndarray, geometry: Geometry, slab_shape: tuple[int, ...],
+            *, z0: int = 0, depth: int | None = None, v0: int = 0, out: Array | None = None
+            ) -> Array:
+    """Exact transpose of ``forward``: ``proj (views, rows, nu)`` (rows from ``v0``) to a slab.
+
+    With ``out`` (a float64 slab), adds into it and returns it; else returns a new slab of
+    ``proj``'s dtype (accumulated in float64).
+    """
+    return _accumulate(proj, slab_shape, z0, depth, out,
+                       lambda acc, cz: _impl(proj).adjoint(
+                           proj, acc, np.asarray(angles, np.float64), geometry.kernel_args(),
+                           v0, geometry.detector_shape[0], cz))
+
+
+def backproject(proj: Array, angles: np.ndarray, geometry: Geometry,
+                slab_shape: tuple[int, ...], weights: np.ndarray, *, z0: int = 0,
+                depth: int | None = None, v0: int = 0, out: Array | None = None) -> Array:
+    """Voxel-driven weighted backprojection (FBP/FDK) of ``proj (views, rows, nu)`` to a slab.
+
+    Every voxel adds ``weights[view]`` times the projection interpolated bilinearly at its
+    centre's image (times FDK's ``(source_distance / depth)^2`` for the cone beam). ``out``
+    as in ``adjoint``.
+    """
+    return _accumulate(proj, slab_shape, z0, depth, out,
+                       lambda acc, cz: _impl(proj).backproject(
+                           proj, acc, np.asarray(angles, np.float64),
+                           np.asarray(weights, np.float64), geometry.kernel_args(), v0,
+                           geometry.detector_shape[0], cz))
+
+
+def _accumulate(proj: Array, slab_shape: tuple[int, ...], z0: int, depth: int | None,
+                out: Array | None, run: Any) -> Array:
+    depth = slab_shape[0] if depth is None else depth
+    acc = out if out is not None else array_namespace(proj).zeros(slab_shape, np.float64)
+    if acc.dtype != np.float64 or tuple(acc.shape) != tuple(slab_shape):
+        raise ValueError(f"out must be a float64 array of shape {tuple(slab_shape)}.")
+    run(acc, _centre(depth, z0))
+    return acc if out is not None else acc.astype(proj.dtype)
+
+
+__all__ = ["adjoint", "backproject", "forward"]

@@ -1,0 +1,162 @@
+"""Memory model of ``Projector`` for ``outcore.plan``: bytes held by each task, and block sizes.
+
+A projection task holds one z-slab (``slab * ny * nx`` values) and writes one partial block
+of projections (``views_per_block * band * nu`` values, ``band`` the rows it covers: all of
+them for the ``views`` partition, the slab's band for ``space``). A backprojection task holds
+the row chunks of one view block that reach its slab, a float64 accumulator of the slab, the
+slab in the data's dtype and (``space``) a contiguous copy of the rows of its band. Sums hold
+``split_every`` partials and their total. The kernels allocate nothing else of note (numba
+and the GPU kernels keep per-ray state in registers). ``tests/test_tomo_projector.py``
+checks these counts against ``tracemalloc``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from outcore.plan import Plan, TaskMemory
+from outcore.tomo.geometry import Geometry
+
+_F64 = 8
+
+
+Range = tuple[int, int]
+
+
+def _ranges(n: int, size: int) -> tuple[Range, ...]:
+    return tuple((start, min(n, start + size)) for start in range(0, n, size))
+
+
+def overlap(a: Range, b: Range) -> bool:
+    """True when the half-open ranges ``a`` and ``b`` share an index."""
+    return max(a[0], b[0]) < min(a[1], b[1])
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """How a projector cuts its work: view blocks, z-slabs, each slab's detector rows
+    (``bands``) and the row chunks of the projections (all ranges half-open)."""
+
+    view_blocks: tuple[Range, ...]
+    slabs: tuple[Range, ...]
+    bands: tuple[Range, ...]
+    row_chunks: tuple[Range, ...]
+
+    def pieces(self, s: int) -> list[int]:
+        """Indices of the row chunks that slab ``s``'s band reaches."""
+        return [r for r, rows in enumerate(self.row_chunks) if overlap(rows, self.bands[s])]
+
+
+def blocks(geometry: Geometry, volume_shape: tuple[int, int, int], partition: str,
+           views_per_block: int, slab: int) -> Blocks:
+    """The ``Blocks`` of a partition (``views``: every row everywhere; ``space``: each slab
+    its band, and row chunks cut at the images of the slab boundaries on the axis)."""
+    nv = geometry.detector_shape[0]
+    slabs = _ranges(volume_shape[0], slab)
+    views = _ranges(geometry.n_views, views_per_block)
+    if partition == "views":
+        return Blocks(views, slabs, tuple((0, nv) for _ in slabs), ((0, nv),))
+    dv = geometry.detector_pixel_size[0]
+    cz = (volume_shape[0] - 1) / 2
+    cuts = [0]
+    for z0, _ in slabs[1:]:
+        v = ((z0 - 0.5 - cz) * geometry.voxel_size * geometry.magnification
+             - geometry.detector_offset[0]) / dv
+        cuts.append(min(nv, max(cuts[-1], math.ceil(v + (nv - 1) / 2))))
+    cuts.append(nv)
+    rows = tuple((a, b) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a)
+    bands = tuple(geometry.row_band(z0, z1, volume_shape) for z0, z1 in slabs)
+    return Blocks(views, slabs, bands, rows)
+
+
+def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partition: str,
+                 views_per_block: int, slab: int, *, dtype: Any = np.float32,
+                 split_every: int = 4) -> list[TaskMemory]:
+    """The stages of a projection and a backprojection with these blocks (bytes per task).
+
+    Returns ``forward`` (slab -> partial projections), ``forward-sum``, ``backproject``
+    (row chunks -> partial slab) and ``backproject-sum`` stages, each at its largest task.
+    """
+    item = np.dtype(dtype).itemsize
+    nz, ny, nx = volume_shape
+    nu = geometry.detector_shape[1]
+    views = min(views_per_block, geometry.n_views)
+    slab = min(slab, nz)
+    cut = blocks(geometry, volume_shape, partition, views, slab)
+    n_blocks, n_slabs = len(cut.view_blocks), len(cut.slabs)
+    band = max(b - a for a, b in cut.bands)
+    rows = max(sum(cut.row_chunks[r][1] - cut.row_chunks[r][0] for r in cut.pieces(s))
+               for s in range(n_slabs))
+    chunk = max(b - a for a, b in cut.row_chunks)
+    slab_bytes = slab * ny * nx * item
+    partial_bytes = views * band * nu * item
+    pieces_bytes = views * rows * nu * item
+    # a piece cut to the slab's band is copied to a contiguous block (space partition)
+    cut_bytes = 0 if partition == "views" else views * band * nu * item
+    sums = min(split_every, n_slabs)
+    return [
+        TaskMemory("forward", n_blocks * n_slabs, input_bytes=slab_bytes,
+                   output_bytes=partial_bytes, read_bytes=slab_bytes),
+        TaskMemory("forward-sum", n_blocks * len(cut.row_chunks),
+                   input_bytes=sums * partial_bytes, output_bytes=views * chunk * nu * item),
+        TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
+                   output_bytes=slab_bytes, transient_bytes=slab * ny * nx * _F64 + cut_bytes,
+                   read_bytes=pieces_bytes),
+        TaskMemory("backproject-sum", n_slabs * max(1, n_blocks - 1),
+                   input_bytes=min(split_every, n_blocks) * slab_bytes, output_bytes=slab_bytes,
+                   write_bytes=slab_bytes),
+    ]
+
+
+def _halvings(n: int) -> list[int]:
+    """``n``, ``ceil(n / 2)``, ``ceil(n / 4)``, ... down to 1."""
+    out = [n]
+    while out[-1] > 1:
+        out.append(math.ceil(out[-1] / 2))
+    return out
+
+
+def suggest_blocks(geometry: Geometry, volume_shape: tuple[int, int, int],
+                   memory_limit: int | str, *, partition: str = "views", workers: int = 1,
+                   threads_per_worker: int = 1, dtype: Any = np.float32,
+                   split_every: int = 4) -> tuple[int, int]:
+    """``(views_per_block, slab)`` that fit ``memory_limit`` per worker, least traffic first.
+
+    Among the block sizes (halvings of the view count and of ``nz``) whose plan fits, picks
+    the one that writes the fewest bytes of partial results (the partial projections of every
+    slab plus the partial slabs of every view block), preferring enough tasks to keep
+    ``workers * threads_per_worker`` busy. Raises ``PlanError`` when even one view on one
+    plane does not fit.
+    """
+    item = np.dtype(dtype).itemsize
+    nz, ny, nx = volume_shape
+    nu = geometry.detector_shape[1]
+    busy = workers * threads_per_worker
+    best: tuple[tuple, tuple[int, int]] | None = None
+    for slab in _halvings(nz):
+        bands = blocks(geometry, volume_shape, partition, 1, slab).bands
+        for views in _halvings(geometry.n_views):
+            plan = Plan(memory_model(geometry, volume_shape, partition, views, slab,
+                                     dtype=dtype, split_every=split_every),
+                        workers=workers, threads_per_worker=threads_per_worker,
+                        memory_limit=memory_limit)
+            if not plan.fits:
+                continue
+            n_blocks = math.ceil(geometry.n_views / views)
+            tasks = n_blocks * len(bands)
+            traffic = item * (geometry.n_views * nu * sum(b - a for a, b in bands)
+                            + n_blocks * nz * ny * nx)
+            score = (tasks < busy, traffic, tasks)
+            if best is None or score < best[0]:
+                best = (score, (views, slab))
+    if best is None:
+        Plan(memory_model(geometry, volume_shape, partition, 1, 1, dtype=dtype,
+                          split_every=split_every), workers=workers,
+             threads_per_worker=threads_per_worker, memory_limit=memory_limit).check(
+            ["use a smaller volume or detector"])
+        raise AssertionError("unreachable: the smallest blocks fit after all")
+    return best[1]

@@ -1,0 +1,311 @@
+"""Reconstruction: FBP (parallel beam), FDK (cone beam), and CGLS and SIRT out of core.
+
+Analytic (one pass, lazy): rows are ramp-filtered along ``u`` with a window, zero-padded
+to at least twice their length, with numpy's or cupy's FFT; then a voxel-driven weighted
+backprojection (``Projector.weighted_backproject``) gives the volume, for a full scan (a half
+turn parallel, a full turn cone). FDK first weights each pixel by the cosine of its ray's
+angle to the central ray, filters on the detector scaled to the rotation axis, and weights
+each voxel by ``(source_distance / (source_distance + x . e_d))^2`` in the backprojection.
+
+Iterative (``cgls``, ``sirt``): every vector (volume or projections sized) lives in a zarr
+array under ``workdir``; each iteration is a few streaming passes that read vectors and write
+new ones, chunk by chunk, with the norms computed in the same passes. A checkpoint
+(``state.json``, written last, atomically) every ``checkpoint_every`` iterations names the
+iteration's directory; ``resume=True`` starts again from it. Each pass is the same dask graph
+whatever the start, so a resumed run equals an uninterrupted one bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+
+from outcore import backend as backends
+from outcore.errors import RunExistsError
+from outcore.io.store import COMPRESSOR
+from outcore.tomo.projector import Projector, as_dask
+
+Window = Literal["ram-lak", "shepp-logan", "hann"]
+WINDOWS: tuple[str, ...] = ("ram-lak", "shepp-logan", "hann")
+STATE = "state.json"
+
+
+def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
+    """Frequency response (``rfft`` of length ``padded(n)``) of the windowed ramp filter.
+
+    Built from the band-limited ramp's sampled impulse response (``1 / (4 d^2)`` at 0,
+    ``-1 / (pi k d)^2`` at odd ``k``), so it has no DC error; times ``spacing`` ``d`` (the
+    convolution integral). ``window``: ``ram-lak`` (none), ``shepp-logan`` (sinc), ``hann``.
+    """
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {WINDOWS}, not {window!r}.")
+    size = padded(n)
+    k = np.fft.fftfreq(size, 1.0 / size)
+    h = np.zeros(size)
+    h[0] = 1.0 / (4 * spacing**2)
+    odd = k % 2 == 1
+    h[odd] = -1.0 / (np.pi * k[odd] * spacing) ** 2
+    response = np.fft.rfft(h).real * spacing
+    f = np.fft.rfftfreq(size)  # cycles per sample, 0 .. 0.5
+    if window == "shepp-logan":
+        response *= np.sinc(f)
+    elif window == "hann":
+        response *= 0.5 * (1 + np.cos(2 * np.pi * f))
+    return response
+
+
+def padded(n: int) -> int:
+    """FFT length for rows of ``n`` pixels: a power of two, at least ``2 n``."""
+    return 1 << max(1, math.ceil(math.log2(2 * n)))
+
+
+def filter_rows(projections: da.Array, response: np.ndarray, backend: str = "numpy"
+                ) -> da.Array:
+    """Convolve every row (along ``u``, the last axis) with the filter ``response``."""
+    nu = projections.shape[-1]
+    rows = projections.rechunk({2: -1})
+
+    def block(x: np.ndarray) -> np.ndarray:
+        xp = backends.namespace(backend)
+        data = backends.to_backend(x, backend)
+        spectrum = xp.fft.rfft(data.astype(np.float64), n=2 * (response.size - 1), axis=-1)
+        spectrum *= xp.asarray(response)
+        return backends.to_host(xp.fft.irfft(spectrum, axis=-1)[..., :nu].astype(x.dtype))
+
+    return rows.map_blocks(block, dtype=projections.dtype)
+
+
+def fbp(projections: Any, projector: Projector, window: str = "ram-lak") -> da.Array:
+    """Filtered backprojection: FBP for a parallel-beam projector, FDK for a cone-beam one.
+
+    ``projections (view, v, u)`` (dask, numpy or xarray); returns the lazy volume
+    ``(z, y, x)`` in inverse length units (attenuation per unit length).
+    """
+    g = projector.geometry
+    data = as_dask(projections).astype(projector.dtype)
+    if g.kind == "cone":
+        return fdk(data, projector, window)
+    _, du = g.detector_pixel_size
+    q = filter_rows(data, ramp_filter(g.detector_shape[1], du, window), projector.backend)
+    return projector.weighted_backproject(q, _view_weights(g.n_views))
+
+
+def fdk(projections: Any, projector: Projector, window: str = "ram-lak") -> da.Array:
+    """Feldkamp-Davis-Kress reconstruction of a full-turn circular cone-beam scan."""
+    g = projector.geometry
+    if g.kind != "cone":
+        raise ValueError("fdk needs a cone-beam geometry; use fbp for the parallel beam.")
+    data = as_dask(projections).astype(projector.dtype)
+    nv, nu = g.detector_shape
+    dv, du = g.detector_pixel_size
+    ov, ou = g.detector_offset
+    scale = g.source_distance / (g.source_distance + g.detector_distance)
+    u = ((np.arange(nu) - (nu - 1) / 2) * du + ou) * scale
+    v = ((np.arange(nv) - (nv - 1) / 2) * dv + ov) * scale
+    cosine = g.source_distance / np.sqrt(g.source_distance**2 + u[None, :] ** 2
+                                         + v[:, None] ** 2)
+    weighted = data * cosine.astype(projector.dtype)[None]
+    q = filter_rows(weighted, ramp_filter(nu, du * scale, window), projector.backend)
+    return projector.weighted_backproject(q, _view_weights(g.n_views))
+
+
+def _view_weights(n_views: int) -> np.ndarray:
+    """Angular weight of each view of a full scan: ``pi / n`` (half of ``2 pi / n`` for a
+    full turn, whose every ray is measured twice)."""
+    return np.full(n_views, math.pi / n_views)
+
+
+@dataclass
+class Reconstruction:
+    """An iterative solver's result: the volume (lazy, read from ``workdir``), the residual
+    norms ``||b - A x_k||`` (CGLS: ``k = 0 .. iterations``; SIRT: ``k = 0 .. iterations - 1``,
+    the residual of each iteration's start) and the iterations done."""
+
+    volume: da.Array
+    residuals: list[float]
+    iterations: int
+    workdir: Path
+    extra: dict = field(default_factory=dict)
+
+
+class _Workspace:
+    """Zarr vectors of one solver run under ``workdir``: ``iter-<k>/<name>.zarr`` for the
+    state after iteration ``k``, ``state.json`` naming the last checkpoint."""
+
+    def __init__(self, workdir: str | os.PathLike[str], config: dict, resume: bool) -> None:
+        self.root = Path(workdir).expanduser()
+        self.config = config
+        state_file = self.root / STATE
+        self.state: dict | None = None
+        if resume and state_file.is_file():
+            state = json.loads(state_file.read_text())
+            if state["config"] != config:
+                raise ValueError(f"{state_file} was written by another run ({state['config']}); "
+                                 "resume it with the same inputs and options, or use a new "
+                                 "workdir.")
+            self.state = state
+        elif resume:
+            self.drop_except()
+        elif self.root.exists() and any(self.root.iterdir()):
+            raise RunExistsError(f"the solver workdir {str(self.root)!r} is not empty.",
+                                 "pass resume=True to continue its run, or use a new workdir.")
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, iteration: int | str, name: str) -> Path:
+        return self.root / f"iter-{iteration}" / f"{name}.zarr"
+
+    def read(self, iteration: int | str, name: str) -> da.Array:
+        return da.from_zarr(str(self.path(iteration, name)))
+
+    def write(self, iteration: int | str, arrays: dict[str, tuple[da.Array, tuple]],
+              *norms: da.Array) -> list[float]:
+        """Store ``arrays`` (name -> (array, zarr chunk shape)) under ``iter-<iteration>`` and
+        return the squared norms ``norms`` computed in the same pass."""
+        sources, targets = [], []
+        for name, (array, chunks) in arrays.items():
+            path = self.path(iteration, name)
+            if path.exists():
+                shutil.rmtree(path)
+            targets.append(zarr.create_array(str(path), shape=array.shape, chunks=chunks,
+                                             dtype=array.dtype, compressors=(COMPRESSOR,)))
+            sources.append(array.rechunk(chunks))
+        stored = da.store(sources, targets, lock=False, compute=False)
+        values = dask.compute(stored, *norms)[1:]
+        return [float(v) for v in values]
+
+    def checkpoint(self, iteration: int, scalars: dict, residuals: list[float]) -> None:
+        """Name ``iter-<iteration>`` the state to resume from, then drop older iterations."""
+        state = {"iteration": iteration, "scalars": scalars, "residuals": residuals,
+                 "config": self.config}
+        tmp = self.root / f"{STATE}.tmp"
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.root / STATE)
+        self.state = state
+        self.drop_except(iteration)
+
+    def drop_except(self, *keep: int | str) -> None:
+        """Delete the iteration directories other than ``keep`` (and the fixed weights)."""
+        names = {f"iter-{k}" for k in (*keep, "weights")}
+        for path in self.root.glob("iter-*"):
+            if path.name not in names:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _norm2(x: da.Array) -> da.Array:
+    return da.sum(x.astype(np.float64) ** 2)
+
+
+def _chunks(projector: Projector) -> tuple[tuple, tuple]:
+    """Regular zarr chunks of volume and projection vectors for this projector."""
+    vol = tuple(max(c) for c in projector.volume_chunks)
+    proj = tuple(max(c) for c in projector.projection_chunks)
+    return vol, proj
+
+
+def _config(method: str, projector: Projector, b: da.Array, **options: Any) -> dict:
+    return {"method": method, "volume_shape": list(projector.volume_shape),
+            "projection_shape": list(b.shape), "projector": repr(projector),
+            "input": b.name, **options}
+
+
+def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str],
+         iterations: int, *, checkpoint_every: int = 1, resume: bool = False,
+         callback: Callable[[int, float], None] | None = None) -> Reconstruction:
+    """Least squares ``min ||A x - b||`` by conjugate gradients on the normal equations.
+
+    Vectors ``x, r, p`` live in zarr under ``workdir``; four streaming passes an iteration
+    (``q = A p``; ``r -= alpha q``; ``s = A^T r``; ``x += alpha p``, ``p = s + beta p``).
+    ``callback(k, residual)`` runs after each iteration.
+    """
+    b = as_dask(projections).astype(projector.dtype)
+    ws = _Workspace(workdir, _config("cgls", projector, b), resume)
+    vol_chunks, proj_chunks = _chunks(projector)
+    if ws.state is None:
+        zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
+        (bb,) = ws.write(0, {"r": (b, proj_chunks)}, _norm2(b))
+        s = projector.backproject(ws.read(0, "r"))
+        (gamma,) = ws.write(0, {"x": (zeros, vol_chunks), "p": (s, vol_chunks)}, _norm2(s))
+        ws.checkpoint(0, {"gamma": gamma}, [math.sqrt(bb)])
+    start, gamma = ws.state["iteration"], ws.state["scalars"]["gamma"]
+    residuals = list(ws.state["residuals"])
+    for k in range(start, iterations):
+        ws.drop_except(ws.state["iteration"], k)
+        p = ws.read(k, "p")
+        q = projector.project(p)
+        (qq,) = ws.write("q", {"q": (q, proj_chunks)}, _norm2(q))
+        alpha = gamma / qq if qq > 0 else 0.0
+        r = ws.read(k, "r") - ws.read("q", "q") * _scalar(alpha, projector)
+        (rr,) = ws.write(k + 1, {"r": (r, proj_chunks)}, _norm2(r))
+        s = projector.backproject(ws.read(k + 1, "r"))
+        (ss,) = ws.write("s", {"s": (s, vol_chunks)}, _norm2(s))
+        beta = ss / gamma if gamma > 0 else 0.0
+        s = ws.read("s", "s")
+        x = ws.read(k, "x") + p * _scalar(alpha, projector)
+        p_next = s + p * _scalar(beta, projector)
+        ws.write(k + 1, {"x": (x, vol_chunks), "p": (p_next, vol_chunks)})
+        gamma = ss
+        residuals.append(math.sqrt(rr))
+        if (k + 1) % checkpoint_every == 0 or k + 1 == iterations:
+            ws.checkpoint(k + 1, {"gamma": gamma}, residuals)
+        if callback is not None:
+            callback(k + 1, residuals[-1])
+    final = max(start, iterations)
+    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root)
+
+
+def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str],
+         iterations: int, *, nonnegative: bool = False, checkpoint_every: int = 1,
+         resume: bool = False, callback: Callable[[int, float], None] | None = None
+         ) -> Reconstruction:
+    """SIRT: ``x += C A^T R (b - A x)``, ``R = 1 / A 1`` and ``C = 1 / A^T 1`` (0 where the
+    sums vanish); ``nonnegative`` clips ``x`` at 0 after each update. Vectors in zarr, two
+    streaming passes an iteration; the residual is ``||b - A x_k||``."""
+    b = as_dask(projections).astype(projector.dtype)
+    ws = _Workspace(workdir, _config("sirt", projector, b, nonnegative=nonnegative), resume)
+    vol_chunks, proj_chunks = _chunks(projector)
+    if ws.state is None:
+        ones_v = da.ones(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
+        ones_p = da.ones(b.shape, dtype=projector.dtype, chunks=proj_chunks)
+        ws.write("weights", {"row": (_inverse(projector.project(ones_v)), proj_chunks),
+                             "column": (_inverse(projector.backproject(ones_p)), vol_chunks)})
+        zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
+        ws.write(0, {"x": (zeros, vol_chunks)})
+        ws.checkpoint(0, {}, [])
+    start = ws.state["iteration"]
+    residuals = list(ws.state["residuals"])
+    for k in range(start, iterations):
+        ws.drop_except(ws.state["iteration"], k)
+        x = ws.read(k, "x")
+        res = b - projector.project(x)
+        (rr,) = ws.write("w", {"w": (res * ws.read("weights", "row"), proj_chunks)},
+                         _norm2(res))
+        x_next = x + ws.read("weights", "column") * projector.backproject(ws.read("w", "w"))
+        if nonnegative:
+            x_next = da.maximum(x_next, 0)
+        ws.write(k + 1, {"x": (x_next, vol_chunks)})
+        residuals.append(math.sqrt(rr))
+        if (k + 1) % checkpoint_every == 0 or k + 1 == iterations:
+            ws.checkpoint(k + 1, {}, residuals)
+        if callback is not None:
+            callback(k + 1, residuals[-1])
+    final = max(start, iterations)
+    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root)
+
+
+def _inverse(x: da.Array) -> da.Array:
+    return da.where(x > 0, 1 / da.where(x > 0, x, 1), 0).astype(x.dtype)
+
+
+def _scalar(value: float, projector: Projector) -> np.generic:
+    return projector.dtype.type(value)
