@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dask.utils import format_bytes
 
-from outcore import __version__, backend, cluster, runs
+from outcore import __version__, backend, cluster, runs, tune
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.runner import Job, Resources, RunSettings, describe_plan, run_job
 
@@ -289,6 +289,7 @@ def build_parser(verbs: dict[str, Verb]) -> argparse.ArgumentParser:
         p.set_defaults(verb_name=verb.name)
         verb.add_arguments(p)
         add_common_options(p, verb.defaults)
+    tune.register(sub, verbs)
     return parser
 
 
@@ -302,6 +303,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "plan":
             return _plan(args, verbs)
+        if args.command == "tune":
+            return tune.run_cli(args, verbs)
         verb = verbs[args.verb_name]
         if verb.fill_defaults:
             verb.fill_defaults(args)

@@ -257,9 +257,12 @@ def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict
         for path in first.inputs:
             run.add_input(path)
         points = []
-        for count in sorted(args.workers):
-            with run.timing(f"workers_{count}"):
-                points += _one_cluster(run, grid, count, work)
+        try:
+            for count in sorted(args.workers):
+                with run.timing(f"workers_{count}"):
+                    points += _one_cluster(run, grid, count, work)
+        finally:
+            shutil.rmtree(grid.scratch, ignore_errors=True)
         run.set("plan", [{"workers": p.workers, "chunk": p.chunk, **p.plan} for p in points])
         ds = to_dataset(points, grid, work, verb.name)
         ds.attrs["run_dir"] = str(run.path.resolve())
@@ -268,8 +271,6 @@ def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict
     except BaseException as err:
         run.fail(err)
         raise
-    finally:
-        shutil.rmtree(grid.scratch, ignore_errors=True)
 
 
 def _build(grid: _Grid, verb: cli.Verb, chunk: int) -> Job:
@@ -294,6 +295,7 @@ def _config(grid: _Grid, job: Job) -> dict[str, Any]:
         "name": settings.name,
         "warmup_rounds": settings.warmup_rounds,
         "measure_rounds": settings.measure_rounds,
+        "worker_timeout": settings.worker_timeout,
         "verb_config": {k: v for k, v in job.config.items() if k != grid.spec.option},
     }
 
@@ -304,6 +306,7 @@ def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
     client = cluster.start(**vars(opts))
     try:
         client.wait_for_workers(count, timeout=120)
+        print(f"cluster: {count} worker(s), dashboard {client.dashboard_link}", flush=True)
         resources = Resources.of_client(client, grid.backend)
         record = run.record["cluster"] or {"kind": opts.resolved_kind(), "runs": []}
         record["runs"].append({"workers": count, "placement": cluster.placement(client)})
@@ -474,7 +477,8 @@ def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
         best=best,
         efficiency={str(c): {str(w): _number(ds["efficiency"].sel(workers=w, chunk=c))
                              for w in ds["workers"].values} for c in ds["chunk"].values},
-        points=[{k: _number(v) for k, v in row.items()} for row in _rows(ds)],
+        points=[{k: _number(v, integer=k.endswith("_bytes")) for k, v in row.items()}
+                for row in _rows(ds)],
         notes=ds.attrs["notes"],
     )
     print(table(ds), flush=True)
@@ -490,10 +494,12 @@ def _check_png(path: Path) -> None:
         raise OutcoreError(f"{path.name} is not a PNG image.", "rerun outcore tune.")
 
 
-def _number(value: Any) -> float | int | bool | None:
-    """A JSON-ready scalar (NaN becomes None)."""
+def _number(value: Any, integer: bool = False) -> float | int | bool | None:
+    """A JSON-ready scalar (NaN becomes None; ``integer``: a whole number, e.g. bytes)."""
     value = np.asarray(value).item()
-    return None if isinstance(value, float) and math.isnan(value) else value
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return int(value) if integer else value
 
 
 def _rows(ds: xr.Dataset) -> list[dict[str, Any]]:
@@ -537,14 +543,17 @@ def plot(ds: xr.Dataset) -> Any:
         speed.plot(chunks, row["throughput"], "o-", color=color, label=label)
         memory.plot(chunks, row["peak_worker_bytes"] / 2**20, "o-", color=color, label=label)
         memory.plot(chunks, row["projected_worker_bytes"] / 2**20, "--", color=color)
+        skipped = ~row["fits"].values
+        memory.plot(chunks[skipped], row["projected_worker_bytes"].values[skipped] / 2**20,
+                    "x", ms=9, color=color)
         if np.isfinite(row["memory_limit_bytes"]):
             memory.axhline(float(row["memory_limit_bytes"]) / 2**20, ls=":", color=color)
     if "best_workers" in ds.attrs:
         speed.plot(ds.attrs["best_chunk"], ds.attrs["best_throughput"], "*", ms=16,
                    color="gold", mec="k", label="best")
     speed.set(ylabel=f"throughput ({ds.attrs['units']})", title=ds.attrs["verb"])
-    memory.set(ylabel="peak memory per worker (MiB)",
-               title="measured (solid), projected (dashed), limit (dotted)")
+    memory.set(ylabel="peak memory per worker (MiB)")
+    memory.set_title("measured; plan (dashed, x: skipped); limit (dotted)", fontsize=10)
     for ax in (speed, memory):
         ax.set_xscale("log", base=2)
         ax.set_xticks(chunks, [str(c) for c in chunks])
