@@ -5,7 +5,7 @@ environment that has outcore, with dask-jobqueue installed (``pip install dask-j
 it is not a dependency of outcore)::
 
     python deploy/jobqueue_slurm.py --queue gpu --account myproj --maximum 8 \\
-        -- fit-dipoles catalog.zarr --chunk candidate=4096
+        -- fit-dipoles --input catalog.zarr --chunk-size 4096
 
 This process runs the Dask scheduler. dask-jobqueue submits one Slurm job per worker, each
 asking for one GPU (Slurm then makes only that GPU visible to the worker), ``--cores`` CPUs

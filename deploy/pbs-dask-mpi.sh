@@ -4,7 +4,7 @@
 # one GPU of its node (outcore pins it by its rank among the worker ranks of that node).
 #
 #   qsub deploy/pbs-dask-mpi.sh
-#   qsub -v OUTCORE_COMMAND=fit-dipoles,OUTCORE_ARGS="cat.zarr --chunk 512" deploy/pbs-dask-mpi.sh
+#   qsub -v OUTCORE_COMMAND=fit-dipoles,OUTCORE_ARGS="--input cat.zarr --chunk-size 512" deploy/pbs-dask-mpi.sh
 #
 # Assumptions (change the #PBS lines and the knobs below to match your site):
 # - outcore is installed with the `mpi` (and `gpu`) extras in the virtual environment

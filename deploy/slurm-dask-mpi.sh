@@ -4,8 +4,8 @@
 # node (outcore pins it by its rank among the worker ranks of that node).
 #
 #   sbatch deploy/slurm-dask-mpi.sh                                  # the command in OUTCORE_*
-#   sbatch deploy/slurm-dask-mpi.sh fit-dipoles cat.zarr --chunk 512 # or given as arguments
-#   OUTCORE_ARGS="cat.zarr --chunk 512" OUTCORE_COMMAND=fit-dipoles sbatch deploy/slurm-dask-mpi.sh
+#   sbatch deploy/slurm-dask-mpi.sh fit-dipoles --input cat.zarr --chunk-size 512 # or given as arguments
+#   OUTCORE_ARGS="--input cat.zarr --chunk-size 512" OUTCORE_COMMAND=fit-dipoles sbatch deploy/slurm-dask-mpi.sh
 #
 # Assumptions (change the #SBATCH lines and the knobs below to match your site):
 # - outcore is installed with the `mpi` (and `gpu`) extras in the virtual environment

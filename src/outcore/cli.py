@@ -257,6 +257,7 @@ def _plan(args: argparse.Namespace, verbs: dict[str, Verb]) -> int:
     vargs = parser.parse_args(rest)
     if verb.fill_defaults:
         verb.fill_defaults(vargs)
+    run_settings(vargs).validate()
     backend_name = backend.resolve(vargs.backend)
     opts = cluster_options(vargs)
     opts.validate()

@@ -6,7 +6,8 @@ the chosen kind are refused before anything starts. One worker per GPU where GPU
 
 Under ``mpi`` every rank calls ``start``: rank 0 runs the scheduler, rank 1 returns the
 client and runs the job, the other ranks are workers, pinned to one GPU each by their rank
-on the node before cupy is imported. Worker ranks block in ``start`` until the client calls
+on the node (``start`` or ``pin_mpi_worker_gpu`` must run before anything touches CUDA,
+which reads the pinning once). Worker ranks block in ``start`` until the client calls
 ``stop(client, exit_code)``, then exit the process with the client's exit code.
 """
 
@@ -130,6 +131,11 @@ class ClusterOptions:
             )
         if self.tls:
             self._validate_tls(kind)
+        if kind == "address" and self.kind.startswith("tls://") and not self.tls:
+            raise ClusterError(
+                f"{self.kind} is a TLS scheduler, and no certificate was given.",
+                "give --tls-cert, --tls-key and --tls-ca (signed by the scheduler's CA).",
+            )
         if kind == "address":
             given = [n for n in ("workers", "memory_limit", "device_memory_limit", "spill_dir")
                      if getattr(self, n) is not None]
@@ -295,6 +301,16 @@ def _mpi_comm() -> Any:
     return MPI.COMM_WORLD
 
 
+def pin_mpi_worker_gpu() -> None:
+    """Under mpirun, give each worker rank of a node its own GPU (CUDA_VISIBLE_DEVICES).
+
+    A collective over all ranks. Call it before anything probes CUDA (cupy, the backend's
+    ``auto``): CUDA reads CUDA_VISIBLE_DEVICES once, when it starts. ``start("mpi")`` calls
+    it too (a second call keeps the same device).
+    """
+    _pin_gpu_by_node_rank(_mpi_comm())
+
+
 def _pin_gpu_by_node_rank(comm: Any) -> None:
     """Give each worker rank on a node its own GPU (CUDA_VISIBLE_DEVICES), before cupy loads."""
     from mpi4py import MPI
@@ -347,8 +363,13 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
     if not is_client:
         # Scheduler or worker rank: its event loop has ended; exit with the client's code.
         sys.exit(_mpi_exit_code(comm, None))
-    client = distributed.Client(timeout="60s", security=opts.security())
-    client.wait_for_workers(comm.Get_size() - 2, timeout=120)
+    try:
+        client = distributed.Client(timeout="60s", security=opts.security())
+        client.wait_for_workers(comm.Get_size() - 2, timeout=120)
+    except Exception as err:  # the other ranks wait in their event loops: end the job
+        log.error("the MPI client could not reach its cluster (%s); aborting the job", err)
+        comm.Abort(1)
+        raise
     return client
 
 

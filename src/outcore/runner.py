@@ -124,7 +124,8 @@ class RunSettings:
 
 
 def default_run_name(command: str) -> str:
-    return f"{command}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
+    """``command-YYYYmmddTHHMMSS`` (UTC); family verbs such as "tomo simulate" get a dash."""
+    return f"{command.replace(' ', '-')}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
 
 
 #: Whether ``compute`` shows a progress bar; ``run_job`` sets it from ``--no-progress``.
@@ -148,6 +149,8 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
     """
     kind = settings.cluster.validate()
     settings.validate()
+    if kind == "mpi":  # before anything probes CUDA: it reads CUDA_VISIBLE_DEVICES once
+        cluster.pin_mpi_worker_gpu()
     backend_name = backend.resolve(settings.backend)
     job = job_factory(backend_name)
     job.config["backend_resolved"] = backend_name
