@@ -14,6 +14,7 @@ HERE = Path(__file__).parent
 SMALL = {
     "bench_read.py": ["--gib", "0.5", "--runs", "3"],
     "bench_fit.py": [],
+    "bench_tomo.py": [],
 }
 
 

@@ -10,7 +10,8 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
-SMALL = {"OUTCORE_NB_CANDIDATES": "1500", "OUTCORE_NB_SCAN": "8x16", "OUTCORE_NB_FRAME": "64"}
+SMALL = {"OUTCORE_NB_CANDIDATES": "1500", "OUTCORE_NB_SCAN": "8x16", "OUTCORE_NB_FRAME": "64",
+         "OUTCORE_NB_TOMO_SIZE": "32"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
