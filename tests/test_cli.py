@@ -16,7 +16,8 @@ import outcore
 from outcore.cli import main
 from outcore.runs import load_summary
 
-SMALL = ["--scan", "8", "16", "--frame", "32", "--fit-candidates", "300", "--no-progress"]
+SMALL = ["--scan", "8", "16", "--frame", "32", "--fit-candidates", "300", "--tomo-size", "32",
+         "--no-progress"]
 
 
 def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
@@ -35,6 +36,7 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     assert (run / "dask-report.html").stat().st_size > 0
     assert "cluster" in (run / "effective-config.yaml").read_text()
     # the statistics agree with the simulation's truth within Poisson noise
+    assert summary["metrics"]["tomo_fbp"]["psnr_db"] > 18  # FBP of the phantom, vs its truth
     fits = summary["metrics"]["fit_dipoles"]
     assert fits["candidates"] == 300 and sum(fits["status_counts"].values()) == 300
     check = summary["metrics"]["verification"]

@@ -118,6 +118,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-rows", type=int, default=2, help="scan rows per chunk")
     p.add_argument("--fit-candidates", type=int, default=5000,
                    help="simulated dipole cutouts to fit after the statistics (0: none)")
+    p.add_argument("--tomo-size", type=int, default=48,
+                   help="edge of the phantom volume reconstructed by FBP at the end (0: none)")
 
 
 def _demo_defaults(args: argparse.Namespace) -> None:
@@ -133,7 +135,7 @@ def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
     if backend_name != "numpy":
         print("note: the demo runs on numpy chunks", file=sys.stderr)
     return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows,
-                         fit_candidates=args.fit_candidates)
+                         fit_candidates=args.fit_candidates, tomo_size=args.tomo_size)
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
