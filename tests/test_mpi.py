@@ -73,3 +73,19 @@ def test_mpi_fit_dipoles_and_convert_run_on_every_rank(tmp_path):
     summary = load_summary(tmp_path / "runs" / "f")
     assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
     assert sum(summary["metrics"]["status_counts"].values()) == 400
+
+
+def test_mpi_tomo_simulate_and_reconstruct_run_on_every_rank(tmp_path):
+    common = ["--cluster", "mpi", "--interface", "lo", "--no-progress", "--memory-limit",
+              "1GiB", "--output-dir", str(tmp_path / "runs")]
+    codes, _ = _mpirun(tmp_path, ["tomo", "simulate", "--phantom", "shepp-logan", "--shape",
+                                  "16", "32", "32", "--views", "32", "--geometry", "parallel",
+                                  "--output", str(tmp_path / "proj.zarr"), "--name", "s",
+                                  *common], 180)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    (tmp_path / "codes").unlink()
+    codes, _ = _mpirun(tmp_path, ["tomo", "reconstruct", "--input", str(tmp_path / "proj.zarr"),
+                                  "--method", "fbp", "--name", "r", *common], 180)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    summary = load_summary(tmp_path / "runs" / "r")
+    assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
