@@ -18,10 +18,13 @@ with the same model, a Gaussian dipole, by
   lies inside both models. The runner maps its fits to outcore's parameters (see its
   docstring); without the venv the line says so (``"value": null``, ``"error"``).
 
-``value`` is fits per second (median of the runs). Memory is sampled every 20 ms:
+``value`` is fits per second (median of the runs); ``fits_per_cpu_s`` divides by the CPU
+seconds the tool's processes used instead (outcore: its workers and the client, which holds
+the scheduler), steadier than wall time on a shared machine (``load_avg`` says how shared it
+was). Memory is sampled every 20 ms:
 ``peak_worker_bytes`` is the largest fitting process's resident set (an outcore worker, the
 scipy loop's process, cuPhoton's process), ``peak_rss_bytes`` that of every process of the
-tool (outcore: client and workers, the persisted catalog included);
+tool together (outcore: the client and its workers, the persisted catalog included);
 ``bytes_per_candidate_in_flight`` is the peak above the process's resident set before the
 runs, over the candidates one process holds at once (an outcore chunk, one stamp for scipy,
 the batch for cuPhoton). ``quality`` compares the fits with the truth for each tool:
@@ -49,14 +52,15 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import dask
 import dask.array as da
 import numpy as np
 import psutil
 from common import line, machine, sample_memory, timed
-from distributed import Client, LocalCluster, wait
+from distributed import Client, LocalCluster, futures_of, wait
 
 import outcore
 from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, simulate_catalog
@@ -67,19 +71,95 @@ HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 CUPHOTON_PYTHON = PEERS / ".venv-cuphoton" / "bin" / "python"
 CONVERGED = tuple(name for name in STATUS_NAMES if name.startswith("converged"))
-#: Histogram edges of the quality reductions (the same for every tool and size).
-ABS_EDGES = np.append(np.linspace(0.0, 2.0, 8001), np.inf)  # |x - truth|, pixels
-REL_EDGES = np.append(np.linspace(0.0, 1.0, 10001), np.inf)  # |flux - truth| / truth
-PULL_EDGES = np.concatenate([[-np.inf], np.linspace(-10.0, 10.0, 8001), [np.inf]])
+#: Histogram edges of the quality counts (the same for every tool and size); the outer bins
+#: reach to infinity, so only NaN falls outside them.
+ABS_EDGES = np.append(np.linspace(0.0, 2.0, 1001), np.inf)  # |x_pos - truth|, pixels
+REL_EDGES = np.append(np.linspace(0.0, 1.0, 1001), np.inf)  # |flux_pos - truth| / truth
+PULL_EDGES = np.concatenate([[-np.inf], np.linspace(-10.0, 10.0, 1001), [np.inf]])
+HISTOGRAMS = (("abs_x", ABS_EDGES), ("rel_flux", REL_EDGES), ("pull_x", PULL_EDGES),
+              ("pull_flux", PULL_EDGES))
+#: One row of counts: fits, converged, one per status name, then the histograms.
+WIDTH = 2 + len(STATUS_NAMES) + sum(len(edges) - 1 for _, edges in HISTOGRAMS)
 LOST_PX = 0.5
 
 
 # --- quality ----------------------------------------------------------------------------------
 
 
+def chunk_counts(x: np.ndarray, x_err: np.ndarray, flux: np.ndarray, flux_err: np.ndarray,
+                 done: np.ndarray, truth_x: np.ndarray, truth_flux: np.ndarray) -> np.ndarray:
+    """Every count ``quality`` needs for one chunk of fits, as one row ``(1, WIDTH)``.
+
+    ``done`` holds outcore's status names (counted one by one) or, for a peer, whether each
+    fit converged. One task per chunk reads all the chunk's columns, so that a streamed
+    catalog holds no column longer than its chunk's fit.
+    """
+    if done.dtype.kind in "UO":
+        status = [int((done == name).sum()) for name in STATUS_NAMES]
+        converged = int(np.isin(done, CONVERGED).sum())
+    else:
+        status, converged = [0] * len(STATUS_NAMES), int(np.count_nonzero(done))
+    dx, df = x - truth_x, flux - truth_flux
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = (np.abs(dx), np.abs(df) / truth_flux, dx / x_err, df / flux_err)
+    hists = [np.histogram(v, bins=edges)[0] for v, (_, edges) in zip(values, HISTOGRAMS,
+                                                                      strict=True)]
+    return np.concatenate([[len(x), converged], status, *hists]).astype(np.int32)[None, :]
+
+
+def _truth_block(like: np.ndarray, full: np.ndarray, block_info=None) -> np.ndarray:
+    lo, hi = block_info[0]["array-location"][0]
+    return np.asarray(full[lo:hi], dtype=np.float64)
+
+
+def quality_graph(fit: dict, truth_x, truth_flux) -> da.Array:
+    """The summed ``chunk_counts`` of ``fit`` (1-D numpy or dask ``x_pos``, ``x_pos_err``,
+    ``flux_pos``, ``flux_pos_err``, ``done``) against the truth, lazily; ``quality`` reads it.
+
+    The truth is two numpy arrays, or two futures of them (scattered, kept out of the graph).
+    """
+    names = ("x_pos", "x_pos_err", "flux_pos", "flux_pos_err", "done")
+    cols = [fit[k] if isinstance(fit[k], da.Array) else da.from_array(fit[k], chunks=1 << 16)
+            for k in names]
+    chunks = cols[0].chunks
+    cols = [col.rechunk(chunks) for col in cols]
+    truth = [da.from_array(np.asarray(full, dtype=np.float64), chunks=chunks)
+             if isinstance(full, np.ndarray)
+             else da.map_blocks(_truth_block, cols[0], full, dtype=np.float64)
+             for full in (truth_x, truth_flux)]
+    rows = da.map_blocks(chunk_counts, *cols, *truth, new_axis=1, dtype=np.int32,
+                         chunks=((1,) * len(chunks[0]), (WIDTH,)))
+    return rows.sum(axis=0, dtype=np.int64, split_every=4)
+
+
+def quality(counts: np.ndarray) -> tuple[dict, dict]:
+    """Summary numbers and status counts from a computed ``quality_graph``."""
+    counts = np.asarray(counts)
+    n, converged = int(counts[0]), int(counts[1])
+    status = dict(zip(STATUS_NAMES, map(int, counts[2:2 + len(STATUS_NAMES)]), strict=True))
+    parts, at = {}, 2 + len(STATUS_NAMES)
+    for name, edges in HISTOGRAMS:
+        parts[name] = counts[at:at + len(edges) - 1]
+        at += len(edges) - 1
+    rnd = lambda value, digits=4: None if value is None else round(value, digits)  # noqa: E731
+    out = {"fits": n, "converged_fraction": round(converged / n, 5)}
+    out["x_pos_abs_err_median_px"] = rnd(_quantile(parts["abs_x"], ABS_EDGES, 0.5, n), 5)
+    within = int(parts["abs_x"][:np.searchsorted(ABS_EDGES, LOST_PX)].sum())
+    out["x_pos_lost_fraction"] = round((n - within) / n, 5)  # more than 0.5 px off, or NaN
+    out["flux_pos_rel_err_median"] = rnd(_quantile(parts["rel_flux"], REL_EDGES, 0.5, n), 5)
+    for key, param in (("pull_x", "x_pos"), ("pull_flux", "flux_pos")):
+        total = int(parts[key].sum())  # fits with a finite error
+        q25, q50, q75 = (_quantile(parts[key], PULL_EDGES, q, total) for q in (0.25, 0.5, 0.75))
+        out[f"{param}_pull_median"] = rnd(q50)
+        out[f"{param}_pull_spread"] = rnd(None if q25 is None or q75 is None
+                                          else (q75 - q25) / 1.349)
+        out[f"{param}_with_error_fraction"] = round(total / n, 5)
+    return out, status
+
+
 def _quantile(counts: np.ndarray, edges: np.ndarray, q: float, total: int) -> float | None:
     """The ``q`` quantile of ``total`` values histogrammed as ``counts`` over ``edges``
-    (values outside every bin count as +inf), linear within a bin; None when not finite."""
+    (values in no bin count as +inf), linear within a bin; None when it is not finite."""
     if total == 0:
         return None
     cum = np.cumsum(counts)
@@ -95,55 +175,11 @@ def _quantile(counts: np.ndarray, edges: np.ndarray, q: float, total: int) -> fl
     return float(lo + frac * (hi - lo))
 
 
-def quality_graph(fit: dict, truth_x: np.ndarray, truth_flux: np.ndarray) -> dict:
-    """Lazy reductions comparing ``fit`` (1-D numpy or dask ``x_pos``, ``x_pos_err``,
-    ``flux_pos``, ``flux_pos_err``, ``converged``) with the truth; finish with ``quality``."""
-    cols = {key: da.asarray(value) if not isinstance(value, da.Array) else value
-            for key, value in fit.items()}
-    chunks = cols["x_pos"].chunks
-    cols = {key: value.rechunk(chunks) for key, value in cols.items()}
-    tx = da.from_array(np.asarray(truth_x, dtype=np.float64), chunks=chunks)
-    tf = da.from_array(np.asarray(truth_flux, dtype=np.float64), chunks=chunks)
-    dx = cols["x_pos"] - tx
-    df = cols["flux_pos"] - tf
-    return {
-        "fits": cols["x_pos"].shape[0],
-        "converged": cols["converged"].sum(),
-        "abs_x": da.histogram(da.fabs(dx), bins=ABS_EDGES)[0],
-        "rel_flux": da.histogram(da.fabs(df) / tf, bins=REL_EDGES)[0],
-        "pull_x": da.histogram(dx / cols["x_pos_err"], bins=PULL_EDGES)[0],
-        "pull_flux": da.histogram(df / cols["flux_pos_err"], bins=PULL_EDGES)[0],
-    }
-
-
-def quality(done: dict) -> dict:
-    """Summary numbers from computed ``quality_graph`` reductions."""
-    n = int(done["fits"])
-    out = {"fits": n, "converged_fraction": round(int(done["converged"]) / n, 5)}
-    rnd = lambda value, digits=4: None if value is None else round(value, digits)  # noqa: E731
-    abs_x = np.asarray(done["abs_x"])
-    out["x_pos_abs_err_median_px"] = rnd(_quantile(abs_x, ABS_EDGES, 0.5, n), 5)
-    lost = n - int(abs_x[:np.searchsorted(ABS_EDGES, LOST_PX)].sum())
-    out["x_pos_lost_fraction"] = round(lost / n, 5)  # |x_pos - truth| > 0.5 px, or NaN
-    out["flux_pos_rel_err_median"] = rnd(_quantile(np.asarray(done["rel_flux"]), REL_EDGES,
-                                                   0.5, n), 5)
-    for key, param in (("pull_x", "x_pos"), ("pull_flux", "flux_pos")):
-        counts = np.asarray(done[key])
-        total = int(counts.sum())  # fits with a finite error
-        q25, q50, q75 = (_quantile(counts, PULL_EDGES, q, total) for q in (0.25, 0.5, 0.75))
-        spread = None if q25 is None or q75 is None else (q75 - q25) / 1.349
-        out[f"{param}_pull_median"] = rnd(q50)
-        out[f"{param}_pull_spread"] = rnd(spread)
-        out[f"{param}_with_error_fraction"] = round(total / n, 5)
-    return out
-
-
 def outcore_columns(fits) -> dict:
     """The columns ``quality_graph`` needs, lazily, from a ``fit_dipoles`` result."""
-    converged = fits["status"].isin(list(CONVERGED)).data
     return {"x_pos": fits["x_pos"].data, "x_pos_err": fits["x_pos_err"].data,
             "flux_pos": fits["flux_pos"].data, "flux_pos_err": fits["flux_pos_err"].data,
-            "converged": converged}
+            "done": fits["status"].data}
 
 
 # --- catalog --------------------------------------------------------------------------------
@@ -173,58 +209,103 @@ def write_stamps(catalog, folder: Path) -> None:
 # --- tools ------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds used so far by ``pids`` (all their threads)."""
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def _known(keys: list, dask_scheduler=None) -> int:
+    return sum(key in dask_scheduler.tasks for key in keys)
+
+
+def release(client: Client, held: dict) -> None:
+    """Drop the last run's fits and wait until the scheduler has forgotten their keys: the
+    next run builds the same keys, and would otherwise find some chunks already computed."""
+    fits = held.pop("fits", None)
+    if fits is None:
+        return
+    keys = [future.key for future in futures_of(fits)]
+    del fits
+    deadline = time.perf_counter() + 60
+    while client.run_on_scheduler(_known, keys) and time.perf_counter() < deadline:
+        time.sleep(0.05)
+
+
+@contextmanager
+def cluster_memory(worker_pids: list[int]) -> Iterator[dict[str, int]]:
+    """Peak resident memory while open: ``one``, the largest worker; ``all``, this client
+    and the workers together."""
+    peaks: dict[str, int] = {}
+    with (sample_memory(worker_pids) as workers,
+          sample_memory([os.getpid(), *worker_pids]) as every):
+        yield peaks
+    peaks.update(one=workers["one"], all=every["all"])
+
+
 def bench_outcore(args: argparse.Namespace, n: int, truth) -> None:
-    catalog, _ = simulate_catalog(n, args.stamp, **catalog_options(args))
-    with (
-        LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                     dashboard_address=":0") as cluster,
-        Client(cluster) as client,
-    ):
-        worker_pids = list(client.run(os.getpid).values())
-        pids = [os.getpid(), *worker_pids]
-        catalog = client.persist(catalog)
-        wait(catalog)
-        # warm-up on a few stamps: imports and kernels in every worker, little memory
-        warm = client.persist(fit_dipoles(catalog.isel(candidate=slice(0, 64 * args.workers)),
-                                          model=args.model, chunk_size=32))
-        wait(warm)
-        del warm
-        base = max(psutil.Process(pid).memory_info().rss for pid in worker_pids)
-        records = []
-        for chunk in args.chunk:
+    """Each chunk size on a fresh cluster, so that each starts from the same worker memory."""
+    records = []
+    for chunk in args.chunk:
+        catalog, _ = simulate_catalog(n, args.stamp, **catalog_options(args))
+        with (
+            LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                         dashboard_address=":0") as cluster,
+            Client(cluster) as client,
+        ):
+            worker_pids = list(client.run(os.getpid).values())
+            catalog = client.persist(catalog)
+            wait(catalog)
+            # warm-up on a few stamps: imports and kernels in every worker, little memory
+            warm = client.persist(fit_dipoles(
+                catalog.isel(candidate=slice(0, 64 * args.workers)), model=args.model,
+                chunk_size=32))
+            wait(warm)
+            del warm
+            base = max(psutil.Process(pid).memory_info().rss for pid in worker_pids)
             held: dict = {}
 
-            def run(chunk: int = chunk, held: dict = held) -> None:
-                held.clear()
+            def run(chunk: int = chunk, held: dict = held, catalog=catalog, client=client
+                    ) -> None:
                 fits = client.persist(fit_dipoles(catalog, model=args.model, chunk_size=chunk))
                 wait(fits)
                 held["fits"] = fits
 
-            with sample_memory(pids) as peaks:
-                walls = timed(run, args.runs)
+            pids = [os.getpid(), *worker_pids]
+            cpu0 = cpu_seconds(pids)
+            with cluster_memory(worker_pids) as peaks:
+                walls = timed(run, args.runs, setup=lambda held=held, client=client:
+                              release(client, held))
+            cpu = (cpu_seconds(pids) - cpu0) / args.runs
             graph = quality_graph(outcore_columns(held.pop("fits")),
                                   truth["x_pos"].values, truth["flux_pos"].values)
-            found = quality(dict(zip(graph, dask.compute(*graph.values()), strict=True)))
-            records.append((chunk, walls, dict(peaks), found))
-    # the peak's growth with the chunk size: bytes per candidate, fixed overheads aside
-    (c0, _, p0, _), (c1, _, p1, _) = min(records), max(records)
-    slope = round((p1["one"] - p0["one"]) / (c1 - c0)) if c1 > c0 else None
-    for chunk, walls, peaks, found in records:
-        line(BENCH, "outcore", case_for(args, n, chunk=chunk, workers=args.workers),
-             "fits_per_s", n / np.median(walls), walls,
+            found, status = quality(graph.compute())
+            records.append((chunk, walls, dict(peaks), base, found, status, cpu))
+    # the growth of the peak with the chunk size: bytes per candidate, fixed overheads aside
+    low, high = min(records), max(records)
+    slope = None
+    if high[0] > low[0]:
+        slope = round(((high[2]["one"] - high[3]) - (low[2]["one"] - low[3]))
+                      / (high[0] - low[0]))
+    for chunk, walls, peaks, base, found, status, cpu in records:
+        emit("outcore", case_for(args, n, chunk=chunk, workers=args.workers),
+             n / np.median(walls), walls, cpu_s=round(cpu, 3), fits_per_cpu_s=round(n / cpu, 1),
              peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"],
              base_worker_bytes=base,
              bytes_per_candidate_in_flight=round((peaks["one"] - base) / chunk),
-             marginal_bytes_per_candidate=slope, quality=found)
+             marginal_bytes_per_candidate=slope, status_counts=status, quality=found)
 
 
-def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> None:
+def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth,
+                     psf: np.ndarray | None) -> None:
     from scipy.optimize import least_squares
 
     count = min(args.scipy_n, n)
     spec = get_model(args.model)
-    if spec.needs_psf:
-        raise SystemExit("the scipy loop here fits the gaussian model only")
+    extra = (psf,) if spec.needs_psf else ()
     shape = (args.stamp, args.stamp)
     images = np.array(np.load(stamps / "images.npy", mmap_mode="r")[:count])
     variance = np.array(np.load(stamps / "variance.npy", mmap_mode="r")[:count])
@@ -235,7 +316,7 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> N
         return 1 / np.sqrt(var).ravel()
 
     def jac(p: np.ndarray, sqrtw: np.ndarray) -> np.ndarray:
-        return -sqrtw[:, None] * spec.jacobian(p[None], shape).reshape(-1, p.size)
+        return -sqrtw[:, None] * spec.jacobian(p[None], shape, *extra).reshape(-1, p.size)
 
     def run() -> None:
         params = np.empty((count, len(spec.params)))
@@ -245,7 +326,7 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> N
             start = spec.start(image[None], valid[None])[0]
 
             def resid(p: np.ndarray, image=image, sqrtw=sqrtw) -> np.ndarray:
-                return sqrtw * (image.ravel() - spec.evaluate(p[None], shape).ravel())
+                return sqrtw * (image.ravel() - spec.evaluate(p[None], shape, *extra).ravel())
 
             res = least_squares(resid, start, jac=lambda p, sqrtw=sqrtw: jac(p, sqrtw),
                                 method="lm")
@@ -254,8 +335,10 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> N
 
     pid = os.getpid()
     base = psutil.Process(pid).memory_info().rss
+    cpu0 = cpu_seconds([pid])
     with sample_memory([pid]) as peaks:
         walls = timed(run, args.peer_runs)
+    cpu = (cpu_seconds([pid]) - cpu0) / args.peer_runs
     # errors from the covariance (J^T W J)^-1 at the solution, outside the clock
     params = spec.canonical(found["params"])
     errors = np.full_like(params, np.nan)
@@ -267,14 +350,20 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth) -> N
             pass
     ix, iflux = spec.params.index("x_pos"), spec.params.index("flux_pos")
     fit = {"x_pos": params[:, ix], "x_pos_err": errors[:, ix], "flux_pos": params[:, iflux],
-           "flux_pos_err": errors[:, iflux], "converged": found["status"] > 0}
+           "flux_pos_err": errors[:, iflux], "done": found["status"] > 0}
     graph = quality_graph(fit, truth["x_pos"].values[:count], truth["flux_pos"].values[:count])
-    done = quality(dict(zip(graph, dask.compute(*graph.values(), scheduler="sync"),
-                            strict=True)))
-    line(BENCH, "scipy-loop", case_for(args, count, chunk=1, workers=1), "fits_per_s",
-         count / np.median(walls), walls, peak_worker_bytes=peaks["one"],
+    done, _ = quality(graph.compute(scheduler="sync"))
+    emit("scipy-loop", case_for(args, count, chunk=1, workers=1),
+         count / np.median(walls), walls, cpu_s=round(cpu, 3),
+         fits_per_cpu_s=round(count / cpu, 1), peak_worker_bytes=peaks["one"],
          peak_rss_bytes=peaks["all"], base_worker_bytes=base,
          bytes_per_candidate_in_flight=peaks["one"] - base, quality=done)
+
+
+def emit(tool: str, case: dict, value: float, walls: list[float], **extra) -> None:
+    """One fits-per-second line, with the load average of this shared machine at its end."""
+    line(BENCH, tool, case, "fits_per_s", value, walls, **extra,
+         load_avg=[round(x, 2) for x in os.getloadavg()])
 
 
 def peer_error(tool: str, case: dict, error: str) -> None:
@@ -311,12 +400,13 @@ def bench_cuphoton(args: argparse.Namespace, n: int, stamps: Path, truth) -> Non
         params, errors = fits["params"], fits["errors"]
         fit = {"x_pos": params[:, ix], "x_pos_err": errors[:, ix],
                "flux_pos": params[:, iflux], "flux_pos_err": errors[:, iflux],
-               "converged": fits["converged"]}
+               "done": fits["converged"]}
     graph = quality_graph(fit, truth["x_pos"].values, truth["flux_pos"].values)
-    found = quality(dict(zip(graph, dask.compute(*graph.values(), scheduler="sync"),
-                             strict=True)))
+    found, _ = quality(graph.compute(scheduler="sync"))
     walls = report["walls"]
-    line(BENCH, "cuphoton", case, "fits_per_s", n / np.median(walls), walls,
+    cpu = float(np.mean(report["cpu_s"]))
+    emit("cuphoton", case, n / np.median(walls), walls, cpu_s=round(cpu, 3),
+         fits_per_cpu_s=round(n / cpu, 1),
          peak_worker_bytes=report["peak_rss_bytes"], peak_rss_bytes=report["peak_rss_bytes"],
          base_worker_bytes=report["base_rss_bytes"],
          bytes_per_candidate_in_flight=round(
@@ -337,33 +427,33 @@ def bench_big(args: argparse.Namespace) -> None:
     ):
         limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
         before = client.run(os.getpid)
-        pids = [os.getpid(), *before.values()]
         warm = fit_dipoles(catalog.isel(candidate=slice(0, 64 * args.workers)),
                            model=args.model, chunk_size=32)
         client.compute(warm["chi2"].sum()).result()
         base = max(psutil.Process(pid).memory_info().rss for pid in before.values())
         fits = fit_dipoles(catalog, model=args.model, chunk_size=chunk)
-        graph = quality_graph(outcore_columns(fits), truth["x_pos"].values,
-                              truth["flux_pos"].values)
-        graph.update({name: (fits["status"] == name).sum().data for name in STATUS_NAMES})
+        # the truth (n values each) goes to the workers once, not into every task
+        truth_x, truth_flux = client.scatter([truth["x_pos"].values, truth["flux_pos"].values],
+                                             broadcast=True)
+        graph = quality_graph(outcore_columns(fits), truth_x, truth_flux)
         held: dict = {}
 
         def run() -> None:
-            futures = client.compute(list(graph.values()))
-            held["done"] = dict(zip(graph, client.gather(futures), strict=True))
+            held["counts"] = client.compute(graph).result()
 
-        with sample_memory(pids) as peaks:
+        pids = [os.getpid(), *before.values()]
+        cpu0 = cpu_seconds(pids)
+        with cluster_memory(list(before.values())) as peaks:
             walls = timed(run, 1)
+        cpu = cpu_seconds(pids) - cpu0
         restarted = client.run(os.getpid) != before
-        done = held["done"]
-        counts = {name: int(done.pop(name)) for name in STATUS_NAMES}
-        found = quality(done)
+        found, counts = quality(held["counts"])
         t0 = time.perf_counter()  # the stamps alone, made and summed the same way
         client.compute(catalog["images"].data.sum() + catalog["variance"].data.sum()).result()
         simulate_s = time.perf_counter() - t0
-    line(BENCH, "outcore", case_for(args, n, chunk=chunk, workers=args.workers,
-                                    memory_limit=args.big_memory, catalog="lazy"),
-         "fits_per_s", n / np.median(walls), walls,
+    emit("outcore", case_for(args, n, chunk=chunk, workers=args.workers,
+                             memory_limit=args.big_memory, catalog="lazy"),
+         n / np.median(walls), walls, cpu_s=round(cpu, 3), fits_per_cpu_s=round(n / cpu, 1),
          peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"], base_worker_bytes=base,
          bytes_per_candidate_in_flight=round((peaks["one"] - base) / chunk),
          memory_limit_bytes=limit, peak_worker_fraction_of_limit=round(peaks["one"] / limit, 4),
@@ -387,8 +477,8 @@ def main() -> None:
                         help="timed runs of the scipy loop and cuPhoton")
     parser.add_argument("--scipy-n", type=int, default=500,
                         help="first stamps of each catalog fitted by the scipy loop")
-    parser.add_argument("--model", choices=["gaussian"], default="gaussian",
-                        help="the model every tool fits (the one cuPhoton has too)")
+    parser.add_argument("--model", choices=["gaussian", "psf"], default="gaussian",
+                        help="the model every tool fits (cuPhoton: gaussian only)")
     parser.add_argument("--flux-ratio", type=float, nargs="+", default=[1.0],
                         help="|flux_neg| / flux_pos of the catalog: one value or a range lo hi "
                              "(cuPhoton's model holds 1 only)")
@@ -415,9 +505,10 @@ def main() -> None:
                 need = n if args.cuphoton else min(n, args.scipy_n)
                 catalog, _ = simulate_catalog(need, args.stamp, **catalog_options(args))
                 write_stamps(catalog, stamps)
+                psf = catalog["psf"].values if "psf" in catalog else None
                 del catalog
                 if not args.skip_scipy:
-                    bench_scipy_loop(args, n, stamps, truth)
+                    bench_scipy_loop(args, n, stamps, truth, psf)
                 if args.cuphoton:
                     bench_cuphoton(args, n, stamps, truth)
         bench_outcore(args, n, truth)

@@ -3,12 +3,12 @@
     benchmarks/peers/.venv-cuphoton/bin/python benchmarks/peers/cuphoton_runner.py \
         STAMPS_DIR OUT.npz [--runs 1] [--batch 0]
 
-Reads ``images.npy`` and ``variance.npy`` (``(n, ny, nx)``) from ``STAMPS_DIR``, fits them the way
-cuPhoton's local executor does (``cuphoton.xfit.fit_dipoles`` on the whole batch in this one
-process, its own start and default tolerances; ``--batch k`` fits ``k`` stamps per call
-instead), writes the fits to ``OUT.npz`` in outcore's parameter order and conventions, and
-prints one JSON line: wall seconds per run, peak resident memory of this process (sampled
-every 20 ms and the kernel's high-water mark, both reset after the stamps are loaded),
+Reads ``images.npy`` and ``variance.npy`` (``(n, ny, nx)``) from ``STAMPS_DIR``, fits them
+the way cuPhoton's local executor does (``cuphoton.xfit.fit_dipoles`` on the whole batch in
+this one process, its own start and default tolerances; ``--batch k`` fits ``k`` stamps per
+call instead), writes the fits to ``OUT.npz`` in outcore's parameter order and conventions,
+and prints one JSON line: wall and CPU seconds per run, peak resident memory of this process
+(sampled every 20 ms, and the kernel's high-water mark reset after the stamps are loaded),
 resident memory before the fit, status counts and versions.
 
 cuPhoton's Gaussian dipole is ``A * (g(x_pos, y_pos) - g(x_neg, y_neg))`` with ``g`` an
@@ -151,16 +151,17 @@ def main() -> int:
                             model="gaussian", backend="numpy") for i in range(0, n, batch)]
 
     fit_dipoles(images[:8], variance=variance[:8], model="gaussian", backend="numpy")  # warm-up
-    walls, peak, base = [], 0, rss()
+    walls, cpus, peak, base = [], [], 0, rss()
     results = None
     for _ in range(args.runs):
         results = None  # drop the previous run's results before the next one
         base = rss()
         reset = reset_high_water()
         with Sampler() as sampler:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             results = fit_all()
             walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
         peak = max(peak, sampler.peak, high_water() if reset else 0)
 
     names = results[0].parameter_names
@@ -177,7 +178,7 @@ def main() -> int:
              names=np.asarray(OUTCORE_PARAMS))
     values, counts = np.unique(status, return_counts=True)
     print(json.dumps({
-        "n": n, "batch": batch, "walls": walls, "peak_rss_bytes": int(peak),
+        "n": n, "batch": batch, "walls": walls, "cpu_s": cpus, "peak_rss_bytes": int(peak),
         "base_rss_bytes": int(base), "converged": int(converged.sum()),
         "status_counts": {str(v): int(c) for v, c in zip(values, counts, strict=True)},
         "backend": results[0].backend, "device": results[0].device,
