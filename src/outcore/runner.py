@@ -110,6 +110,18 @@ class RunSettings:
     progress: bool = True
     worker_timeout: float | None = None
 
+    def to_record(self) -> dict[str, Any]:
+        """The settings as the effective config records them."""
+        return {
+            "cluster": vars(self.cluster),
+            "backend": self.backend,
+            "output_dir": str(self.output_dir),
+            "name": self.name,
+            "warmup_rounds": self.warmup_rounds,
+            "measure_rounds": self.measure_rounds,
+            "worker_timeout": self.worker_timeout,
+        }
+
     def validate(self) -> None:
         """Refuse round counts and timeouts that cannot work, before anything starts."""
         if self.worker_timeout is not None and self.worker_timeout <= 0:
@@ -304,16 +316,7 @@ def _cluster_kwargs(opts: cluster.ClusterOptions) -> dict[str, Any]:
 
 
 def _config(job: Job, settings: RunSettings) -> dict[str, Any]:
-    common = {
-        "cluster": vars(settings.cluster),
-        "backend": settings.backend,
-        "output_dir": str(settings.output_dir),
-        "name": settings.name,
-        "warmup_rounds": settings.warmup_rounds,
-        "measure_rounds": settings.measure_rounds,
-        "worker_timeout": settings.worker_timeout,
-    }
-    return {"command": job.command, **common, **job.config}
+    return {"command": job.command, **settings.to_record(), **job.config}
 
 
 def _max_rss() -> int:

@@ -289,13 +289,8 @@ def _config(grid: _Grid, job: Job) -> dict[str, Any]:
         "chunk_option": grid.spec.option,
         "chunks": sorted(grid.args.chunks),
         "workers": sorted(grid.args.workers),
+        **settings.to_record(),
         "cluster": {**vars(settings.cluster), "workers": None},
-        "backend": settings.backend,
-        "output_dir": str(settings.output_dir),
-        "name": settings.name,
-        "warmup_rounds": settings.warmup_rounds,
-        "measure_rounds": settings.measure_rounds,
-        "worker_timeout": settings.worker_timeout,
         "verb_config": {k: v for k, v in job.config.items() if k != grid.spec.option},
     }
 
