@@ -1,0 +1,135 @@
+"""The data-parallel reconstruction: one trajectory whatever the workers and residency,
+convergence to the truth, resume and a killed worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from outcore import cluster
+from outcore.ptycho import engine
+from outcore.ptycho.quality import illuminated, object_error
+
+from .ptycho_cases import make_scan, write_store
+
+LIMIT = 600 * 2**20
+
+
+@pytest.fixture(scope="module")
+def scan():
+    return make_scan()
+
+
+@pytest.fixture(scope="module")
+def store(scan, tmp_path_factory):
+    return write_store(scan, tmp_path_factory.mktemp("ptycho") / "scan.zarr", chunk=16)
+
+
+def _run(client, scan, store, **kw):
+    settings = engine.Settings(**({"iterations": 8, "batch_size": 32} | kw))
+    return engine.run(client, store, scan.top_left, np.ones(scan.truth.shape, np.complex64),
+                      scan.guess, settings, chunk=16)
+
+
+def _error(scan, obj):
+    return object_error(obj, scan.truth, illuminated(scan.probe, scan.top_left, obj.shape))
+
+
+def test_one_trajectory_for_1_2_3_workers_and_every_residency(scan, store):
+    results = {}
+    for workers in (1, 2, 3):
+        with cluster.connect("local", workers=workers, memory_limit=LIMIT) as client:
+            residencies = engine.RESIDENCIES if workers == 2 else ("host",)
+            for residency in residencies:
+                results[workers, residency] = _run(client, scan, store, residency=residency)
+    reference = results[1, "host"]
+    assert np.all(np.diff(reference.loss) < 0)
+    for key, result in results.items():
+        np.testing.assert_allclose(result.loss, reference.loss, rtol=1e-5, err_msg=str(key))
+        np.testing.assert_allclose(result.obj, reference.obj, atol=1e-5, err_msg=str(key))
+        np.testing.assert_allclose(result.probe, reference.probe, atol=1e-5, err_msg=str(key))
+
+
+def test_serial_twin_gives_the_same_trajectory(scan, store):
+    """The cluster's run against a plain loop over the same batches with the kernels."""
+    from outcore.ptycho import kernels
+
+    settings = engine.Settings(iterations=4, batch_size=40, probe_start=1)
+    obj, probe, losses = np.ones(scan.truth.shape, np.complex64), scan.guess, []
+    for it in range(settings.iterations):
+        total = 0.0
+        for batch in engine.batches(len(scan.top_left), 40, settings.seed, it):
+            terms = kernels.batch_terms(obj, probe, scan.top_left[batch], scan.amplitudes[batch])
+            obj, probe = kernels.update(obj, probe, terms, scan.top_left[batch], step_obj=1.0,
+                                        step_probe=1.0 if it >= 1 else 0.0,
+                                        alpha=settings.alpha)
+            total += terms.loss
+        losses.append(total)
+    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
+        result = _run(client, scan, store, iterations=4, batch_size=40, probe_start=1)
+    np.testing.assert_allclose(result.loss, losses, rtol=1e-6)
+    np.testing.assert_allclose(result.obj, obj, atol=1e-5)
+
+
+def test_noise_free_scan_reconstructs_within_2_percent(scan, store):
+    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
+        result = _run(client, scan, store, iterations=40, batch_size=32)
+    assert _error(scan, result.obj) < 0.02
+    assert result.loss[-1] < 1e-2 * result.loss[0]
+
+
+def test_noisy_scan_improves_monotonically_at_first(tmp_path):
+    noisy = make_scan(dose=1e5, seed=2)
+    store = write_store(noisy, tmp_path / "noisy.zarr")
+    errors = []
+    with cluster.connect("local", workers=1, memory_limit=LIMIT) as client:
+        engine.run(client, store, noisy.top_left, np.ones(noisy.truth.shape, np.complex64),
+                   noisy.guess, engine.Settings(iterations=8, batch_size=32), chunk=16,
+                   on_iteration=lambda i, loss, state: errors.append(_error(noisy, state.obj)))
+    assert np.all(np.diff(errors) < 0), errors
+    assert errors[-1] < 0.7 * errors[0]
+
+
+def test_resumed_run_equals_uninterrupted(scan, store):
+    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
+        whole = _run(client, scan, store, iterations=6)
+        first = _run(client, scan, store, iterations=3)
+        rest = engine.run(client, store, scan.top_left, first.obj, first.probe,
+                          engine.Settings(iterations=6, batch_size=32), chunk=16,
+                          start_iteration=3, losses=first.loss)
+    np.testing.assert_array_equal(rest.obj, whole.obj)
+    np.testing.assert_array_equal(rest.probe, whole.probe)
+    np.testing.assert_array_equal(rest.loss, whole.loss)
+
+
+def test_killed_worker_gives_the_same_result(scan, store):
+    client = cluster.start("local", workers=2, memory_limit=LIMIT)
+    try:
+        clean = _run(client, scan, store, iterations=6)
+        victims = []
+
+        def kill_once(iteration, loss, state):
+            if iteration == 2 and not victims:
+                victims.append(cluster.placement(client)[1]["pid"])
+                os.kill(victims[0], signal.SIGKILL)
+
+        settings = engine.Settings(iterations=6, batch_size=32)
+        hit = engine.run(client, store, scan.top_left, np.ones(scan.truth.shape, np.complex64),
+                         scan.guess, settings, chunk=16, on_iteration=kill_once)
+        assert victims and victims[0] not in {r["pid"] for r in cluster.placement(client)}
+    finally:
+        cluster.stop(client)
+    np.testing.assert_array_equal(hit.obj, clean.obj)
+    np.testing.assert_array_equal(hit.loss, clean.loss)
+
+
+def test_bad_settings_fail_before_compute():
+    from outcore.errors import OutcoreError
+
+    for bad in (dict(residency="gpu"), dict(batch_size=0), dict(iterations=0),
+                dict(batch_size=10_000), dict(alpha=2.0)):
+        with pytest.raises(OutcoreError):
+            engine.Settings(**bad).validate(169)
