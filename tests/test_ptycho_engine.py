@@ -133,3 +133,18 @@ def test_bad_settings_fail_before_compute():
                 dict(batch_size=10_000), dict(alpha=2.0)):
         with pytest.raises(OutcoreError):
             engine.Settings(**bad).validate(169)
+
+
+@pytest.mark.gpu
+def test_cupy_backend_follows_the_numpy_trajectory(scan, store):
+    settings = engine.Settings(iterations=6, batch_size=32)
+    start = np.ones(scan.truth.shape, np.complex64)
+    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
+        reference = engine.run(client, store, scan.top_left, start, scan.guess, settings,
+                               chunk=16)
+        for residency in engine.RESIDENCIES:
+            result = engine.run(client, store, scan.top_left, start, scan.guess,
+                                engine.Settings(iterations=6, batch_size=32,
+                                                residency=residency), chunk=16, backend="cupy")
+            np.testing.assert_allclose(result.loss, reference.loss, rtol=1e-4)
+            np.testing.assert_allclose(result.obj, reference.obj, atol=1e-3)

@@ -98,3 +98,23 @@ def test_scratch_model_bounds_tracemalloc():
     region = terms.grad_obj.nbytes
     modelled = n * 64 * 64 * SCRATCH_PER_PIXEL + region
     assert 0.8 <= modelled / peak <= 1.5, (modelled, peak)
+
+
+@pytest.mark.gpu
+def test_cupy_terms_and_update_match_numpy(problem):
+    import cupy
+
+    obj, probe, top_left, measured = (np.asarray(a) for a in problem)
+    obj, probe = obj.astype(np.complex64), probe.astype(np.complex64)
+    measured = measured.astype(np.float32)
+    host = kernels.batch_terms(obj, probe, top_left, measured)
+    device = kernels.batch_terms(cupy.asarray(obj), cupy.asarray(probe), top_left,
+                                 cupy.asarray(measured))
+    assert device.loss == pytest.approx(host.loss, rel=1e-5)
+    np.testing.assert_allclose(device.grad_obj.get(), host.grad_obj, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(device.grad_probe.get(), host.grad_probe, rtol=1e-4, atol=1e-4)
+    new_host = kernels.update(obj, probe, host, top_left, step_obj=1, step_probe=1, alpha=0.1)
+    new_device = kernels.update(cupy.asarray(obj), cupy.asarray(probe), device, top_left,
+                                step_obj=1, step_probe=1, alpha=0.1)
+    for h, d in zip(new_host, new_device, strict=True):
+        np.testing.assert_allclose(d.get(), h, atol=1e-5)

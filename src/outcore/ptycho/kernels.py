@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from outcore.backend import array_namespace
+from outcore.backend import array_namespace, to_host
 
 Array = Any
 
@@ -137,7 +137,7 @@ def batch_terms(obj: Array, probe: Array, top_left: Array, amplitudes: Array) ->
     """
     xp = array_namespace(obj)
     k = probe.shape[-1]
-    top_left = np.asarray(top_left) if xp is np else top_left
+    top_left = to_host(top_left)  # small; indices are made from it on either backend
     cut = windows(obj, top_left, k)  # (n, K, K)
     waves = xp.fft.fft2(probe[None] * cut, norm="ortho")
     measured = xp.fft.ifftshift(xp.asarray(amplitudes), axes=(-2, -1))
@@ -151,7 +151,7 @@ def batch_terms(obj: Array, probe: Array, top_left: Array, amplitudes: Array) ->
     origin = (int(top_left[:, 0].min()), int(top_left[:, 1].min()))
     extent = (int(top_left[:, 0].max()) - origin[0] + k, int(top_left[:, 1].max()) - origin[1] + k)
     grad_obj = xp.zeros(extent, xp.complex128)
-    scatter_windows(grad_obj, top_left - xp.asarray(origin), xp.conj(probe)[None] * chi)
+    scatter_windows(grad_obj, top_left - np.asarray(origin), xp.conj(probe)[None] * chi)
     grad_probe = (xp.conj(cut) * chi).sum(axis=0, dtype=xp.complex128)
     illum_probe = (cut.real**2 + cut.imag**2).sum(axis=0, dtype=xp.float64)
     return BatchTerms(total_loss, origin, grad_obj, grad_probe, illum_probe,
