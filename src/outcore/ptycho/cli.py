@@ -1,0 +1,275 @@
+"""``outcore ptycho simulate``, ``preprocess`` and ``reconstruct``: the ptychography verbs.
+
+``ptycho simulate`` writes a ``diffraction`` store at ``--output`` (a grid scan, or a
+position list with ``--jitter``) and its truth (object, probe, window corners) beside it at
+``<stem>.truth.zarr`` (or ``--truth``). ``ptycho preprocess`` turns a ``diffraction`` store
+into the ``ptycho-preprocessed`` store at ``--output`` that reconstructions read: centred,
+cropped, binned amplitudes, integer window corners, a probe guess. Both check every option
+before the cluster starts. ``ptycho reconstruct`` lives in ``reconstruct_cli``. See
+docs/operators/ptychography.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import distributed
+import numpy as np
+
+from outcore import io
+from outcore.cli import Verb
+from outcore.errors import OutcoreError, refuse_existing
+from outcore.io.store import existing_path
+from outcore.plan import Plan, TaskMemory
+from outcore.ptycho import reconstruct_cli
+from outcore.ptycho.preprocess import (
+    CHUNK_POSITIONS,
+    COMPRESSIONS,
+    ProbeWindowWarning,
+    Setup,
+    build,
+    open_preprocessed,
+    save_preprocessed,
+    setup,
+)
+from outcore.ptycho.simulate import Simulation, open_truth, simulate_stack, truth_path_for
+from outcore.reduce import ZARR_READ_FACTOR
+from outcore.runner import Job, Resources
+from outcore.runs import Run
+
+_C64, _F64 = 8, 8
+
+
+# --- ptycho simulate --------------------------------------------------------------------------
+
+
+def simulate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", required=True,
+                   help="the new diffraction store (.zarr); refused if it exists")
+    p.add_argument("--truth", default=None,
+                   help="the truth store (default: <output stem>.truth.zarr beside it)")
+    p.add_argument("--scan", type=int, nargs=2, default=(16, 16), metavar=("NY", "NX"),
+                   help="scan positions along y and x")
+    p.add_argument("--step", type=float, default=None,
+                   help="scan step in object pixels (default detector/8)")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="uniform jitter of each position, up to this many pixels per axis; "
+                        "above 0 the stack is a position list")
+    p.add_argument("--detector", type=int, default=64, help="pattern size K in pixels")
+    radiation = p.add_mutually_exclusive_group()
+    radiation.add_argument("--energy", type=float, default=None, help="eV (default 8000)")
+    radiation.add_argument("--wavelength", type=float, default=None, help="metres")
+    p.add_argument("--pixel-size", type=float, default=1e-8, help="object pixel in metres")
+    p.add_argument("--probe-aperture", type=float, default=None,
+                   help="radius of the probe's aperture in detector pixels (default K/4)")
+    p.add_argument("--defocus", type=float, default=None,
+                   help="defocus of the probe in metres (default: a probe radius of K/4 "
+                        "pixels)")
+    p.add_argument("--probe", default=None, help="a (K, K) complex .npy probe instead")
+    p.add_argument("--dose", type=float, default=None,
+                   help="photons of the probe per pattern, with Poisson noise (default: "
+                        "noiseless intensities of a unit-energy probe)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "uint32"),
+                   help="pattern dtype; uint32 needs --dose")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
+                   help="positions per task and per stored chunk")
+    p.add_argument("--object-padding", type=int, default=0,
+                   help="object pixels around the scanned windows")
+
+
+def simulate_stages(sim: Simulation) -> list[TaskMemory]:
+    """Per-task memory of a simulation: pattern chunks (object patch, waves, FFT) and the
+    truth object's row bands, bytes."""
+    data = sim.stack["data"].data
+    k = data.shape[-1]
+    frames = math.prod(max(c) for c in data.chunks[:-2]) * k * k
+    out = frames * data.dtype.itemsize
+    patch = _largest_patch(sim.truth["top_left"].values, data.chunks[:-2], k)
+    patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
+                          0, out, transient_bytes=frames * (3 * _C64 + 4 + _F64)
+                          + patch * (_C64 + 4 * _F64), write_bytes=out)
+    obj = sim.truth["object"].data
+    band = math.prod(max(c) for c in obj.chunks)
+    truth = TaskMemory("truth-object", len(obj.chunks[0]), 0, band * _C64,
+                       transient_bytes=band * 4 * _F64, write_bytes=band * _C64)
+    return [patterns, truth]
+
+
+def _largest_patch(top_left: Any, chunks: tuple[tuple[int, ...], ...], k: int) -> int:
+    """Pixels of the largest object patch one chunk of positions covers."""
+    index = np.arange(len(top_left)).reshape([sum(c) for c in chunks])
+    bounds = [np.cumsum((0, *c)) for c in chunks]
+    largest = 0
+    for block in np.ndindex(*(len(c) for c in chunks)):
+        cut = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, block, strict=True))
+        corners = top_left[index[cut].ravel()]
+        extent = corners.max(axis=0) - corners.min(axis=0) + k
+        largest = max(largest, int(extent[0] * extent[1]))
+    return largest
+
+
+def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
+    output = refuse_existing(Path(args.output).expanduser().resolve())
+    truth = refuse_existing(Path(args.truth).expanduser().resolve() if args.truth
+                            else truth_path_for(output))
+    sim = simulate_stack(
+        tuple(args.scan), step=args.step, jitter=args.jitter, detector=args.detector,
+        energy=args.energy, wavelength=args.wavelength, pixel_size=args.pixel_size,
+        probe_aperture=args.probe_aperture, defocus=args.defocus, probe=args.probe,
+        dose=args.dose, dtype=args.dtype, seed=args.seed, chunk_positions=args.chunk_positions,
+        object_padding=args.object_padding,
+    )
+    attrs = sim.truth.attrs
+    config: dict[str, Any] = {
+        "output": str(output), "truth": str(truth), "scan": list(args.scan),
+        "step": attrs["step"], "jitter": args.jitter, "detector": args.detector,
+        "wavelength": attrs["wavelength"], "pixel_size": args.pixel_size,
+        "probe_aperture": attrs["probe_aperture"], "defocus": attrs["defocus"],
+        "probe": args.probe, "dose": args.dose, "dtype": args.dtype, "seed": args.seed,
+        "chunk_positions": args.chunk_positions, "object_padding": args.object_padding,
+    }
+
+    def plan(resources: Resources) -> Plan:
+        return Plan(simulate_stages(sim), resources.workers, resources.threads_per_worker,
+                    resources.memory_limit)
+
+    def execute(run: Run, client: distributed.Client) -> None:
+        run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
+        run.add_output(truth, verify=open_truth)
+        with run.timing("simulate"):
+            sim.save(output, truth)
+        run.metric(positions=int(sim.truth.sizes["position"]),
+                   layout="list" if "positions" in sim.stack else "grid",
+                   object_shape=list(sim.truth["object"].shape),
+                   pattern_shape=list(sim.stack["data"].shape[-2:]),
+                   bytes=int(sim.stack["data"].nbytes))
+
+    return Job("ptycho simulate", config, plan, execute,
+               plan_fixes=["pass a smaller --chunk-positions"])
+
+
+# --- ptycho preprocess ------------------------------------------------------------------------
+
+
+def preprocess_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", required=True, help="diffraction store (.zarr)")
+    p.add_argument("--output", required=True,
+                   help="the new preprocessed store (.zarr); refused if it exists")
+    p.add_argument("--crop", type=int, default=None,
+                   help="crop the patterns to K x K pixels around the centre (default: the "
+                        "whole, square detector)")
+    p.add_argument("--bin", type=int, default=1,
+                   help="sum B x B detector pixels (must divide the cropped size)")
+    p.add_argument("--centre", nargs="+", default=["auto"], metavar="auto|none|CY CX",
+                   help="zero frequency: auto (centre of mass of the mean pattern), none, or "
+                        "its detector row and column")
+    p.add_argument("--probe", default=None,
+                   help="a (K, K) complex .npy probe guess on the output grid (default: from "
+                        "the mean pattern)")
+    p.add_argument("--defocus", type=float, default=None,
+                   help="defocus of the probe guess in metres (default: the stack's defocus "
+                        "attr, else 0)")
+    p.add_argument("--object-padding", type=int, default=0,
+                   help="object pixels around the scanned windows")
+    p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
+                   help="positions per task and per stored chunk")
+    p.add_argument("--compression", default="none", choices=sorted(COMPRESSIONS),
+                   help="codec of the stored amplitudes (none reads fastest)")
+
+
+def _centre_option(words: list[str]) -> str | tuple[float, float]:
+    if len(words) == 1 and words[0] in ("auto", "none"):
+        return words[0]
+    try:
+        values = tuple(float(w) for w in words)
+    except ValueError:
+        values = ()
+    if len(values) != 2:
+        raise OutcoreError(f"--centre {' '.join(words)} is not auto, none or CY CX.",
+                           "give --centre auto, --centre none or --centre 128 127.5.")
+    return values  # type: ignore[return-value]
+
+
+def preprocess_stages(ds: Any, found: Setup) -> list[TaskMemory]:
+    """Per-task memory of ``preprocess``: reading the store's chunks, the mean pattern, and
+    one chunk of positions turned into amplitudes (float64 roll, crop and bin), bytes."""
+    data = ds["data"]
+    store_chunk = math.prod(max(c) for c in data.chunks) * data.dtype.itemsize
+    tasks = math.prod(len(c) for c in data.chunks)
+    frame = math.prod(found.source_shape)
+    n = found.chunk_positions
+    positions = len(found.positions)
+    chunks = math.ceil(positions / n)
+    out = n * found.k**2 * 4
+    return [
+        TaskMemory("read-stack", tasks, store_chunk, store_chunk,
+                   transient_bytes=int((ZARR_READ_FACTOR - 1) * store_chunk),
+                   read_bytes=store_chunk),
+        TaskMemory("mean-pattern", tasks, store_chunk, 2 * frame * _F64,
+                   transient_bytes=store_chunk // data.dtype.itemsize * _F64),
+        TaskMemory("amplitudes", chunks, n * frame * data.dtype.itemsize, out,
+                   transient_bytes=2 * n * frame * _F64 + n * found.crop**2 * _F64,
+                   write_bytes=out),
+    ]
+
+
+def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
+    source = existing_path(args.input, "input store")
+    output = refuse_existing(Path(args.output).expanduser().resolve())
+    ds = io.open(source, layout="diffraction")
+    found = setup(ds, crop=args.crop, bin=args.bin, centre=_centre_option(args.centre),
+                  probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
+                  chunk_positions=args.chunk_positions)
+    config: dict[str, Any] = {
+        "input": str(source), "output": str(output), "crop": found.crop, "bin": found.bin,
+        "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
+        "probe": args.probe, "defocus": found.defocus, "object_padding": found.padding,
+        "chunk_positions": found.chunk_positions, "compression": args.compression,
+        "detector_size": found.k, "pixel_size": found.pixel_size,
+    }
+
+    def plan(resources: Resources) -> Plan:
+        return Plan(preprocess_stages(ds, found), resources.workers,
+                    resources.threads_per_worker, resources.memory_limit)
+
+    def execute(run: Run, client: distributed.Client) -> None:
+        run.add_output(output, verify=open_preprocessed)
+        with run.timing("preprocess"), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ProbeWindowWarning)
+            pre = build(ds, found, source=str(source))
+            save_preprocessed(pre, output, compression=args.compression)
+        notes = []
+        for note in caught:
+            if issubclass(note.category, ProbeWindowWarning):
+                notes.append(str(note.message))
+                print(f"warning: {note.message}", file=sys.stderr)
+            else:
+                warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
+        record = pre.attrs["preprocess"]
+        run.metric(positions=int(pre.sizes["position"]), detector_size=found.k,
+                   pixel_size=found.pixel_size, object_shape=pre.attrs["object_shape"],
+                   centre_shift=record["centre_shift"],
+                   probe_border_energy=record["probe_border_energy"], warnings=notes)
+
+    return Job("ptycho preprocess", config, plan, execute, inputs=[source],
+               plan_fixes=["pass a smaller --chunk-positions", "if read-stack is too big, "
+                           "re-chunk the stack: outcore convert STACK.zarr NEW.zarr --chunk "
+                           "position=256"])
+
+
+VERBS = [
+    Verb("ptycho simulate", "simulate a ptychography scan (grid or jittered positions) with "
+         "its known object and probe", simulate_arguments, make_simulate_job),
+    Verb("ptycho preprocess", "centre, crop and bin a diffraction stack once into the "
+         "amplitudes store that reconstructions read", preprocess_arguments,
+         make_preprocess_job),
+    Verb("ptycho reconstruct", "refine object and probe from a preprocessed store, "
+         "data-parallel over the workers, into a run directory", reconstruct_cli.add_arguments,
+         reconstruct_cli.make_job),
+]

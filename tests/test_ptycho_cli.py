@@ -1,0 +1,119 @@
+"""outcore ptycho reconstruct: run directories, error to the truth, resume, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from outcore.cli import main
+from outcore.runs import load_summary
+
+COMMON = ["--cluster", "threads", "--workers", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("ptycho-cli")
+    runs = str(root / "runs")
+    main(["ptycho", "simulate", "--output", str(root / "s.zarr"), "--scan", "12", "12",
+          "--detector", "32", "--step", "5", "--jitter", "1", "--name", "sim",
+          "--output-dir", runs, "--cluster", "threads", "--no-progress"])
+    main(["ptycho", "preprocess", "--input", str(root / "s.zarr"), "--output",
+          str(root / "p.zarr"), "--name", "pre", "--output-dir", runs, "--cluster", "threads",
+          "--no-progress"])
+    return root
+
+
+def _reconstruct(root: Path, name: str, *extra: str) -> dict:
+    code = main(["ptycho", "reconstruct", "--input", str(root / "p.zarr"), "--batch-size",
+                 "32", "--output-dir", str(root / "runs"), "--name", name, *COMMON, *extra])
+    assert code == 0
+    return load_summary(root / "runs" / name)
+
+
+def _refused(root: Path, name: str, *extra: str) -> int:
+    return main(["ptycho", "reconstruct", "--input", str(root / "p.zarr"), "--output-dir",
+                 str(root / "runs"), "--name", name, *extra, "--no-progress"])
+
+
+def _object(root: Path, name: str) -> np.ndarray:
+    path = root / "runs" / name / "reconstruction.zarr"
+    return xr.open_zarr(path, consolidated=False)["object"].values
+
+
+def test_reconstruct_writes_its_run_and_reaches_the_truth(prepared):
+    summary = _reconstruct(prepared, "full", "--iterations", "30", "--truth",
+                           str(prepared / "s.truth.zarr"), "--checkpoint-every", "10")
+    assert summary["status"] == "success"
+    assert summary["metrics"]["object_error"] < 0.02
+    run = prepared / "runs" / "full"
+    recon = xr.open_zarr(run / "reconstruction.zarr", consolidated=False)
+    assert recon["object"].dtype == np.complex64 and recon["probe"].dtype == np.complex64
+    assert recon["x"].attrs["units"] == "m" and recon.sizes["iteration"] == 30
+    assert np.all(np.diff(recon["loss"].values[2:]) < 0)
+    for png in ("object_phase.png", "object_amplitude.png", "probe.png"):
+        assert (run / png).read_bytes()[:4] == b"\x89PNG"
+    latest = json.loads((run / "work" / "latest.json").read_text())
+    assert latest == {"checkpoint": "checkpoint-000030.zarr", "iterations_done": 30}
+
+
+def test_resumed_run_equals_uninterrupted(prepared):
+    _reconstruct(prepared, "whole", "--iterations", "12")
+    _reconstruct(prepared, "half", "--iterations", "6", "--checkpoint-every", "3")
+    summary = _reconstruct(prepared, "rest", "--iterations", "12", "--resume",
+                           "--resume-from", str(prepared / "runs" / "half"))
+    assert summary["metrics"]["iterations_run"] == 6
+    np.testing.assert_array_equal(_object(prepared, "rest"), _object(prepared, "whole"))
+    whole = xr.open_zarr(prepared / "runs" / "whole" / "reconstruction.zarr",
+                         consolidated=False)["loss"].values
+    rest = xr.open_zarr(prepared / "runs" / "rest" / "reconstruction.zarr",
+                        consolidated=False)["loss"].values
+    np.testing.assert_array_equal(rest, whole)
+
+
+def test_a_resume_with_other_settings_is_refused(prepared, capsys):
+    _reconstruct(prepared, "base", "--iterations", "2", "--checkpoint-every", "1")
+    assert _refused(prepared, "other", "--iterations", "4", "--batch-size", "32", "--seed",
+                    "7", "--resume", "--resume-from", str(prepared / "runs" / "base")) == 1
+    assert "--seed 7 differs from the resumed run's 0" in capsys.readouterr().err
+    assert not (prepared / "runs" / "other").exists()
+
+
+def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
+    """10^5 patterns of 128^2 (6.5 GB) in host memory: 2 or 8 workers of 1 GiB cannot hold
+    them; disk residency fits on 2, and 64 workers fit (the fix names them from 16)."""
+    import dask.array as da
+
+    from outcore.errors import PlanError
+    from outcore.ptycho.engine import Settings
+    from outcore.ptycho.reconstruct_cli import _plan
+    from outcore.runner import Resources
+
+    ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
+                                    da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
+                    attrs={"object_shape": [2000, 2000]})
+    resources = Resources(workers=2, threads_per_worker=1, memory_limit=2**30)
+    with pytest.raises(PlanError) as refused:
+        _plan(ds, Settings(residency="host"), resources)
+    fix = refused.value.fix
+    assert "--residency disk" in fix and "--workers" not in fix
+    assert _plan(ds, Settings(residency="disk"), resources).fits
+    with pytest.raises(PlanError, match="--workers 64"):
+        _plan(ds, Settings(residency="host"), Resources(16, 1, 2**30))
+    assert _plan(ds, Settings(residency="host"), Resources(64, 1, 2**30)).fits
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "100000"], "--batch-size 100000"),
+    (["--residency", "gpu"], "--residency 'gpu'"),
+    (["--resume"], "--resume and --resume-from"),
+    (["--truth", "nowhere.zarr"], "nowhere.zarr"),
+])
+def test_bad_options_fail_before_compute(prepared, args, message, capsys):
+    assert _refused(prepared, "bad", "--cluster", "threads", *args) == 1
+    assert message in capsys.readouterr().err
+    assert not (prepared / "runs" / "bad").exists()
