@@ -37,6 +37,7 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     assert "cluster" in (run / "effective-config.yaml").read_text()
     # the statistics agree with the simulation's truth within Poisson noise
     assert summary["metrics"]["tomo_fbp"]["psnr_db"] > 18  # FBP of the phantom, vs its truth
+    assert summary["metrics"]["ptycho_reconstruct"]["object_error"] < 0.02  # vs its truth
     fits = summary["metrics"]["fit_dipoles"]
     assert fits["candidates"] == 300 and sum(fits["status_counts"].values()) == 300
     check = summary["metrics"]["verification"]

@@ -89,3 +89,23 @@ def test_mpi_tomo_simulate_and_reconstruct_run_on_every_rank(tmp_path):
     assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
     summary = load_summary(tmp_path / "runs" / "r")
     assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
+
+
+def test_mpi_ptycho_simulate_preprocess_reconstruct_run_on_every_rank(tmp_path):
+    common = ["--cluster", "mpi", "--interface", "lo", "--no-progress", "--memory-limit",
+              "1GiB", "--output-dir", str(tmp_path / "runs")]
+    steps = [
+        ["ptycho", "simulate", "--output", str(tmp_path / "s.zarr"), "--scan", "8", "8",
+         "--detector", "32", "--step", "5", "--jitter", "1", "--name", "s"],
+        ["ptycho", "preprocess", "--input", str(tmp_path / "s.zarr"), "--output",
+         str(tmp_path / "p.zarr"), "--name", "p"],
+        ["ptycho", "reconstruct", "--input", str(tmp_path / "p.zarr"), "--iterations", "4",
+         "--batch-size", "16", "--name", "r"],
+    ]
+    for args in steps:
+        codes, _ = _mpirun(tmp_path, [*args, *common], 180)
+        assert codes == {0: 0, 1: 0, 2: 0, 3: 0}, args
+        (tmp_path / "codes").unlink()
+    summary = load_summary(tmp_path / "runs" / "r")
+    assert summary["status"] == "success" and len(summary["cluster"]["workers"]) == 2
+    assert summary["metrics"]["iterations_run"] == 4

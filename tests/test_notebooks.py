@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 SMALL = {"OUTCORE_NB_CANDIDATES": "1500", "OUTCORE_NB_SCAN": "8x16", "OUTCORE_NB_FRAME": "64",
-         "OUTCORE_NB_TOMO_SIZE": "32"}
+         "OUTCORE_NB_TOMO_SIZE": "32", "OUTCORE_NB_PTYCHO_SCAN": "10"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -143,6 +143,35 @@ def tomo_demo(run: Run, client: distributed.Client, size: int) -> None:
     })
 
 
+def ptycho_demo(run: Run, client: distributed.Client, scan_side: int) -> None:
+    """Simulate a jittered ``scan_side``^2 ptychography scan (32 x 32 patterns), preprocess it
+    and reconstruct object and probe data-parallel on the cluster; record the object's error
+    against the truth and the seconds per iteration."""
+    from outcore.ptycho import (
+        open_preprocessed,
+        open_truth,
+        preprocess,
+        save_preprocessed,
+        simulate_stack,
+    )
+    from outcore.ptycho.reconstruct import reconstruct
+    from outcore.ptycho.reconstruct_cli import truth_error
+
+    iterations = 30
+    sim = simulate_stack((scan_side, scan_side), detector=32, step=5, jitter=1, seed=1)
+    stack, truth = sim.save(run.path / "ptycho-stack.zarr")
+    pre_path = save_preprocessed(preprocess(io.open(stack), source=str(stack)),
+                                 run.path / "ptycho-preprocessed.zarr")
+    with run.timing("ptycho_reconstruct"):
+        recon = reconstruct(pre_path, iterations=iterations, batch_size=32, client=client)
+    error = truth_error(recon, open_truth(truth), open_preprocessed(pre_path))
+    run.metric(ptycho_reconstruct={
+        "positions": scan_side**2, "iterations": iterations, "object_error": error,
+        "loss_first_last": [float(recon["loss"][0]), float(recon["loss"][-1])],
+        "s_per_iteration": round(run.record["timings_s"]["ptycho_reconstruct"] / iterations, 4),
+    })
+
+
 def demo_job(
     scan: tuple[int, int] = (128, 192),
     frame: int = 128,
@@ -151,10 +180,11 @@ def demo_job(
     fit_candidates: int = 5000,
     stack_path: str | Path | None = None,
     tomo_size: int = 48,
+    ptycho_scan: int = 12,
 ) -> Job:
     """The demo's job: write the synthetic stack into the run, stream its statistics, fit
-    ``fit_candidates`` simulated dipole cutouts, and reconstruct a ``tomo_size``^3 phantom by
-    FBP (each skipped when 0).
+    ``fit_candidates`` simulated dipole cutouts, reconstruct a ``tomo_size``^3 phantom by
+    FBP and a ``ptycho_scan``^2 ptychography scan (each skipped when 0).
 
     ``stack_path`` names a stack already written by ``write_stack`` with the same arguments,
     so that ``measure`` can stream it without ``execute`` running first (``outcore tune``).
@@ -199,11 +229,14 @@ def demo_job(
             fit_demo(run, client, fit_candidates)
         if tomo_size:
             tomo_demo(run, client, tomo_size)
+        if ptycho_scan:
+            ptycho_demo(run, client, ptycho_scan)
 
     return Job(
         command="demo",
         config={"scan": list(scan), "frame": frame, "chunk_rows": chunk_rows, "counts": counts,
-                "fit_candidates": fit_candidates, "tomo_size": tomo_size},
+                "fit_candidates": fit_candidates, "tomo_size": tomo_size,
+                "ptycho_scan": ptycho_scan},
         plan=plan,
         execute=execute,
         plan_fixes=["use fewer --chunk-rows"],
