@@ -6,12 +6,12 @@ and probe ``K x K``, complex64: the one a step reads and the one it makes), and 
 step (the object gradient over the batch's region, complex128, plus probe sums). A
 ``ptycho-terms`` task computes ``sub_batch`` positions at a time; their scratch is about
 ``SCRATCH_PER_PIXEL`` bytes per detector pixel per position (windows, exit waves, far
-fields, moduli, residuals and back-propagated waves in complex64/float32, and the complex128
-object gradient contributions). ``disk`` residency adds two sub-batches of frames being read.
+fields, moduli, residuals and back-propagated waves in complex64/float32, several updated in
+place). ``disk`` residency adds two sub-batches of frames being read.
 The ``ptycho-step`` task holds the state in and out, the summed terms and three object-sized
 float64/complex128 scratch arrays (illumination, full gradient, preconditioner).
 
-``tests/test_ptycho_memory.py`` checks the scratch against ``tracemalloc`` on real calls.
+``tests/test_ptycho_kernels.py`` checks the scratch against ``tracemalloc`` on real calls.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from outcore.plan import TaskMemory
 
 _C64, _C128, _F32, _F64 = 8, 16, 4, 8
 #: Scratch of ``batch_terms`` per detector pixel per position, bytes (see the module doc).
-SCRATCH_PER_PIXEL = 64
+SCRATCH_PER_PIXEL = 40
 
 
 def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], workers: int,
