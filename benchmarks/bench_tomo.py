@@ -1,4 +1,4 @@
-"""Benchmark: forward and back projection throughput, outcore vs scikit-image, one geometry.
+"""Benchmark: forward and back projection throughput, outcore vs diffct and scikit-image.
 
 Prints one JSON line per tool, case and direction (DESIGN.md, "Benchmark lines"). ``value``
 is GUPS, giga voxel-view updates per second: ``n^3 * views / median seconds / 1e9``, for
@@ -18,13 +18,27 @@ the axis, a detector that sees the whole volume) and the same Shepp-Logan volume
   z, in this process: parallel beam only (scikit-image has no 3-D or cone-beam projector).
   Its detector spans the slice's diagonal, as ours does. Without scikit-image, or for the
   cone beam, its line has ``"value": null`` and an ``"error"``.
+- ``diffct``: ``diffct.Projector.project`` and ``backproject`` (its matched adjoint) on the
+  CPU (PyTorch's portable backend, float32, ``--diffct-threads`` intra-op threads), in its own
+  venv (``benchmarks/peers/make_diffct_venv.sh``), through ``benchmarks/peers/diffct_runner.py``
+  (whose docstring maps diffct's geometry onto outcore's: the same scan, volume and detector).
+  Each line carries ``agreement``: diffct's projections against outcore's kernel
+  (``forward``), and diffct's backprojection of outcore's projections against outcore's
+  adjoint (``back``), as ``relative_l2 = ||diffct - outcore|| / ||outcore||``. A direction
+  whose one call is estimated (from a probe over a few views) beyond ``--diffct-budget-s``
+  is skipped: its line has ``"value": null`` and ``"skipped"`` saying why. Without the venv
+  the lines say how to make it.
+- ``astra-toolbox`` (2.5.0 installs from PyPI for this Python) is not run: its 3-D
+  projectors (``FP3D_CUDA``, ``BP3D_CUDA``) need a CUDA GPU, and it has no 3-D CPU path;
+  ``--tools astra`` prints a line saying so (``"value": null``).
 
 ``peak_worker_bytes`` is the largest resident set during the timed runs of a process that
 projects (an outcore worker, else this process), ``peak_rss_bytes`` the peak of all the
 tool's processes together (outcore: the workers and this client).
 
-    python benchmarks/bench_tomo.py                         # 64^3, 90 views, about a minute
+    python benchmarks/bench_tomo.py                         # 64^3, 90 views, a few minutes
     python benchmarks/bench_tomo.py --n 128 256 --views 180 --workers 1 2 4 --runs 3
+    python benchmarks/bench_tomo.py --n 128 --views 180 --tools kernel outcore diffct
 """
 
 from __future__ import annotations
@@ -34,7 +48,10 @@ import json
 import math
 import os
 import statistics
+import subprocess
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +65,8 @@ from outcore.tomo import Geometry, Projector, kernels, scan_for, shepp_logan, su
 
 BENCH = "tomo-projection"
 Shape = tuple[int, int, int]
+PEERS = Path(__file__).resolve().parent / "peers"
+DIFFCT_PYTHON = PEERS / ".venv-diffct" / "bin" / "python"
 
 
 def gups(shape: Shape, views: int, walls: list[float]) -> float:
@@ -70,10 +89,11 @@ def emit(tool: str, case: dict, walls: list[float], peaks: dict[str, int],
          load_avg=[round(x, 2) for x in os.getloadavg()], **extra)
 
 
-def peer_error(tool: str, case: dict, error: str) -> None:
+def peer_error(tool: str, case: dict, error: str | None, **extra: Any) -> None:
     """The line of a tool that could not run this case: ``value`` null and why."""
+    why = {"error": error} if error is not None else {}
     print(json.dumps({"bench": BENCH, "tool": tool, "case": case, "metric": "gups",
-                      "value": None, "error": error, "machine": machine(),
+                      "value": None, **why, **extra, "machine": machine(),
                       "versions": {"outcore": outcore.__version__, **versions()}}), flush=True)
 
 
@@ -173,6 +193,89 @@ def bench_skimage(args: argparse.Namespace, n: int, geometry: Geometry,
         emit(tool, case, walls, peaks)
 
 
+def relative_l2(peer: np.ndarray, ours: np.ndarray) -> float:
+    """``||peer - ours|| / ||ours||`` in float64."""
+    ours = np.asarray(ours, np.float64)
+    return float(np.linalg.norm(np.asarray(peer, np.float64) - ours) / np.linalg.norm(ours))
+
+
+def bench_diffct(args: argparse.Namespace, n: int, geometry: Geometry,
+                 volume: np.ndarray, threads: int) -> None:
+    """diffct's CPU projector and its adjoint in the peer venv, on outcore's scan."""
+    tool = "diffct"
+    cases = {d: case_for(n, geometry, d, workers=1, threads=threads)
+             for d in ("forward", "back")}
+    python = Path(args.diffct_python)
+    if not python.exists():
+        for case in cases.values():
+            peer_error(tool, case, f"no diffct environment at {python}: run "
+                       "benchmarks/peers/make_diffct_venv.sh")
+        return
+    projections = kernels.forward(volume, geometry.angles, geometry)
+    with tempfile.TemporaryDirectory(prefix="bench-diffct-") as tmp:
+        work = Path(tmp)
+        spec = {**geometry.to_attrs(), "angles": geometry.angles.tolist(),
+                "detector_shape": list(geometry.detector_shape),
+                "volume_shape": list(volume.shape)}
+        (work / "geometry.json").write_text(json.dumps(spec))
+        np.save(work / "volume.npy", np.ascontiguousarray(volume, dtype=np.float32))
+        np.save(work / "projections.npy", projections.astype(np.float32))
+        command = [str(python), str(PEERS / "diffct_runner.py"), str(work),
+                   "--runs", str(args.diffct_runs), "--threads", str(threads),
+                   "--budget-s", str(args.diffct_budget_s)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True,
+                                  timeout=2 * args.diffct_budget_s + 120)
+        except subprocess.TimeoutExpired:
+            for case in cases.values():
+                peer_error(tool, case, f"diffct_runner timed out after "
+                           f"{2 * args.diffct_budget_s + 120:.0f} s")
+            return
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            for case in cases.values():
+                peer_error(tool, case, f"diffct_runner exited {done.returncode}: "
+                           f"{' | '.join(tail)}")
+            return
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        results = {"forward": work / "forward.npy", "back": work / "back.npy"}
+        ours = {"forward": lambda: projections,
+                "back": lambda: kernels.adjoint(projections, geometry.angles, geometry,
+                                                volume.shape)}
+        for direction, case in cases.items():
+            entry = report["directions"][direction]
+            extra = {"peer_versions": report["versions"], "backend": report["backend"],
+                     "precision": report["precision"], "probe": {
+                         k: entry[k] for k in ("probe_s", "probe_views", "estimated_s")}}
+            if "skipped" in entry:
+                peer_error(tool, case, None, skipped=entry["skipped"], **extra)
+                continue
+            agreement = {"relative_l2": round(relative_l2(np.load(results[direction]),
+                                                          ours[direction]()), 6),
+                         "against": "outcore-kernel"}
+            if "runs_cut" in entry:
+                extra["runs_cut"] = entry["runs_cut"]
+            emit(tool, case, entry["walls"], {"one": entry["peak_rss_bytes"],
+                                              "all": entry["peak_rss_bytes"]},
+                 agreement=agreement, **extra)
+
+
+def astra_note(n: int, geometry: Geometry) -> None:
+    """astra-toolbox's line: its 3-D projectors run on CUDA only."""
+    try:
+        import astra  # noqa: F401  (not in the bench extra; see the module docstring)
+
+        error = ("astra-toolbox's 3-D projectors (FP3D_CUDA, BP3D_CUDA) need a CUDA GPU; "
+                 "it has no 3-D CPU path")
+        if getattr(astra, "use_cuda", lambda: False)():
+            error = "not wired into this benchmark yet (CUDA available)"
+    except ImportError:
+        error = ("astra-toolbox is not installed; it installs from PyPI (2.5.0, cp311), but "
+                 "its 3-D projectors need a CUDA GPU: no 3-D CPU path")
+    for direction in ("forward", "back"):
+        peer_error("astra-toolbox", case_for(n, geometry, direction), error)
+
+
 # --- main -------------------------------------------------------------------------------------
 
 
@@ -187,8 +290,15 @@ def main() -> None:
     parser.add_argument("--partition", default="views", choices=["views", "space"])
     parser.add_argument("--memory-limit", default="1GiB", help="memory_limit of each worker")
     parser.add_argument("--runs", type=int, default=3, help="timed runs per tool and case")
-    parser.add_argument("--tools", nargs="+", default=["kernel", "outcore", "skimage"],
-                        choices=["kernel", "outcore", "skimage"])
+    parser.add_argument("--tools", nargs="+", default=["kernel", "outcore", "skimage", "diffct"],
+                        choices=["kernel", "outcore", "skimage", "diffct", "astra"])
+    parser.add_argument("--diffct-python", default=str(DIFFCT_PYTHON),
+                        help="python of the diffct venv (benchmarks/peers/make_diffct_venv.sh)")
+    parser.add_argument("--diffct-threads", type=int, nargs="+", default=[1],
+                        help="torch intra-op threads of diffct's runs")
+    parser.add_argument("--diffct-runs", type=int, default=1, help="timed runs of diffct")
+    parser.add_argument("--diffct-budget-s", type=float, default=120.0,
+                        help="seconds one diffct direction may take; estimated longer: skipped")
     args = parser.parse_args()
     for n in args.n:
         volume = shepp_logan((n, n, n)).compute()
@@ -201,6 +311,11 @@ def main() -> None:
                     bench_outcore(args, n, geometry, workers)
             if "skimage" in args.tools:
                 bench_skimage(args, n, geometry, volume)
+            if "diffct" in args.tools:
+                for threads in args.diffct_threads:
+                    bench_diffct(args, n, geometry, volume, threads)
+            if "astra" in args.tools:
+                astra_note(n, geometry)
 
 
 if __name__ == "__main__":

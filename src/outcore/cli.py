@@ -120,6 +120,8 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulated dipole cutouts to fit after the statistics (0: none)")
     p.add_argument("--tomo-size", type=int, default=48,
                    help="edge of the phantom volume reconstructed by FBP at the end (0: none)")
+    p.add_argument("--ptycho-scan", type=int, default=12,
+                   help="side of the ptychography scan reconstructed at the end (0: none)")
 
 
 def _demo_defaults(args: argparse.Namespace) -> None:
@@ -135,7 +137,8 @@ def _demo_job(args: argparse.Namespace, backend_name: str) -> Job:
     if backend_name != "numpy":
         print("note: the demo runs on numpy chunks", file=sys.stderr)
     return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows,
-                         fit_candidates=args.fit_candidates, tomo_size=args.tomo_size)
+                         fit_candidates=args.fit_candidates, tomo_size=args.tomo_size,
+                         ptycho_scan=args.ptycho_scan)
 
 
 def _convert_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,6 +159,27 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", action="append", default=[], metavar="DIM=SIZE",
                    help="output chunk size of a dim (repeatable)")
     p.add_argument("--frames-per-chunk", type=int, default=None, help="read block size")
+    p.add_argument("--dtype", default=None, help="raw only: element type, e.g. uint16, >u2")
+    p.add_argument("--shape", type=int, nargs="+", default=None, metavar="N",
+                   help="raw only: the array's shape in C order, e.g. --shape 4096 256 256")
+    b = p.add_argument_group(
+        "raw beamline scans (--beamline)",
+        "HDF5 frames, flats, darks and angles (Data Exchange paths by default) become the "
+        "projections layout: -log((raw - dark) / (flat - dark)), streamed block by block. "
+        "Give the geometry with --attr: detector_pixel_size (required, m at the sample), "
+        "geometry (default parallel), source_distance and detector_distance (cone), "
+        "detector_offset [v, u] (m; the rotation axis off the detector centre).")
+    b.add_argument("--beamline", action="store_true",
+                   help="normalise a raw HDF5 scan into the projections layout")
+    b.add_argument("--flats", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the flat (open-beam) frames (default /exchange/data_white)")
+    b.add_argument("--darks", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the dark frames (default /exchange/data_dark); "
+                        "'none' for a scan without darks")
+    b.add_argument("--angles", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the rotation angles (default /exchange/theta)")
+    b.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
+                   help="unit of --angles (default deg)")
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -174,16 +198,32 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     chunks = {k: int(v) for k, v in _pairs(args.chunk, "--chunk").items()}
     hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
-    ds, layout = io.read_source(
-        args.source, format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
-        attrs=_pairs(args.attr, "--attr") or None, dims=args.dims,
-        arrays=_pairs(args.array, "--array") or None, frames_per_chunk=args.frames_per_chunk,
-    )
+    options = dict(format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
+                   attrs=_pairs(args.attr, "--attr") or None, dims=args.dims,
+                   arrays=_pairs(args.array, "--array") or None,
+                   frames_per_chunk=args.frames_per_chunk)
+    # given only when typed (their defaults depend on --beamline, so argparse shows none)
+    beamline_options = {name: getattr(args, name, None)
+                        for name in ("flats", "darks", "angles", "angles_unit")}
+    if args.beamline:
+        from outcore.tomo import beamline
+
+        ds, layout = beamline.read_beamline_source(args.source, **options, **beamline_options,
+                                                   dtype=args.dtype, shape=args.shape)
+        stages = beamline.memory_model(ds)
+    else:
+        for name, value in beamline_options.items():
+            if value is not None:
+                flag = "--" + name.replace("_", "-")
+                raise OutcoreError(f"{flag} applies to raw beamline scans only.",
+                                   f"add --beamline, or drop {flag}.")
+        ds, layout = io.read_source(args.source, **options, dtype=args.dtype,
+                                    shape=args.shape)
+        main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
+        stages = reduce.memory_model(main_var)[:1]
     output = refuse_existing(Path(args.output).expanduser().resolve())
-    main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
 
     def plan(resources: Resources) -> Plan:
-        stages = reduce.memory_model(main_var)[:1]
         return Plan(stages, resources.workers, resources.threads_per_worker,
                     resources.memory_limit)
 
@@ -193,13 +233,18 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
             io.save(ds, output, layout=layout, chunks=chunks or None)
         run.metric(layout=layout, bytes=int(ds.nbytes))
 
-    return Job("convert", {"source": str(args.source), "output": str(output), "layout": layout},
+    config = {"source": str(args.source), "output": str(output), "layout": layout}
+    if args.beamline:
+        config["beamline"] = {key: value for key, value in beamline_options.items()
+                              if value is not None}
+    return Job("convert", config,
                plan, execute, inputs=[args.source] if Path(args.source).exists() else [],
                plan_fixes=["pass a smaller --frames-per-chunk"])
 
 
 CORE_VERBS = [
-    Verb("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store",
+    Verb("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store; "
+         "--beamline: a raw HDF5 tomography scan, normalised by its flats and darks",
          _convert_arguments, _convert_job),
     Verb("demo", "write a synthetic stack bigger than worker memory and stream its statistics",
          _demo_arguments, _demo_job, defaults={"cluster": "local"},
@@ -208,7 +253,7 @@ CORE_VERBS = [
 
 
 #: The cli modules of the operator families, each with a ``VERBS`` list.
-FAMILY_CLIS = ("outcore.fit.cli", "outcore.tomo.cli")
+FAMILY_CLIS = ("outcore.fit.cli", "outcore.tomo.cli", "outcore.ptycho.cli")
 
 
 def _family_verbs() -> list[Verb]:

@@ -9,6 +9,7 @@ from outcore.io.convert import FORMATS, convert, detect_format, read_source
 from outcore.io.importers.fits import read_fits
 from outcore.io.importers.hdf5 import read_hdf5
 from outcore.io.importers.npz import read_npz
+from outcore.io.importers.raw import read_npy, read_raw
 from outcore.io.importers.tiff import read_tiff
 from outcore.io.layouts import LAYOUT_ATTR, LAYOUTS, Layout, detect_layout, validate
 from outcore.io.store import open, save  # noqa: A004
@@ -25,7 +26,9 @@ __all__ = [
     "open",
     "read_fits",
     "read_hdf5",
+    "read_npy",
     "read_npz",
+    "read_raw",
     "read_source",
     "read_tiff",
     "save",

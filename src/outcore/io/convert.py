@@ -14,6 +14,7 @@ from outcore.io.importers import Arrays, arrange
 from outcore.io.importers.fits import read_fits
 from outcore.io.importers.hdf5 import read_hdf5
 from outcore.io.importers.npz import read_npz
+from outcore.io.importers.raw import read_npy, read_raw
 from outcore.io.importers.tiff import read_tiff
 from outcore.io.layouts import LAYOUT_ATTR, LAYOUTS, detect_layout, validate
 from outcore.io.store import existing_path, open_unchecked, save
@@ -24,9 +25,11 @@ SUFFIXES = {
     ".tif": "tiff", ".tiff": "tiff",
     ".fits": "fits", ".fit": "fits", ".fts": "fits",
     ".npz": "npz",
+    ".npy": "npy",
+    ".raw": "raw", ".bin": "raw",
     ".zarr": "zarr",
 }
-FORMATS = ("hdf5", "tiff", "fits", "npz", "zarr")
+FORMATS = ("hdf5", "tiff", "fits", "npz", "npy", "raw", "zarr")
 
 
 def convert(
@@ -42,12 +45,15 @@ def convert(
     arrays: Arrays | None = None,
     chunks: Mapping[str, int] | None = None,
     frames_per_chunk: int | None = None,
+    dtype: Any = None,
+    shape: Sequence[int] | None = None,
 ) -> Path:
     """Write ``source`` as a new outcore store at ``output`` (streamed, never overwriting).
 
-    ``format`` is one of hdf5, tiff, fits, npz, zarr, or ``auto`` (from the suffix; a
-    directory of TIFFs or a glob is tiff). ``layout`` is required except for npz (cutouts)
-    and outcore stores. ``dataset`` (HDF5 internal path) and ``hdu`` (FITS) pick the data;
+    ``format`` is one of hdf5, tiff, fits, npz, npy, raw, zarr, or ``auto`` (from the
+    suffix; a directory of TIFFs or a glob is tiff). ``layout`` is required except for npz
+    (cutouts) and outcore stores; a raw (headerless) file needs its ``dtype`` and
+    ``shape``. ``dataset`` (HDF5 internal path) and ``hdu`` (FITS) pick the data;
     ``dims`` names its axes in stored order when the default does not fit; ``arrays`` adds
     companions such as ``angles`` or ``positions``; ``attrs`` adds root attrs, strings
     parsed (``"1e-10"`` -> 1e-10). ``chunks`` sets the output chunk size per dim and
@@ -57,7 +63,7 @@ def convert(
     refuse_existing(output)
     ds, layout = read_source(source, format=format, layout=layout, dataset=dataset, hdu=hdu,
                              attrs=attrs, dims=dims, arrays=arrays,
-                             frames_per_chunk=frames_per_chunk)
+                             frames_per_chunk=frames_per_chunk, dtype=dtype, shape=shape)
     return save(ds, output, layout=layout, chunks=chunks)
 
 
@@ -72,6 +78,8 @@ def read_source(
     dims: Sequence[str] | None = None,
     arrays: Arrays | None = None,
     frames_per_chunk: int | None = None,
+    dtype: Any = None,
+    shape: Sequence[int] | None = None,
 ) -> tuple[xr.Dataset, str]:
     """``source`` as a lazy dataset in its layout, and that layout's name (see ``convert``).
 
@@ -81,7 +89,7 @@ def read_source(
     if fmt not in FORMATS:
         raise LayoutError(f"format={format!r} is not known.", f"use one of {FORMATS} or 'auto'.")
     _refuse_options(fmt, dataset=dataset, hdu=hdu, dims=dims, arrays=arrays,
-                    frames_per_chunk=frames_per_chunk)
+                    frames_per_chunk=frames_per_chunk, dtype=dtype, shape=shape)
     if fmt == "npz":
         if layout not in (None, "cutouts"):
             raise LayoutError(f"An npz catalog holds cutouts, not {layout}.",
@@ -101,6 +109,14 @@ def read_source(
         ds = read_hdf5(source, dataset, **options)
     elif fmt == "fits":
         ds = read_fits(source, hdu=hdu, **options)
+    elif fmt == "npy":
+        ds = read_npy(source, **options)
+    elif fmt == "raw":
+        if dtype is None or shape is None:
+            raise LayoutError(f"A raw file such as {str(source)!r} does not say its dtype "
+                              "and shape.", "pass dtype= and shape= (CLI: --dtype uint16 "
+                              "--shape N KY KX).")
+        ds = read_raw(source, dtype=dtype, shape=shape, **options)
     else:
         ds = read_tiff(source, **options)
     return ds, validate(ds, layout)
@@ -129,9 +145,11 @@ def _refuse_options(fmt: str, **options: Any) -> None:
     applies = {
         "dataset": ("hdf5",),
         "hdu": ("fits",),
-        "dims": ("hdf5", "tiff", "fits", "zarr"),
-        "arrays": ("hdf5", "tiff", "fits", "zarr"),
-        "frames_per_chunk": ("hdf5", "tiff", "fits", "npz"),
+        "dims": ("hdf5", "tiff", "fits", "npy", "raw", "zarr"),
+        "arrays": ("hdf5", "tiff", "fits", "npy", "raw", "zarr"),
+        "frames_per_chunk": ("hdf5", "tiff", "fits", "npz", "npy", "raw"),
+        "dtype": ("raw",),
+        "shape": ("raw",),
     }
     for name, value in options.items():
         if value is not None and fmt not in applies[name]:

@@ -12,6 +12,9 @@ its frames and closes it), averages the flats and darks once (they are small) an
 
 so the result is a lazy dataset of the ``projections`` layout that ``outcore.save`` writes
 chunk by chunk and ``outcore.tomo`` reconstructs, without the stack ever being in memory.
+:func:`read_beamline_source` is the same reader behind ``outcore convert --beamline``: it
+refuses the convert options that do not apply, takes the geometry from ``--attr`` and
+validates the result against the layout, all before any frame is read.
 """
 
 from __future__ import annotations
@@ -27,12 +30,26 @@ import xarray as xr
 
 from outcore.backend import array_namespace
 from outcore.errors import LayoutError
-from outcore.io.importers import frames_dataset, native, require
+from outcore.io.convert import detect_format
+from outcore.io.importers import frames_dataset, native, parse_attrs, require
 from outcore.io.importers.hdf5 import HDF5Frames, _dataset
+from outcore.io.layouts import validate
 from outcore.io.store import existing_path
+from outcore.plan import TaskMemory
 
 #: Smallest transmission kept before the log (a dead or saturated pixel gives -log(eps)).
 EPS = 1e-6
+
+#: The Data Exchange paths read when none are given (``outcore convert --beamline``).
+DXCHANGE = {"data": "/exchange/data", "flats": "/exchange/data_white",
+            "darks": "/exchange/data_dark", "angles": "/exchange/theta"}
+
+#: Attrs of the projections layout that ``read_beamline_hdf5`` takes as keywords.
+GEOMETRY_ATTRS = ("geometry", "detector_pixel_size", "source_distance", "detector_distance")
+
+#: Scratch of :func:`normalise` in float32 blocks besides its input and output (measured with
+#: tracemalloc: 3 for float32 frames, 3 plus the float32 copy of integer or float64 frames).
+NORMALISE_SCRATCH_BLOCKS = 3
 
 
 def normalise(raw: Any, flat: Any, dark: Any, *, eps: float = EPS) -> Any:
@@ -91,11 +108,12 @@ def read_beamline_hdf5(
         raise LayoutError(
             "The projections layout needs the detector pixel size, which a raw scan's "
             "data/flats/darks/angles do not give.",
-            "pass detector_pixel_size= the pixel pitch (e.g. 6.5e-6 / magnification, in metres, "
-            "or [dv, du]).",
+            "pass detector_pixel_size= the pixel pitch at the sample in metres (the camera "
+            "pixel divided by the optical magnification, e.g. 6.5e-6 / 10), one number or "
+            "[dv, du] (CLI: --attr detector_pixel_size=6.5e-7).",
         )
     with h5py.File(path, "r") as f:
-        node = _dataset(f, data, path, h5py)
+        node = _named(f, data, "data", path, h5py)
         if node.ndim != 3:
             raise LayoutError(
                 f"{data!r} in {str(path)!r} has shape {node.shape}; raw projections are "
@@ -107,7 +125,8 @@ def read_beamline_hdf5(
         flat = _average(f, flats, "flats", frame, path, h5py)
         dark = (np.zeros(frame, np.float64) if darks is None
                 else _average(f, darks, "darks", frame, path, h5py))
-        theta = np.asarray(_dataset(f, angles, path, h5py)[()], dtype=np.float64).reshape(-1)
+        theta = np.asarray(_named(f, angles, "angles", path, h5py)[()],
+                           dtype=np.float64).reshape(-1)
     n_views = reader.shape[0]
     if theta.size != n_views:
         raise LayoutError(
@@ -140,9 +159,99 @@ def read_beamline_hdf5(
     if detector_distance is not None:
         layout_attrs["detector_distance"] = float(detector_distance)
     layout_attrs.update(attrs or {})
-    return frames_dataset(projections, "projections", f"{path}:{reader.dataset}",
-                          dims=("view", "v", "u"), attrs=layout_attrs,
-                          arrays={"angles": radians})
+    ds = frames_dataset(projections, "projections", f"{path}:{reader.dataset}",
+                        dims=("view", "v", "u"), attrs=layout_attrs,
+                        arrays={"angles": radians})
+    ds["projections"].attrs.update(raw_dtype=reader.dtype.name, normalisation=(
+        "-log((raw - dark) / (flat - dark))"))
+    return ds
+
+
+def read_beamline_source(
+    source: str | PathLike[str],
+    *,
+    format: str = "auto",
+    layout: str | None = None,
+    dataset: str | None = None,
+    flats: str | None = None,
+    darks: str | None = None,
+    angles: str | None = None,
+    angles_unit: str | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    frames_per_chunk: int | None = None,
+    **refused: Any,
+) -> tuple[xr.Dataset, str]:
+    """``source`` (a raw HDF5 scan) as a validated, lazy ``projections`` dataset.
+
+    The reader of ``outcore convert --beamline``: internal paths default to Data Exchange's
+    (:data:`DXCHANGE`; ``darks="none"`` for a scan without darks), ``angles_unit`` is
+    ``deg`` (default) or ``rad``, and ``attrs`` (strings parsed as by ``--attr``) give the
+    geometry: ``detector_pixel_size`` (required), ``geometry`` (default ``parallel``),
+    ``source_distance`` and ``detector_distance`` (cone), and any other attr such as
+    ``detector_offset`` or ``voxel_size``. ``refused`` holds the other convert options
+    (``hdu``, ``dims``, ``arrays``, ``dtype``, ``shape``): any given raises ``LayoutError``. Reads
+    metadata, the angles and the flats and darks (averaged), never the frames.
+    """
+    fmt = detect_format(source) if format == "auto" else format
+    if fmt != "hdf5":
+        raise LayoutError(f"--beamline reads HDF5 files; {str(source)!r} is read as {fmt}.",
+                          "point at the scan's HDF5 file, or pass --format hdf5 if its suffix "
+                          "is not .h5, .hdf5, .hdf, .nxs or .nx5.")
+    if layout not in (None, "projections"):
+        raise LayoutError(f"--beamline makes the projections layout, not {layout!r}.",
+                          "drop --layout (or pass --layout projections).")
+    flags = {"hdu": "--hdu", "dims": "--dims", "arrays": "--array", "dtype": "--dtype",
+             "shape": "--shape"}
+    for name, value in refused.items():
+        if value not in (None, [], {}):
+            flag = flags.get(name, f"{name}=")
+            raise LayoutError(
+                f"{flag} does not apply to --beamline (the raw scan's paths are --dataset, "
+                "--flats, --darks and --angles).", f"drop {flag}.")
+    units = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
+    unit = units.get(angles_unit or "deg")
+    if unit is None:
+        raise LayoutError(f"--angles-unit {angles_unit!r} is not a unit of angle.",
+                          "pass --angles-unit deg or --angles-unit rad.")
+    given = parse_attrs(attrs or {})
+    geometry = {key: given.pop(key) for key in GEOMETRY_ATTRS if key in given}
+    kind = geometry.get("geometry", "parallel")
+    missing = [key for key in ("source_distance", "detector_distance") if key not in geometry]
+    if kind == "cone" and missing:
+        raise LayoutError(
+            f"A cone-beam scan needs source_distance and detector_distance (m, from the "
+            f"rotation axis); {' and '.join(missing)} not given.",
+            "pass them with --attr source_distance=M --attr detector_distance=M "
+            "(attrs= in Python).")
+    for key in ("source_distance", "detector_distance"):
+        if key in geometry and (isinstance(geometry[key], bool)
+                                or not isinstance(geometry[key], int | float)):
+            raise LayoutError(f"{key}={geometry[key]!r} is not a length.",
+                              f"pass --attr {key}= a number of metres.")
+    darks = darks or DXCHANGE["darks"]
+    ds = read_beamline_hdf5(
+        source, data=dataset or DXCHANGE["data"], flats=flats or DXCHANGE["flats"],
+        darks=None if darks.lower() == "none" else darks, angles=angles or DXCHANGE["angles"],
+        angles_unit=unit, geometry=geometry.pop("geometry", kind),
+        attrs=given, frames_per_chunk=frames_per_chunk, **geometry,
+    )
+    return ds, validate(ds, "projections")
+
+
+def memory_model(ds: xr.Dataset) -> list[TaskMemory]:
+    """The task of a beamline import: read a block of raw frames and normalise it.
+
+    Holds the raw block (its own dtype, ``raw_dtype``), its float32 copy and the float32
+    output, plus :data:`NORMALISE_SCRATCH_BLOCKS` float32 blocks of scratch.
+    """
+    data = ds["projections"].data
+    frames = max(data.chunks[0])
+    block = frames * math.prod(data.shape[1:])
+    raw = np.dtype(ds["projections"].attrs.get("raw_dtype", "float64")).itemsize
+    return [TaskMemory("read-and-normalise", tasks=len(data.chunks[0]),
+                       input_bytes=block * (raw + 4), output_bytes=block * 4,
+                       transient_bytes=NORMALISE_SCRATCH_BLOCKS * block * 4,
+                       read_bytes=block * raw, write_bytes=block * 4)]
 
 
 def _pixel(value: float | Sequence[float]) -> float | list[float]:
@@ -153,10 +262,25 @@ def _pixel(value: float | Sequence[float]) -> float | list[float]:
     return float(values[0]) if values.size == 1 else [float(v) for v in values]
 
 
+def _named(f: Any, name: str, role: str, path: Any, h5py: Any) -> Any:
+    """The dataset at ``name`` for ``role`` (data, flats, darks, angles), or a LayoutError
+    that lists the file's datasets and names the keyword (and CLI option) to fix."""
+    try:
+        return _dataset(f, name, path, h5py)
+    except LayoutError as err:
+        flag = "--dataset" if role == "data" else f"--{role}"
+        raise LayoutError(
+            f"The {role} of the scan: {err.problem}",
+            f"pass {role}= one of those internal paths (outcore convert --beamline: "
+            f"{flag} PATH)" + (", or darks=None (--darks none) for a scan without darks."
+                               if role == "darks" else "."),
+        ) from None
+
+
 def _average(f: Any, name: str, what: str, frame: tuple[int, ...], path: Any,
              h5py: Any) -> np.ndarray:
     """The mean frame (float64) of the flats or darks at ``name``, read a frame at a time."""
-    node = _dataset(f, name, path, h5py)
+    node = _named(f, name, what, path, h5py)
     if node.ndim == 2:
         node_frame, count = tuple(node.shape), 1
     elif node.ndim == 3:
