@@ -109,3 +109,17 @@ def test_mpi_ptycho_simulate_preprocess_reconstruct_run_on_every_rank(tmp_path):
     summary = load_summary(tmp_path / "runs" / "r")
     assert summary["status"] == "success" and len(summary["cluster"]["workers"]) == 2
     assert summary["metrics"]["iterations_run"] == 4
+
+
+@pytest.mark.gpu
+def test_mpi_gpu_ranks_run_dask_cuda_workers_on_their_own_gpu(tmp_path):
+    """On a GPU machine (gpu extra installed): worker ranks pin a GPU each and run
+    dask-cuda's CUDAWorker; the run records the GPU of every worker."""
+    common = ["--cluster", "mpi", "--interface", "lo", "--no-progress", "--backend", "cupy",
+              "--device-memory-limit", "4GiB", "--output-dir", str(tmp_path / "runs")]
+    codes, _ = _mpirun(tmp_path, ["ptycho", "simulate", "--output", str(tmp_path / "s.zarr"),
+                                  "--scan", "8", "8", "--detector", "32", "--name", "s",
+                                  *common], 240)
+    assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
+    summary = load_summary(tmp_path / "runs" / "s")
+    assert all(w["gpu_name"] for w in summary["cluster"]["workers"])

@@ -111,11 +111,12 @@ class ClusterOptions:
                         f"--{name.replace('_', '-')} {value!r} is not a size.",
                         "write it like 4GiB, 500MB or a number of bytes.",
                     ) from err
-        if self.device_memory_limit is not None and kind != "cuda":
+        if self.device_memory_limit is not None and kind not in ("cuda", "mpi"):
             raise ClusterError(
                 f"--device-memory-limit does not apply to the {kind!r} cluster: only dask-cuda"
-                " workers (--cluster cuda) spill device memory to the host.",
-                "drop --device-memory-limit, or use --cluster cuda.",
+                " workers (--cluster cuda, or --cluster mpi on GPU ranks) spill device memory"
+                " to the host.",
+                "drop --device-memory-limit, or use --cluster cuda or mpi.",
             )
         if self.interface is not None and kind != "mpi":
             raise ClusterError(
@@ -350,7 +351,10 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
     memory_limit = opts.memory_limit if opts.memory_limit is not None else "auto"
     if opts.tls:  # dask-mpi builds its scheduler and workers from dask's config
         dask.config.set(_tls_config(opts))
+    worker_class, worker_options = mpi_worker_class(opts)
     is_client = dask_mpi.initialize(
+        worker_class=worker_class,
+        worker_options=worker_options,
         protocol="tls" if opts.tls else None,
         interface=opts.interface,
         nthreads=opts.threads_per_worker,
@@ -371,6 +375,22 @@ def _start_mpi(opts: ClusterOptions) -> distributed.Client:
         comm.Abort(1)
         raise
     return client
+
+
+def mpi_worker_class(opts: ClusterOptions) -> tuple[str, dict[str, Any]]:
+    """The worker class of this MPI rank and its options: dask-cuda's ``CUDAWorker`` (one per
+    GPU, with ``--device-memory-limit``) when the rank sees a GPU and dask-cuda imports,
+    else a plain ``distributed.Worker``. Call it after the GPU pinning."""
+    import importlib.util
+
+    if backend.devices() and importlib.util.find_spec("dask_cuda") is not None:
+        options = {"device_memory_limit": opts.device_memory_limit} \
+            if opts.device_memory_limit is not None else {}
+        return "dask_cuda.CUDAWorker", options
+    if opts.device_memory_limit is not None and _mpi_comm().Get_rank() > MPI_CLIENT_RANK:
+        log.warning("--device-memory-limit is ignored on MPI rank %d: it sees no GPU (or "
+                    "dask-cuda is not installed)", _mpi_comm().Get_rank())
+    return "distributed.Worker", {}
 
 
 def _tls_config(opts: ClusterOptions) -> dict[str, Any]:
