@@ -95,6 +95,25 @@ def test_fit_dipoles_grid_from_python(tmp_path):
     assert summary["inputs"][0]["path"] == str(store.resolve())
 
 
+def test_tomo_reconstruct_grid_on_a_synthetic_scan(tmp_path):
+    code = outcore_tune(["tomo", "reconstruct", "--shape", "16", "16", "16", "--views", "24",
+                         "--chunk-size", "8", "24", "--workers", "1", "2", "--cluster",
+                         "threads", "--warmup-rounds", "0", "--measure-rounds", "1",
+                         "--output-dir", str(tmp_path), "--name", "t", "--no-progress"])
+    assert code == 0
+    run = tmp_path / "t"
+    assert [p.name for p in tmp_path.iterdir()] == ["t"]  # the synthetic scan is removed
+    ds = xr.open_zarr(run / "tune.zarr", consolidated=False).load()
+    assert ds.attrs["verb"] == "tomo reconstruct" and ds.attrs["units"] == "GUPS"
+    assert ds["chunk"].values.tolist() == [8, 24] and ds["fits"].all()
+    np.testing.assert_allclose(ds["throughput"] * ds["median_s"], 16**3 * 24 / 1e9)
+    assert (ds["efficiency"].sel(workers=1) == 1.0).all()
+    summary = load_summary(run)
+    assert summary["status"] == "success" and summary["config"]["chunk_option"] == \
+        "views_per_block"
+    assert summary["config"]["verb_config"]["method"] == "fbp"
+
+
 @pytest.fixture
 def no_cluster(monkeypatch):
     def refuse(*args, **kwargs):
@@ -114,4 +133,9 @@ def test_refusals_come_before_anything_starts(tmp_path, no_cluster):
         outcore_tune(["fit-dipoles", "--input", str(tmp_path / "missing.zarr"), *grid])
     with pytest.raises(OutcoreError, match="--workers"):
         outcore_tune(["demo", "--chunk-size", "2", "--workers", "0", "1"])
+    with pytest.raises(OutcoreError, match="FBP round"):
+        outcore_tune(["tomo", "reconstruct", "--method", "cgls", *grid])
+    with pytest.raises(OutcoreError, match="--shape makes the synthetic scan"):
+        outcore_tune(["tomo reconstruct", "--input", str(tmp_path / "p.zarr"), "--shape", "8",
+                      "8", "8", *grid])
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]

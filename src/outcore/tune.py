@@ -46,7 +46,8 @@ class Tunable:
     of one round, in ``work_units``; throughput is work / median seconds, in ``units``.
     ``build(verb, args, backend, scratch)`` makes the job of one point (default: the verb's
     own ``make_job``); ``stage(args, scratch)`` writes what ``measure`` reads, inside the
-    cluster, before the clock starts.
+    cluster, before the clock starts. ``arguments(parser)`` adds or changes options of
+    ``outcore tune VERB`` (after the verb's own).
     """
 
     option: str
@@ -55,6 +56,7 @@ class Tunable:
     work: Callable[[argparse.Namespace], float]
     build: Callable[[cli.Verb, argparse.Namespace, str, Path], Job] | None = None
     stage: Callable[[argparse.Namespace, Path], None] | None = None
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
 
 def _demo_stack(args: argparse.Namespace, scratch: Path) -> Path:
@@ -94,10 +96,96 @@ def _catalog_candidates(args: argparse.Namespace) -> float:
     return float(open_catalog(args.input).sizes["candidate"])
 
 
+#: The synthetic scan ``tune "tomo reconstruct"`` makes without ``--input``: options and
+#: defaults (those of ``outcore tomo simulate``).
+TOMO_SCAN = {"shape": (128, 128, 128), "views": 180, "geometry": "parallel",
+             "phantom": "shepp-logan"}
+
+
+def _tomo_arguments(p: argparse.ArgumentParser) -> None:
+    """``--input`` becomes optional: without it, a synthetic scan is reconstructed."""
+    p.add_argument("--input", default=None,
+                   help="projections store (.zarr); default: a synthetic scan of --shape,"
+                        " --views, --geometry and --phantom, written once into the scratch"
+                        " directory before the first cluster starts")
+    g = p.add_argument_group("synthetic scan (without --input)")
+    shape = " ".join(map(str, TOMO_SCAN["shape"]))
+    g.add_argument("--shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
+                   help=f"volume shape in voxels (default {shape})")
+    g.add_argument("--views", type=int, default=None,
+                   help=f"views of the scan (default {TOMO_SCAN['views']})")
+    g.add_argument("--geometry", default=None, metavar="{parallel,cone}",
+                   help=f"default {TOMO_SCAN['geometry']}")
+    g.add_argument("--phantom", default=None, metavar="{shepp-logan,ball}",
+                   help=f"default {TOMO_SCAN['phantom']}")
+
+
+def _tomo_synthetic(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The synthetic scan's options, or None with ``--input`` (refusing a mix of both)."""
+    given = [k for k in TOMO_SCAN if getattr(args, k, None) is not None]
+    if args.input is not None:
+        if given:
+            raise OutcoreError(f"--{given[0]} makes the synthetic scan; it does not apply with"
+                               " --input.", f"drop --{given[0]}, or drop --input.")
+        return None
+    return {k: getattr(args, k) if getattr(args, k) is not None else v
+            for k, v in TOMO_SCAN.items()}
+
+
+def _tomo_build(verb: cli.Verb, args: argparse.Namespace, backend_name: str,
+                scratch: Path) -> Job:
+    """The reconstruction's job (fbp only: its round is the FBP), on ``--input`` or on the
+    synthetic scan, which is written into ``scratch`` here, once, with this process's dask
+    scheduler (before any cluster starts)."""
+    from outcore import io
+    from outcore.tomo import cli as tomo
+
+    if args.method != "fbp":
+        raise OutcoreError(f"tune times the FBP round of tomo reconstruct, not --method"
+                           f" {args.method}.", "use --method fbp (the default).")
+    scan = _tomo_synthetic(args)
+    if scan is None:
+        return verb.make_job(args, backend_name)
+    shape = tomo._shape(scan["shape"], "--shape")
+    if scan["views"] < 1:
+        raise OutcoreError(f"--views {scan['views']} must be at least 1.",
+                           "give the number of views.")
+    kind = tomo._choice(scan["geometry"], tomo.KINDS, "--geometry")
+    phantom = tomo._choice(scan["phantom"], tomo.PHANTOMS, "--phantom")
+    store = scratch / f"scan-{kind}-{phantom}-{'x'.join(map(str, shape))}-{scan['views']}.zarr"
+    if not store.exists():
+        geometry = tomo.scan_for(kind, shape, scan["views"], tomo.DEFAULT_VOXEL_M)
+        projector = tomo.Projector(geometry, shape, "views")
+        volume = tomo.make_phantom(phantom, shape, tomo.DEFAULT_VOXEL_M, projector.slab)
+        io.save(tomo.projections_dataset(projector.project(volume), geometry, shape, phantom),
+                store, layout="projections")
+    return verb.make_job(argparse.Namespace(**{**vars(args), "input": str(store)}),
+                         backend_name)
+
+
+def _tomo_gigaviews(args: argparse.Namespace) -> float:
+    """Voxel-views (1e9) of one FBP round: the volume's voxels times the scan's views."""
+    from outcore import io
+    from outcore.tomo import cli as tomo
+    from outcore.tomo.geometry import Geometry
+
+    scan = _tomo_synthetic(args)
+    if scan is not None:
+        shape, views = (args.volume_shape or scan["shape"]), scan["views"]
+    else:
+        ds = io.open(args.input, layout="projections")
+        geometry = Geometry.from_attrs(ds)
+        shape = args.volume_shape or tomo.default_volume_shape(ds, geometry)
+        views = geometry.n_views
+    return math.prod(shape) * views / 1e9
+
+
 #: The verbs ``tune`` knows, and how it drives each.
 TUNABLE: dict[str, Tunable] = {
     "demo": Tunable("chunk_rows", "GB/s", "GB", _demo_gigabytes, _demo_build, _demo_stage),
     "fit-dipoles": Tunable("chunk_size", "fits/s", "fits", _catalog_candidates),
+    "tomo reconstruct": Tunable("views_per_block", "GUPS", "G voxel-views", _tomo_gigaviews,
+                                _tomo_build, arguments=_tomo_arguments),
 }
 
 
@@ -110,7 +198,8 @@ def register(subparsers: argparse._SubParsersAction, verbs: dict[str, cli.Verb])
         "tune", help="time a command over chunk sizes and worker counts",
         description="Time VERB over --chunk-size values and --workers counts; see"
                     " `outcore tune VERB -h` for every option and docs/tune.md.")
-    p.add_argument("verb", help=f"the command to tune: {', '.join(TUNABLE)}")
+    p.add_argument("verb", help=f"the command to tune: {', '.join(TUNABLE)} (a two-word"
+                                " command in quotes or as two words)")
     p.add_argument("rest", nargs=argparse.REMAINDER,
                    help="--chunk-size ..., --workers ..., the verb's own and common options")
 
@@ -118,7 +207,7 @@ def register(subparsers: argparse._SubParsersAction, verbs: dict[str, cli.Verb])
 def run_cli(args: argparse.Namespace, verbs: dict[str, cli.Verb]) -> int:
     """Run ``outcore tune`` from the parsed ``register`` arguments; print the best point."""
     verb_args = parse([args.verb, *args.rest], verbs)
-    _, summary = run_tune(verb_args, verbs[args.verb])
+    _, summary = run_tune(verb_args, verbs[verb_args.verb])
     cli.print_summary(summary)
     return 0
 
@@ -129,6 +218,8 @@ def tune_parser(verb: cli.Verb) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"outcore tune {verb.name}", conflict_handler="resolve",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     verb.add_arguments(p)
+    if spec.arguments is not None:
+        spec.arguments(p)
     cli.add_common_options(p, {**(verb.defaults or {}), **DEFAULT_ROUNDS})
     g = p.add_argument_group("tuning grid")
     g.add_argument("--chunk-size", dest="chunks", type=int, nargs="+", required=True,
@@ -141,6 +232,8 @@ def tune_parser(verb: cli.Verb) -> argparse.ArgumentParser:
 def parse(argv: Sequence[str], verbs: dict[str, cli.Verb]) -> argparse.Namespace:
     """Parse ``VERB [options]``; refuse a verb that cannot be tuned, naming those that can."""
     name = argv[0] if argv else ""
+    if name not in TUNABLE and len(argv) > 1 and f"{name} {argv[1]}" in TUNABLE:
+        name, argv = f"{name} {argv[1]}", [name, *argv[2:]]  # tomo reconstruct, unquoted
     if name not in TUNABLE or name not in verbs:
         tunable = ", ".join(n for n in TUNABLE if n in verbs)
         raise OutcoreError(f"{name!r} cannot be tuned: tune knows the chunk option of"
@@ -247,30 +340,31 @@ def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict
     run_path = refuse_existing(
         Path(settings.output_dir) / (settings.name or runner.default_run_name("tune")))
     grid = _Grid(args, TUNABLE[verb.name], settings, backend.resolve(settings.backend),
-                 run_path / "scratch")
-    for chunk in sorted(args.chunks):
-        grid.jobs[chunk] = _build(grid, verb, chunk)
-    work = grid.spec.work(args)
-    first = next(iter(grid.jobs.values()))
-    run = Run.create(run_path.parent, run_path.name, "tune", _config(grid, first))
+                 run_path.with_name(f".{run_path.name}.scratch"))
     try:
-        for path in first.inputs:
-            run.add_input(path)
-        points = []
+        for chunk in sorted(args.chunks):
+            grid.jobs[chunk] = _build(grid, verb, chunk)
+        work = grid.spec.work(args)
+        first = next(iter(grid.jobs.values()))
+        run = Run.create(run_path.parent, run_path.name, "tune", _config(grid, first))
         try:
+            for path in first.inputs:
+                run.add_input(path)
+            points = []
             for count in sorted(args.workers):
                 with run.timing(f"workers_{count}"):
                     points += _one_cluster(run, grid, count, work)
-        finally:
-            shutil.rmtree(grid.scratch, ignore_errors=True)
-        run.set("plan", [{"workers": p.workers, "chunk": p.chunk, **p.plan} for p in points])
-        ds = to_dataset(points, grid, work, verb.name)
-        ds.attrs["run_dir"] = str(run.path.resolve())
-        _write(run, ds, grid.spec)
-        return ds, run.finish()
-    except BaseException as err:
-        run.fail(err)
-        raise
+            run.set("plan", [{"workers": p.workers, "chunk": p.chunk, **p.plan}
+                             for p in points])
+            ds = to_dataset(points, grid, work, verb.name)
+            ds.attrs["run_dir"] = str(run.path.resolve())
+            _write(run, ds, grid.spec)
+            return ds, run.finish()
+        except BaseException as err:
+            run.fail(err)
+            raise
+    finally:
+        shutil.rmtree(grid.scratch, ignore_errors=True)
 
 
 def _build(grid: _Grid, verb: cli.Verb, chunk: int) -> Job:

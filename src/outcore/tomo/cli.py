@@ -41,7 +41,7 @@ from outcore.plan import Plan, TaskMemory
 from outcore.runner import Job, Resources, compute
 from outcore.runs import SUMMARY, Run, load_summary
 from outcore.tomo.geometry import KINDS, Geometry, scan_for
-from outcore.tomo.memory import suggest_blocks
+from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, suggest_blocks
 from outcore.tomo.phantom import ball, shepp_logan
 from outcore.tomo.projector import Projector
 from outcore.tomo.solvers import STATE, WINDOWS, cgls, fbp, padded, sirt
@@ -223,7 +223,8 @@ def _plan(projector: Projector, method: str, resources: Resources, limit: int | 
           store_chunks: tuple[int, int] = (0, 0)) -> Plan:
     return Plan(stages(projector, method, store_chunks), resources.workers,
                 resources.threads_per_worker,
-                limit if limit is not None else resources.memory_limit)
+                limit if limit is not None else resources.memory_limit,
+                baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
 
 
 def _record_blocks(config: dict, projector: Projector) -> None:

@@ -31,7 +31,14 @@ from outcore import backend as backends
 from outcore.plan import Plan, TaskMemory
 from outcore.tomo import kernels
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.memory import Range, blocks, memory_model, overlap, suggest_blocks
+from outcore.tomo.memory import (
+    TOMO_WORKER_BASELINE_BYTES,
+    Range,
+    blocks,
+    memory_model,
+    overlap,
+    suggest_blocks,
+)
 
 Partition = Literal["views", "space"]
 
@@ -43,7 +50,9 @@ class Projector:
     ``slab`` fix the blocks; when either is None, ``suggest_blocks`` picks it for
     ``memory_limit`` (bytes per worker or a string such as ``"2 GiB"``, default 2 GiB).
     ``split_every`` partial results are summed per task. ``backend`` (numpy, cupy, auto)
-    runs the kernels on the host or the GPU.
+    runs the kernels on the host or the GPU. With ``numpy`` the CPU kernels are compiled (or
+    loaded from numba's cache) here (``kernels.warm``), so that workers load them from the
+    cache instead of compiling them, which would cost each worker 60-85 MiB.
     """
 
     def __init__(self, geometry: Geometry, volume_shape: Sequence[int],
@@ -70,6 +79,8 @@ class Projector:
         self.views_per_block = min(int(views_per_block), geometry.n_views)
         self.slab = min(int(slab), shape[0])
         self.blocks = blocks(geometry, shape, partition, self.views_per_block, self.slab)
+        if self.backend == "numpy":  # compile here once, so workers load from numba's cache
+            kernels.warm()
 
     @property
     def projection_shape(self) -> tuple[int, int, int]:
@@ -185,7 +196,7 @@ class Projector:
              memory_limit: int | str | None = None) -> Plan:
         """The ``outcore.plan.Plan`` of a projection and a backprojection on these workers."""
         return Plan(self.memory(), workers=workers, threads_per_worker=threads_per_worker,
-                    memory_limit=memory_limit)
+                    memory_limit=memory_limit, baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
 
     def __dask_tokenize__(self) -> tuple:
         g = self.geometry
