@@ -114,6 +114,19 @@ def test_tomo_reconstruct_grid_on_a_synthetic_scan(tmp_path):
     assert summary["config"]["verb_config"]["method"] == "fbp"
 
 
+def test_ptycho_reconstruct_grid_of_sub_batches(tmp_path):
+    from outcore.ptycho import preprocess, save_preprocessed, simulate_stack
+
+    stack, _ = simulate_stack((6, 6), detector=32, step=5, jitter=1).save(tmp_path / "s.zarr")
+    pre = save_preprocessed(preprocess(outcore.open(stack)), tmp_path / "p.zarr")
+    ds = tune.tune("ptycho reconstruct", [4, 36], [1, 2], input=str(pre), iterations=2,
+                   batch_size=12, cluster="threads", warmup_rounds=0, measure_rounds=1,
+                   output_dir=tmp_path / "runs", name="p", no_progress=True)
+    assert ds.attrs["units"] == "patterns/s" and ds["fits"].all()
+    np.testing.assert_allclose(ds["throughput"] * ds["median_s"], 36 * 2)
+    assert load_summary(tmp_path / "runs" / "p")["config"]["chunk_option"] == "sub_batch"
+
+
 @pytest.fixture
 def no_cluster(monkeypatch):
     def refuse(*args, **kwargs):

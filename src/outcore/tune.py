@@ -180,12 +180,21 @@ def _tomo_gigaviews(args: argparse.Namespace) -> float:
     return math.prod(shape) * views / 1e9
 
 
+def _ptycho_patterns(args: argparse.Namespace) -> float:
+    """Pattern-iterations of one reconstruction round: positions times iterations."""
+    from outcore.ptycho import open_preprocessed
+
+    return float(open_preprocessed(args.input).sizes["position"] * args.iterations)
+
+
 #: The verbs ``tune`` knows, and how it drives each.
 TUNABLE: dict[str, Tunable] = {
     "demo": Tunable("chunk_rows", "GB/s", "GB", _demo_gigabytes, _demo_build, _demo_stage),
     "fit-dipoles": Tunable("chunk_size", "fits/s", "fits", _catalog_candidates),
     "tomo reconstruct": Tunable("views_per_block", "GUPS", "G voxel-views", _tomo_gigaviews,
                                 _tomo_build, arguments=_tomo_arguments),
+    "ptycho reconstruct": Tunable("sub_batch", "patterns/s", "pattern-iterations",
+                                  _ptycho_patterns),
 }
 
 

@@ -186,6 +186,12 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             metrics["object_error"] = truth_error(recon, truth, ds)
         run.metric(**metrics)
 
+    def measure(client: distributed.Client) -> None:
+        """The iterations alone, from the starting state, nothing written (``outcore tune``)."""
+        engine.run(client, args.input, ds["top_left"].values, obj, probe,
+                   dataclasses.replace(settings, iterations=settings.iterations - done),
+                   backend=backend_name, chunk=position_chunk(ds))
+
     return Job(
         command="ptycho reconstruct",
         config={"input": str(Path(args.input).resolve()), "settings": dataclasses.asdict(settings),
@@ -195,6 +201,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         plan=lambda resources: _plan(ds, settings, resources),
         execute=execute,
         inputs=[args.input],
+        measure=measure,
     )
 
 
