@@ -15,6 +15,7 @@ SMALL = {
     "bench_read.py": ["--gib", "0.5", "--runs", "3"],
     "bench_fit.py": [],
     "bench_tomo.py": [],
+    "bench_ptycho.py": ["--scan", "16", "--iterations", "3", "--quantem-ranks", "0"],
 }
 
 

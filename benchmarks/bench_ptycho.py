@@ -1,0 +1,488 @@
+"""Benchmark: seconds per ptychography iteration, outcore's engine in each residency vs quantEM.
+
+Prints one JSON line per tool and case (DESIGN.md, "Benchmark lines"), then one summary line
+per comparison. One simulated stack (a raster of ``--scan`` x ``--scan`` positions, ``--step``
+object pixels apart, ``--k`` x ``--k`` patterns of a smooth complex object seen through a
+defocused aperture probe, straight from the far-field model, noise-free) is reconstructed by
+
+- ``outcore``: ``outcore.ptycho.engine.run`` on a local cluster of 1 and 2 worker processes
+  (one thread each, ``--workers``), once per residency (``--residency``: ``device`` keeps each
+  shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
+  ``disk`` reads each sub-batch from the zarr store, the next one in a thread), each case on
+  a fresh cluster so that its peak worker memory is its own. The stack lies in a zarr store
+  in a temporary folder, uncompressed, ``--chunk`` positions per chunk (64: what
+  ``outcore ptycho preprocess`` writes); its pages stay in the page cache unless
+  ``--disk-cold`` drops them after every iteration. On the numpy backend ``device`` and
+  ``host`` both hold the amplitudes in the worker's memory and cut each sub-batch out with the
+  same copy, so their difference here is only that of ``host``'s prefetch thread.
+  ``--worker-malloc``: each case runs on workers with dask's ``pre-spawn-environ`` as it is
+  (``dask``: ``MALLOC_TRIM_THRESHOLD_=65536``, what outcore's clusters get today), and again
+  with glibc's trim and mmap thresholds at 64 MiB (``heap``): dask's setting turns off glibc's
+  adaptive mmap threshold, so every temporary over 128 KiB of the kernels is a fresh
+  ``mmap`` with its page faults, which about doubles the kernels' time;
+- ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop over
+  ``outcore.ptycho.kernels`` in this process, no cluster: the compute the engine schedules,
+  so that ``engine 1 worker - kernels`` is the engine's own cost (tasks, transfers, the
+  gather of the state after each iteration); ``engine_overhead_s_per_step`` spreads it over
+  the steps;
+- ``quantem``: quantEM's ``Ptychography`` (single slice, far field, pixelated object and probe,
+  amplitude L2 loss) on the same patterns, positions, probe guess and batch size, through
+  ``benchmarks/peers/quantem_runner.py`` in its own venv (``make_quantem_venv.sh``), with
+  ``torch.set_num_threads`` 1 and 2 (``--quantem-threads``), in its analytic-gradient mode
+  (``gd``: ePIE-normalised gradient, SGD) and its autograd mode with Adam (``adam``), and
+  its multi-process mode (``--quantem-ranks 2``, the default: ``device=[0, 1]``, 2 ranks over
+  gloo, one thread each, autograd and Adam only), whose iterations are timed inside rank 0 and
+  whose ``fixed_s_per_call`` (process start, rendezvous, state in and out) is reported apart.
+  torch's threads are OpenMP's, whose default wait policy spins: with 2 threads on this
+  shared machine that costs several times the work, so the 2-thread cases run again with
+  ``OMP_WAIT_POLICY=PASSIVE`` (``--quantem-omp``; ``case.omp_wait_policy``). Without the
+  venv its line says so (``"value": null``, ``"skipped"``).
+
+Every tool runs ``--iterations`` timed iterations after one warm-up iteration (shard loads,
+imports, first-touch allocations), on the same global batches of ``--batch`` positions
+(outcore's own permutation; quantEM's shuffle draws other batches of the same size).
+``value`` is the median seconds of one iteration (``walls_s``: each of them);
+``ms_per_pattern_per_iteration`` divides it by the positions; ``cpu_s_per_iteration`` is the
+mean CPU seconds of the tool's processes per iteration instead (outcore: its workers and this
+process, which holds the scheduler; quantEM's ranks: rank 0 only), steadier on this shared
+machine (``load_avg`` says how shared). ``peak_worker_bytes``: the largest worker's
+peak resident memory (the kernel's high-water mark, ``outcore.runner.peak_worker_rss``);
+quantEM's ``peak_rss_bytes``: its process and the ranks it spawned, sampled every 20 ms.
+
+The summary lines (``tool: "summary"``) give ``host`` and ``disk`` over ``device`` as a
+fraction of an iteration, outcore on one worker against quantEM's fastest one-thread mode,
+and outcore on 2 workers against quantEM's fastest case of any kind, each with its goal.
+
+    python benchmarks/bench_ptycho.py                     # 32 x 32 positions of 64 x 64
+    python benchmarks/bench_ptycho.py --scan 16 --iterations 3 --quantem-ranks 0  # make bench
+    python benchmarks/bench_ptycho.py --scan 64 --chunk 16 --disk-cold
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dask
+import numpy as np
+import psutil
+import zarr
+from common import line, machine
+
+import outcore
+from outcore import cluster
+from outcore.ptycho import engine, kernels
+from outcore.runner import peak_worker_rss
+from outcore.runs import versions
+
+BENCH = "ptycho"
+METRIC = "s_per_iteration"
+HERE = Path(__file__).resolve().parent
+PEERS = HERE / "peers"
+QUANTEM_PYTHON = PEERS / ".venv-quantem" / "bin" / "python"
+#: Goals of issue #5: host and disk residency over device, as a fraction of an iteration;
+#: outcore on one worker against quantEM on one thread, on 2 workers against quantEM's best.
+HOST_GOAL, DISK_GOAL, ONE_CORE_GOAL, TWO_WORKER_GOAL = 0.05, 0.15, 1.0, 1.7
+#: This process's environment at start: dask's nannies write their ``pre-spawn-environ``
+#: (``MALLOC_TRIM_THRESHOLD_``) into it, and neither later clusters nor the peer should see
+#: what an earlier cluster left there.
+START_ENVIRON = dict(os.environ)
+#: ``--worker-malloc heap``: glibc keeps freed memory up to this size in the heap and serves
+#: allocations under it from the heap (dask's default trim threshold of 64 KiB switches off
+#: glibc's adaptive mmap threshold, so every temporary over 128 KiB is a fresh mmap).
+HEAP_BYTES = 64 * 2**20
+#: When this run started (local time, to the second): every line of one run carries it.
+RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+# --- the stack ------------------------------------------------------------------------------
+
+
+@dataclass
+class Scan:
+    truth: np.ndarray  # (Ny, Nx) complex64
+    probe: np.ndarray  # (K, K) complex64, the true probe
+    guess: np.ndarray  # (K, K) complex64, the starting probe (from the mean pattern)
+    top_left: np.ndarray  # (n, 2) int64, row-major raster
+    amplitudes: np.ndarray  # (n, K, K) float32, zero frequency at K // 2
+    scan: int  # positions per side
+    step: int  # object pixels between neighbours
+
+
+def aperture_probe(k: int, radius: float, defocus: float) -> np.ndarray:
+    """A circular aperture of ``radius`` detector pixels with a quadratic (defocus) phase, as
+    the real-space (K, K) probe, peak 1."""
+    ky, kx = np.mgrid[:k, :k] - k // 2
+    pupil = (ky**2 + kx**2 < radius**2) * np.exp(1j * defocus * (ky**2 + kx**2))
+    probe = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(pupil)))
+    return (probe / np.abs(probe).max()).astype(np.complex64)
+
+
+def simulate(scan: int, k: int, step: int, block: int = 256) -> Scan:
+    """A raster of ``scan x scan`` positions over a smooth amplitude/phase object, patterns
+    from the far-field model (``kernels.intensities``), noise-free; the probe guess keeps the
+    mean pattern's amplitude with a defocus phase, as a starting probe is made from data."""
+    size = (scan - 1) * step + k
+    yy, xx = np.mgrid[:size, :size]
+    truth = ((0.7 + 0.3 * np.cos(xx / 5.0) * np.sin(yy / 7.0))
+             * np.exp(0.8j * np.sin(xx / 9.0 + yy / 13.0))).astype(np.complex64)
+    probe = aperture_probe(k, k / 4, 0.02 * np.pi)
+    rows, cols = np.meshgrid(np.arange(scan) * step, np.arange(scan) * step, indexing="ij")
+    top_left = np.stack([rows.ravel(), cols.ravel()], axis=1).astype(np.int64)
+    amplitudes = np.empty((len(top_left), k, k), np.float32)
+    for lo in range(0, len(top_left), block):  # bounded scratch for big scans
+        amplitudes[lo:lo + block] = np.sqrt(kernels.intensities(truth, probe,
+                                                                top_left[lo:lo + block]))
+    ky, kx = np.mgrid[:k, :k] - k // 2
+    pupil = np.sqrt((amplitudes.astype(np.float64)**2).mean(axis=0)) \
+        * np.exp(0.02j * np.pi * (ky**2 + kx**2))
+    guess = np.fft.fftshift(np.fft.ifft2(np.fft.ifftshift(pupil), norm="ortho"))
+    return Scan(truth, probe, guess.astype(np.complex64), top_left, amplitudes, scan, step)
+
+
+def write_store(scan: Scan, path: Path, chunk: int, compression: str) -> Path:
+    """The amplitudes as the zarr v3 array ``amplitudes`` of the group ``path``."""
+    from zarr.codecs import BloscCodec
+
+    compressors = None if compression == "none" else \
+        (BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),)
+    group = zarr.open_group(path, mode="w-", zarr_format=3)
+    array = group.create_array("amplitudes", shape=scan.amplitudes.shape,
+                               chunks=(chunk, *scan.amplitudes.shape[1:]), dtype="float32",
+                               compressors=compressors)
+    array[:] = scan.amplitudes
+    return path
+
+
+def drop_page_cache(path: Path) -> None:
+    """Ask the kernel to forget the cached pages of every file under ``path``."""
+    for file in path.rglob("*"):
+        if file.is_file():
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+# --- outcore ---------------------------------------------------------------------------------
+
+
+def settings_of(args: argparse.Namespace, residency: str) -> engine.Settings:
+    # the probe is updated from the first iteration on, so that every iteration costs the same
+    return engine.Settings(iterations=1 + args.iterations, batch_size=args.batch,
+                           residency=residency, sub_batch=args.sub_batch, probe_start=0,
+                           seed=args.seed)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def steps_per_iteration(n: int, batch: int | None) -> int:
+    return 1 if batch is None else -(-n // batch)
+
+
+def case_of(args: argparse.Namespace, n: int, **more) -> dict:
+    return {"n": n, "k": args.k, "scan": args.scan, "step": args.step, "batch": args.batch,
+            **more}
+
+
+def emit(tool: str, case: dict, walls: list[float], n: int, cpu: list[float] | None = None,
+         **extra) -> dict:
+    """One s-per-iteration line; ``cpu`` holds the CPU seconds of each timed iteration."""
+    median = statistics.median(walls)
+    more: dict = {"ms_per_pattern_per_iteration": round(1e3 * median / n, 5)}
+    if cpu:  # the mean: psutil counts CPU time in 10 ms ticks, too coarse for a median
+        more["cpu_s_per_iteration"] = round(statistics.fmean(cpu), 5)
+        more["cpu_ms_per_pattern_per_iteration"] = round(1e3 * statistics.fmean(cpu) / n, 5)
+    return line(BENCH, tool, case, METRIC, median, walls, **more, **extra,
+                walls_s=[round(w, 4) for w in walls],
+                load_avg=[round(x, 2) for x in os.getloadavg()], run=RUN)
+
+
+@contextmanager
+def worker_malloc(variant: str) -> Iterator[None]:
+    """The workers' glibc settings: ``dask``, dask's ``pre-spawn-environ`` as it is (what
+    outcore's clusters get); ``heap``, with trim and mmap thresholds of ``HEAP_BYTES``."""
+    os.environ.clear()
+    os.environ.update(START_ENVIRON)
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    if variant == "heap":
+        environ.update(MALLOC_TRIM_THRESHOLD_=HEAP_BYTES, MALLOC_MMAP_THRESHOLD_=HEAP_BYTES)
+    try:
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+            yield
+    finally:
+        os.environ.clear()
+        os.environ.update(START_ENVIRON)
+
+
+def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: int,
+                  residency: str, malloc: str) -> dict:
+    n = len(scan.top_left)
+    settings = settings_of(args, residency)
+    with (worker_malloc(malloc),
+          cluster.connect("local", workers=workers, memory_limit=args.memory_limit) as client):
+        pids = [os.getpid(), *client.run(os.getpid).values()]
+        marks: list[tuple[float, float, float]] = []  # (reached, callback done, CPU seconds)
+        losses: list[float] = []
+        cold = args.disk_cold and residency == "disk"
+
+        def on_iteration(iteration: int, loss: float, state: engine.State) -> None:
+            reached = time.perf_counter()
+            cpu = cpu_seconds(pids)
+            losses.append(loss)
+            if cold:
+                drop_page_cache(store)
+            marks.append((reached, time.perf_counter(), cpu))
+
+        if cold:
+            drop_page_cache(store)
+        start = time.perf_counter()
+        engine.run(client, store, scan.top_left, np.ones(scan.truth.shape, np.complex64),
+                   scan.guess, settings, chunk=args.chunk, on_iteration=on_iteration)
+        peaks = peak_worker_rss(client)
+    # iteration i runs from the end of callback i - 1 to callback i; the first is the warm-up
+    walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
+    cpu = [marks[i][2] - marks[i - 1][2] for i in range(1, len(marks))]
+    return emit("outcore", case_of(args, n, sub_batch=args.sub_batch, workers=workers,
+                                   residency=residency, chunk=args.chunk,
+                                   compression=args.compression, disk_cold=cold,
+                                   worker_malloc=malloc),
+                walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
+                steps_per_iteration=steps_per_iteration(n, args.batch),
+                peak_worker_bytes=max(peaks.values()),
+                loss_first_last=[losses[0], losses[-1]])
+
+
+def bench_kernels(args: argparse.Namespace, scan: Scan) -> dict:
+    """The engine's batches, sub-batches and updates as a plain loop in this process."""
+    n = len(scan.top_left)
+    settings = settings_of(args, "device")
+    obj, probe = np.ones(scan.truth.shape, np.complex64), scan.guess
+    walls, cpu, losses = [], [], []
+    for iteration in range(settings.iterations):
+        t0, c0 = time.perf_counter(), time.process_time()
+        total = 0.0
+        for batch in engine.batches(n, settings.batch_size, settings.seed, iteration):
+            terms = None
+            for lo in range(0, len(batch), settings.sub_batch):
+                piece = batch[lo:lo + settings.sub_batch]
+                part = kernels.batch_terms(obj, probe, scan.top_left[piece],
+                                           scan.amplitudes[piece])
+                terms = part if terms is None else terms + part
+            step_probe = settings.step_probe if iteration >= settings.probe_start else 0.0
+            obj, probe = kernels.update(obj, probe, terms, scan.top_left[batch],
+                                        step_obj=settings.step_object, step_probe=step_probe,
+                                        alpha=settings.alpha)
+            total += terms.loss
+        walls.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        losses.append(total)
+    return emit("outcore-kernels", case_of(args, n, sub_batch=args.sub_batch, workers=0,
+                                           residency="in-process"),
+                walls[1:], n, cpu[1:], warmup_s=round(walls[0], 4),
+                steps_per_iteration=steps_per_iteration(n, args.batch),
+                loss_first_last=[losses[0], losses[-1]])
+
+
+# --- quantEM ---------------------------------------------------------------------------------
+
+
+def quantem_skipped(args: argparse.Namespace, n: int, why: str) -> dict:
+    record = {"bench": BENCH, "tool": "quantem",
+              "case": case_of(args, n, threads=args.quantem_threads, modes=args.quantem_modes),
+              "metric": METRIC, "value": None, "skipped": why, "run": RUN, "machine": machine(),
+              "versions": {"outcore": outcore.__version__, **versions()}}
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def bench_quantem(args: argparse.Namespace, scan: Scan, work: Path) -> list[dict]:
+    n = len(scan.top_left)
+    python = Path(args.quantem_python)
+    if not python.exists():
+        return [quantem_skipped(args, n, f"no quantEM environment at {python}: run "
+                                         "benchmarks/peers/make_quantem_venv.sh")]
+    data = work / "quantem-input.npz"
+    np.savez(data, amplitudes=scan.amplitudes, top_left=scan.top_left, guess=scan.guess,
+             probe=scan.probe, truth=scan.truth, scan=np.array([scan.scan, scan.scan]),
+             step=np.array(scan.step))
+    records = []
+    for policy in args.quantem_omp:
+        # OpenMP's wait policy only matters with more than one thread
+        threads = args.quantem_threads if policy == "default" else \
+            [t for t in args.quantem_threads if t > 1]
+        ranks = args.quantem_ranks if policy == "default" else 0
+        if not threads:
+            continue
+        command = [str(python), str(PEERS / "quantem_runner.py"), str(data),
+                   "--batch", str(args.batch), "--iterations", str(args.iterations),
+                   "--threads", *map(str, threads), "--modes", *args.quantem_modes,
+                   "--ranks", str(ranks), "--seed", str(args.seed)]
+        env = dict(START_ENVIRON)
+        if policy == "passive":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env,
+                                  timeout=args.quantem_timeout)
+        except subprocess.TimeoutExpired:
+            records.append(quantem_skipped(args, n, f"timed out after {args.quantem_timeout} s"))
+            continue
+        for text in done.stdout.splitlines():
+            if text.startswith("{"):
+                record = json.loads(text)
+                record["case"] = {**case_of(args, n), **record["case"]}
+                record["machine"] = machine()
+                record["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+                record["run"] = RUN
+                print(json.dumps(record), flush=True)
+                records.append(record)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            why = "killed (out of memory?)" if done.returncode < 0 else f"exit {done.returncode}"
+            records.append(quantem_skipped(args, n,
+                                           f"quantem_runner {why}: {' | '.join(tail)}"))
+    return records
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def summary(name: str, case: dict, value: float | None, goal: str, met: bool | None,
+            **extra) -> None:
+    record = {"bench": BENCH, "tool": "summary", "case": {"comparison": name, **case},
+              "metric": name, "value": None if value is None else round(value, 4),
+              "goal": goal, "met": met, **extra, "run": RUN, "machine": machine(),
+              "versions": {"outcore": outcore.__version__, **versions()}}
+    print(json.dumps(record), flush=True)
+
+
+def summarise(outcore_lines: dict, kernels_line: dict | None, quantem: list[dict],
+              n_steps: int) -> None:
+    """``outcore_lines`` by (worker malloc, workers, residency)."""
+    timed = [r for r in quantem if r.get("value") is not None]
+    single = [r for r in timed if r["case"].get("threads") == 1 and r["case"].get("ranks") == 1]
+    for malloc in dict.fromkeys(m for m, _, _ in outcore_lines):
+        lines = {(w, r): v for (m, w, r), v in outcore_lines.items() if m == malloc}
+        for workers in sorted({w for w, _ in lines}):
+            device = lines.get((workers, "device"))
+            for residency, goal in (("host", HOST_GOAL), ("disk", DISK_GOAL)):
+                other = lines.get((workers, residency))
+                if device is None or other is None:
+                    continue
+                frac = other["value"] / device["value"] - 1
+                cpu_frac = other["cpu_s_per_iteration"] / device["cpu_s_per_iteration"] - 1
+                summary(f"{residency}_over_device", {"workers": workers, "worker_malloc": malloc},
+                        frac, f"< {goal:.0%} of an iteration", frac < goal,
+                        cpu_fraction=round(cpu_frac, 4),
+                        s_per_iteration={residency: other["value"], "device": device["value"]})
+        one = lines.get((1, "device"))
+        if one is not None and kernels_line is not None:
+            overhead = one["value"] - kernels_line["value"]
+            summary("engine_overhead_s_per_step",
+                    {"workers": 1, "residency": "device", "worker_malloc": malloc},
+                    overhead / n_steps, "informational", None,
+                    engine_s_per_iteration=one["value"],
+                    kernels_s_per_iteration=kernels_line["value"],
+                    overhead_fraction=round(overhead / one["value"], 4),
+                    cpu_overhead_s_per_step=round(
+                        (one["cpu_s_per_iteration"] - kernels_line["cpu_s_per_iteration"])
+                        / n_steps, 5))
+        if one is not None and single:
+            best = min(single, key=lambda r: r["value"])
+            ratio = best["value"] / one["value"]
+            summary("quantem_1thread_over_outcore_1worker",
+                    {"residency": "device", "worker_malloc": malloc}, ratio,
+                    f">= {ONE_CORE_GOAL} (outcore at least as fast)", ratio >= ONE_CORE_GOAL,
+                    quantem_case=best["case"], quantem_s=best["value"], outcore_s=one["value"],
+                    cpu_ratio=round(best["cpu_s_per_iteration"] / one["cpu_s_per_iteration"],
+                                    4))
+        two = lines.get((2, "device"))
+        if two is not None and timed:
+            best = min(timed, key=lambda r: r["value"])
+            ratio = best["value"] / two["value"]
+            summary("quantem_best_over_outcore_2workers",
+                    {"residency": "device", "worker_malloc": malloc}, ratio,
+                    f">= {TWO_WORKER_GOAL}", ratio >= TWO_WORKER_GOAL,
+                    quantem_case=best["case"], quantem_s=best["value"], outcore_s=two["value"],
+                    quantem_fixed_s_per_call=best.get("fixed_s_per_call"))
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scan", type=int, default=32, help="positions per side of the raster")
+    parser.add_argument("--k", type=int, default=64, help="detector pixels per side")
+    parser.add_argument("--step", type=int, default=8, help="object pixels between positions")
+    parser.add_argument("--batch", type=int, default=128, help="positions per update (global)")
+    parser.add_argument("--sub-batch", type=int, default=64,
+                        help="positions an outcore shard computes at once")
+    parser.add_argument("--iterations", type=int, default=10,
+                        help="timed iterations (after one warm-up)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
+                        choices=engine.RESIDENCIES)
+    parser.add_argument("--memory-limit", default="2GiB", help="memory_limit of each worker")
+    parser.add_argument("--worker-malloc", nargs="+", choices=["dask", "heap"],
+                        default=["dask", "heap"],
+                        help="workers' glibc settings: dask's (as outcore runs today) and/or "
+                             "trim and mmap thresholds of 64 MiB")
+    parser.add_argument("--chunk", type=int, default=64, help="positions per zarr chunk")
+    parser.add_argument("--compression", choices=["none", "zstd"], default="none")
+    parser.add_argument("--disk-cold", action="store_true",
+                        help="drop the store's cached pages after every iteration (disk)")
+    parser.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the kernels in a plain loop too (the engine's floor)")
+    parser.add_argument("--quantem", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--quantem-python", default=str(QUANTEM_PYTHON))
+    parser.add_argument("--quantem-threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--quantem-modes", nargs="+", default=["gd", "adam"],
+                        choices=["gd", "adam"])
+    parser.add_argument("--quantem-ranks", type=int, default=2,
+                        help="also time quantEM's multi-process mode with this many ranks "
+                             "(0: not; each call costs 10-20 s of process start-up here)")
+    parser.add_argument("--quantem-omp", nargs="+", choices=["default", "passive"],
+                        default=["default", "passive"],
+                        help="OpenMP wait policy of quantEM's runs (passive: its cases with "
+                             "more than one thread again, with OMP_WAIT_POLICY=PASSIVE)")
+    parser.add_argument("--quantem-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of outcore's batch permutations and quantEM's rng")
+    args = parser.parse_args()
+
+    scan = simulate(args.scan, args.k, args.step)
+    n = len(scan.top_left)
+    args.batch = min(args.batch, n)  # a small scan: one batch of every position
+    with tempfile.TemporaryDirectory(prefix="bench-ptycho-") as tmp:
+        work = Path(tmp)
+        store = write_store(scan, work / "scan.zarr", args.chunk, args.compression)
+        kernels_line = bench_kernels(args, scan) if args.kernels else None
+        outcore_lines = {}
+        for malloc in args.worker_malloc:
+            for workers in args.workers:
+                for residency in args.residency:
+                    outcore_lines[malloc, workers, residency] = bench_outcore(
+                        args, scan, store, workers, residency, malloc)
+        quantem = bench_quantem(args, scan, work) if args.quantem else []
+    summarise(outcore_lines, kernels_line, quantem, steps_per_iteration(n, args.batch))
+
+
+if __name__ == "__main__":
+    main()
