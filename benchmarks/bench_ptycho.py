@@ -15,11 +15,11 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   ``--disk-cold`` drops them after every iteration. On the numpy backend ``device`` and
   ``host`` both hold the amplitudes in the worker's memory and cut each sub-batch out with the
   same copy, so their difference here is only that of ``host``'s prefetch thread.
-  ``--worker-malloc``: each case runs on workers with dask's ``pre-spawn-environ`` as it is
-  (``dask``: ``MALLOC_TRIM_THRESHOLD_=65536``, what outcore's clusters get today), and again
-  with glibc's trim and mmap thresholds at 64 MiB (``heap``): dask's setting turns off glibc's
-  adaptive mmap threshold, so every temporary over 128 KiB of the kernels is a fresh
-  ``mmap`` with its page faults, which about doubles the kernels' time;
+  ``--worker-malloc``: each case runs on workers as outcore starts them (``outcore``: glibc's
+  trim and mmap thresholds at ``outcore.cluster.WORKER_MALLOC_BYTES``), and again with
+  dask's own ``pre-spawn-environ`` (``dask``: ``MALLOC_TRIM_THRESHOLD_=65536``, which turns
+  off glibc's adaptive mmap threshold, so every temporary over 128 KiB of the kernels is a
+  fresh ``mmap`` with its page faults, about doubling the kernels' time);
 - ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop over
   ``outcore.ptycho.kernels`` in this process, no cluster: the compute the engine schedules,
   so that ``engine 1 worker - kernels`` is the engine's own cost (tasks, transfers, the
@@ -96,10 +96,6 @@ HOST_GOAL, DISK_GOAL, ONE_CORE_GOAL, TWO_WORKER_GOAL = 0.05, 0.15, 1.0, 1.7
 #: (``MALLOC_TRIM_THRESHOLD_``) into it, and neither later clusters nor the peer should see
 #: what an earlier cluster left there.
 START_ENVIRON = dict(os.environ)
-#: ``--worker-malloc heap``: glibc keeps freed memory up to this size in the heap and serves
-#: allocations under it from the heap (dask's default trim threshold of 64 KiB switches off
-#: glibc's adaptive mmap threshold, so every temporary over 128 KiB is a fresh mmap).
-HEAP_BYTES = 64 * 2**20
 #: When this run started (local time, to the second): every line of one run carries it.
 RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -216,17 +212,18 @@ def emit(tool: str, case: dict, walls: list[float], n: int, cpu: list[float] | N
 
 @contextmanager
 def worker_malloc(variant: str) -> Iterator[None]:
-    """The workers' glibc settings: ``dask``, dask's ``pre-spawn-environ`` as it is (what
-    outcore's clusters get); ``heap``, with trim and mmap thresholds of ``HEAP_BYTES``."""
+    """The workers' glibc settings: ``outcore``, as ``outcore.cluster`` starts them;
+    ``dask``, dask's ``pre-spawn-environ`` as it is (outcore's setting switched off)."""
     os.environ.clear()
     os.environ.update(START_ENVIRON)
-    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
-    if variant == "heap":
-        environ.update(MALLOC_TRIM_THRESHOLD_=HEAP_BYTES, MALLOC_MMAP_THRESHOLD_=HEAP_BYTES)
+    original = cluster.worker_environ
+    if variant == "dask":
+        cluster.worker_environ = lambda: dict(
+            dask.config.get("distributed.nanny.pre-spawn-environ"))
     try:
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
-            yield
+        yield
     finally:
+        cluster.worker_environ = original
         os.environ.clear()
         os.environ.update(START_ENVIRON)
 
@@ -440,10 +437,10 @@ def main() -> None:
     parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
                         choices=engine.RESIDENCIES)
     parser.add_argument("--memory-limit", default="2GiB", help="memory_limit of each worker")
-    parser.add_argument("--worker-malloc", nargs="+", choices=["dask", "heap"],
-                        default=["dask", "heap"],
-                        help="workers' glibc settings: dask's (as outcore runs today) and/or "
-                             "trim and mmap thresholds of 64 MiB")
+    parser.add_argument("--worker-malloc", nargs="+", choices=["outcore", "dask"],
+                        default=["outcore", "dask"],
+                        help="workers' glibc settings: outcore's (trim and mmap thresholds "
+                             "of 16 MiB) and/or dask's own (trim threshold 64 KiB)")
     parser.add_argument("--chunk", type=int, default=64, help="positions per zarr chunk")
     parser.add_argument("--compression", choices=["none", "zstd"], default="none")
     parser.add_argument("--disk-cold", action="store_true",

@@ -3,12 +3,14 @@
 The positions are split into contiguous *shards*, one per worker, each loaded once by a task
 pinned to its worker (``residency``: ``device`` keeps the shard's amplitudes on the worker's
 device, ``host`` in its host memory and copies each sub-batch to the device, ``disk`` reads
-each sub-batch from the zarr store, the next one in a thread while the current one computes).
+each sub-batch from the zarr store (``frames``), the next one in a thread while the current
+one computes).
 
 Every iteration walks a seeded permutation of all positions in global batches of
 ``batch_size`` (the whole scan when None). One step is a graph of futures: each shard sums the
-loss and gradients of its part of the batch (``ptycho-terms``); one task adds the parts in
-shard order and applies the preconditioned update (``ptycho-step``). The
+loss and gradients of its part of the batch (``ptycho-terms``); on every shard's worker a
+task adds the parts in shard order and applies the preconditioned update to that worker's
+copy of the state (``ptycho-step``), so only the terms move between workers. The
 batches, the order of the sums and the float64 accumulation do not depend on the number of
 workers, so 1, 2 or N workers follow the same loss trajectory to rounding.
 
@@ -32,6 +34,7 @@ import numpy as np
 
 from outcore.backend import namespace, to_host
 from outcore.errors import OutcoreError
+from outcore.ptycho.frames import reader
 from outcore.ptycho.kernels import BatchTerms, batch_terms, update
 
 RESIDENCIES: tuple[str, ...] = ("device", "host", "disk")
@@ -120,13 +123,7 @@ class Shard:
         if self.amplitudes is not None:
             return self.amplitudes[xp.asarray(local)] if self.residency == "device" else \
                 xp.asarray(self.amplitudes[local])
-        selection = self._array().get_orthogonal_selection((local + self.start,))
-        return xp.asarray(selection)
-
-    def _array(self) -> Any:
-        import zarr
-
-        return zarr.open_array(Path(self.store) / self.variable, mode="r")
+        return xp.asarray(reader(str(Path(self.store) / self.variable)).read(local + self.start))
 
 
 def load_shard(store: str, variable: str, start: int, stop: int, top_left: np.ndarray,
@@ -252,41 +249,64 @@ def run(client: distributed.Client, store: str | Path, top_left: np.ndarray, obj
         history.append(host.loss)
         if on_iteration is not None:
             on_iteration(iteration, host.loss, host)
-    client.cancel([f for _, f in shards])
+    client.cancel([shard.future for shard in shards])
     return Result(host.obj, host.probe, np.asarray(history, np.float64))
 
 
+@dataclass(frozen=True)
+class ShardHandle:
+    """A shard's positions ``[start, stop)``, its future and the worker it is pinned to."""
+
+    start: int
+    stop: int
+    future: distributed.Future
+    worker: str
+
+    def select(self, batch: np.ndarray) -> np.ndarray:
+        """The batch's positions that this shard holds."""
+        return batch[(batch >= self.start) & (batch < self.stop)]
+
+
 def _load_shards(client: distributed.Client, store: str, variable: str, top_left: np.ndarray,
-                 settings: Settings, backend: str, chunk: int, tag: str
-                 ) -> list[tuple[tuple[int, int], distributed.Future]]:
+                 settings: Settings, backend: str, chunk: int, tag: str) -> list[ShardHandle]:
     """One shard per worker, pinned there (and reloaded elsewhere if that worker dies)."""
     workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     bounds = shard_bounds(len(top_left), len(workers), chunk)
-    return [((a, b), client.submit(load_shard, store, variable, a, b, top_left[a:b],
-                                   settings.residency, backend, key=f"ptycho-shard-{i}-{tag}",
-                                   workers=[workers[i]], allow_other_workers=True))
+    return [ShardHandle(a, b, client.submit(
+                load_shard, store, variable, a, b, top_left[a:b], settings.residency, backend,
+                key=f"ptycho-shard-{i}-{tag}", workers=[workers[i]], allow_other_workers=True),
+                workers[i])
             for i, (a, b) in enumerate(bounds)]
 
 
-def _iteration(client: distributed.Client, shards: list[tuple[tuple[int, int], Any]],
-               host: State, top_left: np.ndarray, settings: Settings, backend: str,
-               iteration: int, tag: str) -> State:
-    """Run one iteration from the host state; replay it if a worker dies on the way."""
+def _iteration(client: distributed.Client, shards: list[ShardHandle], host: State,
+               top_left: np.ndarray, settings: Settings, backend: str, iteration: int,
+               tag: str) -> State:
+    """Run one iteration from the host state; replay it if a worker dies on the way.
+
+    Every shard's worker keeps its own copy of the state and applies each update itself from
+    all shards' terms (added in shard order), so no state moves between workers during an
+    iteration: the copies are the same because their inputs and operations are.
+    """
     for attempt in range(ITERATION_RETRIES + 1):
         try:
             start = client.scatter(host, hash=False)
-            state = client.submit(state_to_backend, start, backend,
-                                  key=f"ptycho-state-{iteration}-{attempt}-{tag}")
+            states = [client.submit(state_to_backend, start, backend, workers=[shard.worker],
+                                    allow_other_workers=True,
+                                    key=f"ptycho-state-{iteration}-{attempt}-{i}-{tag}")
+                      for i, shard in enumerate(shards)]
             for step, batch in enumerate(batches(len(top_left), settings.batch_size,
                                                  settings.seed, iteration)):
                 key = f"{iteration}-{step}-{attempt}-{tag}"
-                parts = [client.submit(shard_terms, future, state, part, settings.sub_batch,
-                                       key=f"ptycho-terms-{key}-{i}")
-                         for i, ((a, b), future) in enumerate(shards)
-                         if len(part := batch[(batch >= a) & (batch < b)])]
-                state = client.submit(apply_step, state, top_left[batch], settings, iteration,
-                                      step == 0, *parts, key=f"ptycho-step-{key}")
-            return client.submit(state_to_host, state, key=f"ptycho-gather-{iteration}-"
+                parts = [client.submit(shard_terms, shard.future, states[i], part,
+                                       settings.sub_batch, key=f"ptycho-terms-{key}-{i}")
+                         for i, shard in enumerate(shards) if len(part := shard.select(batch))]
+                corners = top_left[batch]
+                states = [client.submit(apply_step, states[i], corners, settings, iteration,
+                                        step == 0, *parts, key=f"ptycho-step-{key}-{i}",
+                                        workers=[shard.worker], allow_other_workers=True)
+                          for i, shard in enumerate(shards)]
+            return client.submit(state_to_host, states[0], key=f"ptycho-gather-{iteration}-"
                                  f"{attempt}-{tag}").result()
         except (distributed.client.FutureCancelledError, distributed.scheduler.KilledWorker,
                 OSError) as err:
