@@ -113,11 +113,19 @@ def save(
     path = Path(path).expanduser()
     refuse_existing(path)
     layout = validate(ds, layout)
-    out = _prepare(ds, layout, chunks or {})
+    return write_new(_prepare(ds, layout, chunks or {}), path)
+
+
+def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
+    """Write ``ds`` as it is (encodings included) as a new zarr v3 store at ``path``, on the
+    active scheduler, through ``<name>.partial-<id>``, renamed when every chunk is written;
+    an existing ``path`` is refused and nothing is left behind on failure."""
+    path = Path(path).expanduser()
+    refuse_existing(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
     try:
-        _run(out.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
+        _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
         refuse_existing(path)
         partial.rename(path)
     except BaseException:

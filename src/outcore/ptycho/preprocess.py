@@ -21,8 +21,6 @@ makes the real-space pixel ``K / Kc`` times larger.
 from __future__ import annotations
 
 import math
-import shutil
-import uuid
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +37,7 @@ from zarr.codecs import BloscCodec
 
 from outcore import io
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
-from outcore.io.store import STRING, _run, existing_path, open_unchecked
+from outcore.io.store import STRING, existing_path, open_unchecked, write_new
 
 #: ``outcore_layout`` attr of a preprocessed store.
 LAYOUT = "ptycho-preprocessed"
@@ -571,16 +569,7 @@ def write_store(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
             ds = ds.assign_coords({name: var.astype(STRING)}) if name in ds.coords \
                 else ds.assign({name: var.astype(STRING)})
             ds[name].encoding = encoding
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
-    try:
-        _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
-        refuse_existing(path)
-        partial.rename(path)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return path
+    return write_new(ds, path)
 
 
 def open_preprocessed(path: str | PathLike[str], *, check_values: bool = False) -> xr.Dataset:

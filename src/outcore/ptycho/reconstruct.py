@@ -23,6 +23,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.errors import LayoutError, OutcoreError
+from outcore.io.store import write_new
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Result, Settings, State
 
@@ -111,10 +112,8 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings) -> xr.Dat
 
 
 def write_zarr(ds: xr.Dataset, path: Path) -> None:
-    """Write ``ds`` (small: object, probe, loss) through a ``.partial`` directory."""
-    partial = path.with_name(path.name + ".partial")
-    ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False)
-    os.replace(partial, path)
+    """Write ``ds`` (small: object, probe, loss) as a new store, through a partial one."""
+    write_new(ds, path)
 
 
 # --- checkpoints ------------------------------------------------------------------------------
