@@ -15,11 +15,12 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   ``--disk-cold`` drops them after every iteration. On the numpy backend ``device`` and
   ``host`` both hold the amplitudes in the worker's memory and cut each sub-batch out with the
   same copy, so their difference here is only that of ``host``'s prefetch thread.
-  ``--worker-malloc``: each case runs on workers as outcore starts them (``outcore``: glibc's
-  trim and mmap thresholds at ``outcore.cluster.WORKER_MALLOC_BYTES``), and again with
-  dask's own ``pre-spawn-environ`` (``dask``: ``MALLOC_TRIM_THRESHOLD_=65536``, which turns
-  off glibc's adaptive mmap threshold, so every temporary over 128 KiB of the kernels is a
-  fresh ``mmap`` with its page faults, about doubling the kernels' time);
+  ``--worker-malloc``: each case runs on workers as outcore starts them (``outcore``:
+  glibc's mmap and trim thresholds at ``outcore.cluster.WORKER_MMAP_BYTES`` and
+  ``WORKER_TRIM_BYTES``), and again with dask's own ``pre-spawn-environ`` (``dask``:
+  ``MALLOC_TRIM_THRESHOLD_=65536``, which turns off glibc's adaptive mmap threshold, so
+  every temporary over 128 KiB of the kernels is a fresh ``mmap`` with its page faults,
+  about doubling the kernels' time);
 - ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop over
   ``outcore.ptycho.kernels`` in this process, no cluster: the compute the engine schedules,
   so that ``engine 1 worker - kernels`` is the engine's own cost (tasks, transfers, the
@@ -440,7 +441,7 @@ def main() -> None:
     parser.add_argument("--worker-malloc", nargs="+", choices=["outcore", "dask"],
                         default=["outcore", "dask"],
                         help="workers' glibc settings: outcore's (trim and mmap thresholds "
-                             "of 16 MiB) and/or dask's own (trim threshold 64 KiB)")
+                             "of 4 and 8 MiB) and/or dask's own (trim threshold 64 KiB)")
     parser.add_argument("--chunk", type=int, default=64, help="positions per zarr chunk")
     parser.add_argument("--compression", choices=["none", "zstd"], default="none")
     parser.add_argument("--disk-cold", action="store_true",

@@ -259,23 +259,26 @@ def _wait_for_a_worker(client: distributed.Client, address: str) -> None:
 #: glibc's malloc thresholds for worker processes, bytes. dask spawns workers with
 #: ``MALLOC_TRIM_THRESHOLD_=65536``, which also fixes the mmap threshold at 128 KiB: every
 #: array above that is then a fresh mmap whose pages fault in again on each use (measured:
-#: the ptycho kernel 0.10 -> 0.20 ms per 64x64 pattern, the same slowdown on other kernels).
-#: 16 MiB for both keeps chunk-sized scratch in the heap and still hands freed memory
-#: beyond 16 MiB back to the system.
-WORKER_MALLOC_BYTES = 16 * 2**20
+#: the ptycho kernel 0.10 -> 0.20 ms per 64x64 pattern). Arrays under ``WORKER_MMAP_BYTES``
+#: come from the heap, which keeps up to ``WORKER_TRIM_BYTES`` free at its top (0.104 ms);
+#: larger ones (slabs, chunks) are still mapped and handed back whole when freed, so the
+#: heap's share of a worker's peak stays small (16 MiB for both cost the tomo 4x test
+#: 50-140 MiB of peak; these values cost it nothing measurable).
+WORKER_MMAP_BYTES = 4 * 2**20
+WORKER_TRIM_BYTES = 8 * 2**20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def worker_environ() -> dict[str, Any]:
     """dask's pre-spawn environment for worker processes, with outcore's malloc thresholds."""
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ") or {})
-    environ.update(MALLOC_TRIM_THRESHOLD_=WORKER_MALLOC_BYTES,
-                   MALLOC_MMAP_THRESHOLD_=WORKER_MALLOC_BYTES)
+    environ.update(MALLOC_TRIM_THRESHOLD_=WORKER_TRIM_BYTES,
+                   MALLOC_MMAP_THRESHOLD_=WORKER_MMAP_BYTES)
     return environ
 
 
 def set_malloc_thresholds() -> None:
-    """Apply ``WORKER_MALLOC_BYTES`` to this running process (glibc only; else nothing):
+    """Apply the worker thresholds to this running process (glibc only; else nothing):
     MPI worker ranks are not spawned by a nanny, so the environment cannot do it."""
     import ctypes
     import ctypes.util
@@ -285,8 +288,8 @@ def set_malloc_thresholds() -> None:
         return
     libc = ctypes.CDLL(name)
     if hasattr(libc, "mallopt"):
-        libc.mallopt(_M_TRIM_THRESHOLD, WORKER_MALLOC_BYTES)
-        libc.mallopt(_M_MMAP_THRESHOLD, WORKER_MALLOC_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, WORKER_TRIM_BYTES)
+        libc.mallopt(_M_MMAP_THRESHOLD, WORKER_MMAP_BYTES)
 
 
 def _start_local(opts: ClusterOptions, processes: bool) -> distributed.Client:
