@@ -111,11 +111,6 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings) -> xr.Dat
     )
 
 
-def write_zarr(ds: xr.Dataset, path: Path) -> None:
-    """Write ``ds`` (small: object, probe, loss) as a new store, through a partial one."""
-    write_new(ds, path)
-
-
 # --- checkpoints ------------------------------------------------------------------------------
 
 
@@ -133,7 +128,7 @@ def checkpointer(work: Path, every: int, losses: list[float]) -> Callable[[int, 
                                "probe": (("k_y", "k_x"), state.probe),
                                "loss": ("iteration", np.asarray(losses))},
                               attrs={"iterations_done": iteration + 1})
-        write_zarr(state_ds, work / name)
+        write_new(state_ds, work / name)
         previous = latest_checkpoint(work)
         pointer = work / (LATEST + ".partial")
         pointer.write_text(json.dumps({"checkpoint": name, "iterations_done": iteration + 1}))

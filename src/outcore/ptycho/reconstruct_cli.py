@@ -24,6 +24,7 @@ import xarray as xr
 
 from outcore import io
 from outcore.errors import InputNotFoundError, OutcoreError
+from outcore.io.store import write_new
 from outcore.plan import Plan
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Settings, State
@@ -36,7 +37,6 @@ from outcore.ptycho.reconstruct import (
     position_chunk,
     result_dataset,
     starting_state,
-    write_zarr,
 )
 from outcore.runner import Job, Resources
 from outcore.runs import SUMMARY, Run, load_summary
@@ -174,7 +174,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
                                 chunk=position_chunk(ds), on_iteration=on_iteration)
         out = run.add_output(RECONSTRUCTION, verify=lambda p: xr.open_zarr(p, consolidated=False))
         recon = result_dataset(result, ds, settings)
-        write_zarr(recon, out)
+        write_new(recon, out)
         write_figures(run, recon)
         metrics: dict[str, Any] = {
             "positions": ds.sizes["position"],
