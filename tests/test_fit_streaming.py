@@ -45,7 +45,9 @@ def test_killed_worker_gives_the_same_fits():
     client = cluster.start("local", workers=2, memory_limit=LIMIT)
     try:
         futures = client.compute(fit_dipoles(catalog, chunk_size=250))
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60
+        while _fits_in_memory(client) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # kill once the first chunks are fitted, not after a fixed wait
         assert not futures.done()  # killed mid-run
         victim = cluster.placement(client)[0]["pid"]
         os.kill(victim, signal.SIGKILL)
@@ -55,3 +57,12 @@ def test_killed_worker_gives_the_same_fits():
         cluster.stop(client)
     xr.testing.assert_identical(result, clean)
     assert np.all(result["status"].values == clean["status"].values)
+
+
+def _fits_in_memory(client) -> int:
+    """How many fit tasks have finished (their results held by a worker)."""
+    def count(dask_scheduler) -> int:
+        return sum(ts.state == "memory" and "fit" in ts.prefix.name
+                   for ts in dask_scheduler.tasks.values())
+
+    return client.run_on_scheduler(count)
