@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from outcore.errors import OutcoreError, RunExistsError
-from outcore.runs import Run, load_summary, sha256_path
+from outcore.runs import Run, load_summary, resumed_run, sha256_path
 
 
 def test_run_records_inputs_outputs_and_success_last(tmp_path):
@@ -77,3 +77,17 @@ def test_rounds_record_min_median_max(tmp_path):
     assert len(rounds["wall_s"]) == 3 and rounds["min_s"] <= rounds["median_s"] <= rounds["max_s"]
     with pytest.raises(OutcoreError):
         run.rounds(lambda: None, warmup=0, measure=0)
+
+
+def test_resumed_run_is_checked_before_use(tmp_path):
+    run = Run.create(tmp_path, "r", "tomo reconstruct", {"method": "cgls"})
+    run.finish()
+    path, record = resumed_run(tmp_path / "r", "tomo reconstruct")
+    assert path == (tmp_path / "r").resolve() and record["config"]["method"] == "cgls"
+    with pytest.raises(OutcoreError, match="is a run of 'tomo reconstruct', not of ptycho"):
+        resumed_run(tmp_path / "r", "ptycho reconstruct")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OutcoreError, match="has no summary.json: not a run directory"):
+        resumed_run(tmp_path / "empty", "tomo reconstruct")
+    with pytest.raises(OutcoreError, match="does not exist"):
+        resumed_run(tmp_path / "missing", "tomo reconstruct")

@@ -27,7 +27,8 @@ from typing import Any
 
 import yaml
 
-from outcore.errors import OutcoreError, RunExistsError, refuse_existing
+from outcore.errors import InputNotFoundError, OutcoreError, RunExistsError, refuse_existing
+from outcore.io.store import existing_path
 
 SCHEMA_VERSION = 1
 SUMMARY = "summary.json"
@@ -249,3 +250,17 @@ class Run:
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
     """The summary.json of a run directory as a dict."""
     return json.loads((Path(run_dir) / SUMMARY).read_text())
+
+
+def resumed_run(run_dir: str | Path, command: str) -> tuple[Path, dict[str, Any]]:
+    """The directory and summary of an earlier run of ``command`` named by ``--resume-from``;
+    OutcoreError when it is missing, not a run directory, or a run of another command."""
+    path = existing_path(run_dir, "run directory of --resume-from").resolve()
+    fix = f"point --resume-from at the run directory of an earlier outcore {command}."
+    if not (path / SUMMARY).is_file():
+        raise InputNotFoundError(f"{str(path)!r} has no {SUMMARY}: not a run directory.", fix)
+    record = load_summary(path)
+    if record.get("command") != command:
+        raise OutcoreError(f"{str(path)!r} is a run of {record.get('command')!r}, not of "
+                           f"{command}.", fix)
+    return path, record

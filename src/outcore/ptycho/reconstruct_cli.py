@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
-from outcore.errors import InputNotFoundError, OutcoreError
+from outcore.errors import OutcoreError
 from outcore.io.store import write_new
 from outcore.plan import Plan
 from outcore.ptycho import engine
@@ -39,7 +39,7 @@ from outcore.ptycho.reconstruct import (
     starting_state,
 )
 from outcore.runner import Job, Resources
-from outcore.runs import SUMMARY, Run, load_summary
+from outcore.runs import Run, resumed_run
 
 RECONSTRUCTION = "reconstruction.zarr"
 WORK = "work"
@@ -89,14 +89,8 @@ def earlier_checkpoint(run_dir: str, input_path: str, settings: Settings
                        ) -> tuple[xr.Dataset, int]:
     """The newest checkpoint of the run ``run_dir``, checked against this run's input and
     settings: its state dataset and the iterations it holds."""
-    path = io.store.existing_path(run_dir, "run directory of --resume-from").resolve()
-    fix = "point --resume-from at the run directory of an earlier outcore ptycho reconstruct."
-    if not (path / SUMMARY).is_file():
-        raise InputNotFoundError(f"{str(path)!r} has no {SUMMARY}: not a run directory.", fix)
-    record = load_summary(path)
+    path, record = resumed_run(run_dir, "ptycho reconstruct")
     config = record.get("config") or {}
-    if record.get("command") != "ptycho reconstruct":
-        raise OutcoreError(f"{str(path)!r} is a run of {record.get('command')!r}.", fix)
     if config.get("input") != str(Path(input_path).resolve()):
         raise OutcoreError(f"{str(path)!r} reconstructed {config.get('input')!r}.",
                            f"resume it with --input {config.get('input')}.")

@@ -36,10 +36,10 @@ import xarray as xr
 
 from outcore import io
 from outcore.cli import Verb
-from outcore.errors import InputNotFoundError, LayoutError, OutcoreError, refuse_existing
+from outcore.errors import LayoutError, OutcoreError, refuse_existing
 from outcore.plan import Plan, TaskMemory
 from outcore.runner import Job, Resources, compute
-from outcore.runs import SUMMARY, Run, load_summary
+from outcore.runs import Run, resumed_run
 from outcore.tomo.geometry import KINDS, Geometry, scan_for
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, suggest_blocks
 from outcore.tomo.phantom import ball, shepp_logan
@@ -308,15 +308,8 @@ class Earlier:
 def earlier_run(run_dir: str, method: str, input_path: Path, iterations: int) -> Earlier:
     """The earlier run of ``--resume-from``, checked: a ``tomo reconstruct`` of the same
     input and method with a checkpoint at or before ``iterations``."""
-    path = io.store.existing_path(run_dir, "run directory of --resume-from").resolve()
-    fix = "point --resume-from at the run directory of an earlier outcore tomo reconstruct."
-    if not (path / SUMMARY).is_file():
-        raise InputNotFoundError(f"{str(path)!r} has no {SUMMARY}: not a run directory.", fix)
-    record = load_summary(path)
+    path, record = resumed_run(run_dir, "tomo reconstruct")
     config = record.get("config") or {}
-    if record.get("command") != "tomo reconstruct":
-        raise OutcoreError(f"{str(path)!r} is a run of {record.get('command')!r}, not of "
-                           "tomo reconstruct.", fix)
     if config.get("method") != method:
         raise OutcoreError(f"{str(path)!r} ran --method {config.get('method')}, not {method}.",
                            f"resume it with --method {config.get('method')}.")
