@@ -34,6 +34,7 @@ import zarr
 from outcore import backend as backends
 from outcore.errors import RunExistsError
 from outcore.io.store import COMPRESSOR
+from outcore.tomo.memory import padded
 from outcore.tomo.projector import Projector, as_dask
 
 Window = Literal["ram-lak", "shepp-logan", "hann"]
@@ -63,11 +64,6 @@ def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
     elif window == "hann":
         response *= 0.5 * (1 + np.cos(2 * np.pi * f))
     return response
-
-
-def padded(n: int) -> int:
-    """FFT length for rows of ``n`` pixels: a power of two, at least ``2 n``."""
-    return 1 << max(1, math.ceil(math.log2(2 * n)))
 
 
 def filter_rows(projections: da.Array, response: np.ndarray, backend: str = "numpy"
