@@ -85,11 +85,12 @@ def _plan(args: argparse.Namespace) -> int:
     if verb.fill_defaults:
         verb.fill_defaults(vargs)
     run_settings(vargs).validate()
-    backend_name = "cupy" if vargs.backend == "cupy" else backend.resolve(vargs.backend)
     opts = cluster_options(vargs)
     opts.validate(on_this_machine=False)
-    job = verb.make_job(vargs, backend_name)
-    plan = job.plan(Resources.of_options(opts, backend_name))
+    with backend.planning_only():
+        backend_name = backend.resolve(vargs.backend)
+        job = verb.make_job(vargs, backend_name)
+        plan = job.plan(Resources.of_options(opts, backend_name))
     from outcore.runner import describe_plan
 
     print(describe_plan(plan))

@@ -168,6 +168,25 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = 
         parser.set_defaults(**defaults)
 
 
+def add_checkpoint_options(parser: argparse.ArgumentParser, command: str, every: int,
+                           applies: str = "") -> None:
+    """``--checkpoint-every``, ``--resume`` and ``--resume-from`` of an iterative verb
+    (``applies``: a prefix for the help, e.g. ``"sirt/cgls: "``)."""
+    parser.add_argument("--checkpoint-every", type=int, default=every,
+                        help=f"{applies}iterations between checkpoints in work/")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"{applies}go on from the newest checkpoint of --resume-from")
+    parser.add_argument("--resume-from", default=None, metavar="RUN_DIR",
+                        help=f"run directory of an earlier {command} (its work/ is reused)")
+
+
+def check_resume(args: argparse.Namespace) -> None:
+    """Refuse ``--resume`` without ``--resume-from`` and the other way round."""
+    if args.resume != (args.resume_from is not None):
+        raise OutcoreError("--resume and --resume-from go together.",
+                           "give both: --resume --resume-from RUN_DIR (the earlier run).")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """The common options of every command (see ``add_common_options``)."""

@@ -40,7 +40,7 @@ from outcore.ptycho.reconstruct import (
     starting_state,
 )
 from outcore.runs import Run, resumed_run
-from outcore.verbs import Job, Tunable
+from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
 
 RECONSTRUCTION = "reconstruction.zarr"
 WORK = "work"
@@ -69,12 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=defaults.alpha,
                    help="regularisation of the rPIE-style preconditioner, 0..1")
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed of the batch order")
-    p.add_argument("--checkpoint-every", type=int, default=10,
-                   help="iterations between checkpoints in work/")
-    p.add_argument("--resume", action="store_true",
-                   help="go on from the newest checkpoint of --resume-from")
-    p.add_argument("--resume-from", default=None, metavar="RUN_DIR",
-                   help="run directory of an earlier ptycho reconstruct")
+    add_checkpoint_options(p, "ptycho reconstruct", 10)
     p.add_argument("--truth", default=None,
                    help="truth store of ptycho simulate: the summary gets the object error")
 
@@ -148,9 +143,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     settings.validate(ds.sizes["position"])
     at_least(args.checkpoint_every, "--checkpoint-every",
              what="the iterations between checkpoints")
-    if args.resume != (args.resume_from is not None):
-        raise OutcoreError("--resume and --resume-from go together.",
-                           "give both: --resume --resume-from RUN_DIR.")
+    check_resume(args)
     start_state, done = (earlier_checkpoint(args.resume_from, args.input, settings)
                          if args.resume else (None, 0))
     obj, probe = starting_state(ds, start_state)

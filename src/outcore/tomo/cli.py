@@ -46,7 +46,7 @@ from outcore.tomo.phantom import PHANTOMS, make_phantom
 from outcore.tomo.projector import Projector, fitting_projector
 from outcore.tomo.solvers import STATE, WINDOWS, cgls, fbp, sirt
 from outcore.tomo.tune import TUNABLE
-from outcore.verbs import DemoStage, Job, Verb
+from outcore.verbs import DemoStage, Job, Verb, add_checkpoint_options, check_resume
 
 METHODS: tuple[str, ...] = ("fbp", "sirt", "cgls")
 ITERATIVE: tuple[str, ...] = ("sirt", "cgls")
@@ -94,12 +94,7 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"sirt/cgls: total iterations (default {DEFAULT_ITERATIONS})")
     p.add_argument("--window", default=None, metavar="{ram-lak,shepp-logan,hann}",
                    help="fbp: window of the ramp filter (default ram-lak)")
-    p.add_argument("--checkpoint-every", type=int, default=1,
-                   help="sirt/cgls: iterations between checkpoints")
-    p.add_argument("--resume", action="store_true",
-                   help="sirt/cgls: go on from the last checkpoint of --resume-from")
-    p.add_argument("--resume-from", default=None, metavar="RUN_DIR",
-                   help="run directory of an earlier tomo reconstruct (its work/ is reused)")
+    add_checkpoint_options(p, "tomo reconstruct", 1, "sirt/cgls: ")
     p.add_argument("--volume-shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
                    help="volume to reconstruct (default: the store's volume_shape attr, "
                         "else the detector's field of view)")
@@ -226,12 +221,7 @@ def _check_reconstruct_options(args: argparse.Namespace) -> tuple[str, str | Non
     if method in ITERATIVE:
         if args.window is not None:
             raise OutcoreError(f"--window applies to fbp, not to {method}.", "drop --window.")
-        if args.resume and args.resume_from is None:
-            raise OutcoreError("--resume needs the earlier run's directory.",
-                               "add --resume-from RUN_DIR (the earlier run's directory).")
-        if args.resume_from is not None and not args.resume:
-            raise OutcoreError("--resume-from is given without --resume.",
-                               "add --resume to go on from that run's checkpoint.")
+        check_resume(args)
         return method, None, args.iterations or DEFAULT_ITERATIONS
     for flag, given in (("--iterations", args.iterations is not None),
                         ("--resume", args.resume or args.resume_from is not None)):
