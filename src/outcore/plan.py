@@ -157,6 +157,9 @@ class Plan:
     device_memory_limit: int | str | None = None
     device_fraction: float = 0.9
     device_baseline_bytes: int = DEVICE_BASELINE_BYTES
+    resident_bytes: int = 0
+    """Host bytes each worker holds across tasks (an iterative solver's vectors kept in
+    worker memory), on top of its tasks."""
 
     def __post_init__(self) -> None:
         self.memory_limit = _bytes(self.memory_limit)
@@ -180,7 +183,8 @@ class Plan:
     def worker_peak_bytes(self) -> int:
         """Projected peak of one worker: its concurrent tasks at their largest, plus baseline."""
         concurrent = min(self.threads_per_worker, max(s.tasks for s in self.stages))
-        return self.baseline_bytes + concurrent * self.largest_task.peak_bytes
+        tasks = concurrent * self.largest_task.peak_bytes
+        return self.baseline_bytes + self.resident_bytes + tasks
 
     @property
     def budget_bytes(self) -> int | None:
@@ -260,7 +264,9 @@ class Plan:
         raise PlanError(
             f"The plan does not fit: each worker would hold {format_bytes(self.worker_peak_bytes)}"
             f" ({self.threads_per_worker} concurrent '{task.name}' task(s) of"
-            f" {format_bytes(task.peak_bytes)} plus {format_bytes(self.baseline_bytes)} baseline),"
+            f" {format_bytes(task.peak_bytes)} plus {format_bytes(self.baseline_bytes)} baseline"
+            + (f" and {format_bytes(self.resident_bytes)} held across tasks"
+               if self.resident_bytes else "") + "),"
             f" over its budget of {format_bytes(self.budget_bytes or 0)}"
             f" ({self.target_fraction:.0%} of the {format_bytes(int(self.memory_limit or 0))}"
             " memory limit).",
@@ -304,6 +310,9 @@ class Plan:
                 f" device memory {gpu}"
                 + ("" if budget is None else f" (budget {format_bytes(budget)})")
                 + ("; fits" if self.device_fits else "; DOES NOT FIT"))
+        if self.resident_bytes:
+            lines.append(f"held across tasks per worker: {format_bytes(self.resident_bytes)}"
+                         " (included in the projected peak)")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -316,6 +325,7 @@ class Plan:
             "memory_limit_bytes": self.memory_limit,
             "budget_bytes": self.budget_bytes,
             "worker_peak_bytes": self.worker_peak_bytes,
+            "resident_bytes": self.resident_bytes,
             "device_memory_limit_bytes": self.device_memory_limit,
             "device_budget_bytes": self.device_budget_bytes,
             "device_peak_bytes": self.device_peak_bytes,

@@ -51,6 +51,10 @@ from outcore.verbs import DemoStage, Job, Verb, add_checkpoint_options, check_re
 METHODS: tuple[str, ...] = ("fbp", "sirt", "cgls")
 ITERATIVE: tuple[str, ...] = ("sirt", "cgls")
 PARTITIONS: tuple[str, ...] = ("views", "space")
+STATES: tuple[str, ...] = ("auto", "memory", "disk")
+#: Iterations between checkpoints when ``--checkpoint-every`` is not given: every one when
+#: the vectors are in zarr anyway, every tenth when they are in memory.
+CHECKPOINT_EVERY = {"disk": 1, "memory": 10}
 VOLUME = "volume.zarr"
 SLICES = "slices.png"
 WORK = "work"
@@ -94,7 +98,10 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"sirt/cgls: total iterations (default {DEFAULT_ITERATIONS})")
     p.add_argument("--window", default=None, metavar="{ram-lak,shepp-logan,hann}",
                    help="fbp: window of the ramp filter (default ram-lak)")
-    add_checkpoint_options(p, "tomo reconstruct", 1, "sirt/cgls: ")
+    p.add_argument("--state", default="auto", metavar="{auto,memory,disk}",
+                   help="sirt/cgls: where the solver's vectors live: the workers' memory, or"
+                        " zarr in the run's work/ (auto: memory when the plan fits)")
+    add_checkpoint_options(p, "tomo reconstruct", None, "sirt/cgls: ")
     p.add_argument("--volume-shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
                    help="volume to reconstruct (default: the store's volume_shape attr, "
                         "else the detector's field of view)")
@@ -212,6 +219,7 @@ def _same(given: Any, earlier: Any, flag: str) -> Any:
 def _check_reconstruct_options(args: argparse.Namespace) -> tuple[str, str | None, int]:
     """Method, window and iterations after refusing options that do not apply."""
     method = choice(args.method, METHODS, "--method")
+    choice(args.state, STATES, "--state")
     if args.partition is not None:
         choice(args.partition, PARTITIONS, "--partition")
     at_least(args.iterations, "--iterations", what="the number of iterations")
@@ -224,7 +232,9 @@ def _check_reconstruct_options(args: argparse.Namespace) -> tuple[str, str | Non
         check_resume(args)
         return method, None, args.iterations or DEFAULT_ITERATIONS
     for flag, given in (("--iterations", args.iterations is not None),
-                        ("--resume", args.resume or args.resume_from is not None)):
+                        ("--resume", args.resume or args.resume_from is not None),
+                        ("--state", args.state != "auto"),
+                        ("--checkpoint-every", args.checkpoint_every is not None)):
         if given:
             raise OutcoreError(f"{flag} applies to sirt and cgls, not to fbp.",
                                f"drop {flag}, or use --method cgls or sirt.")
@@ -253,6 +263,7 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         "input": str(source), "method": method, "window": window, "iterations": iterations,
         "checkpoint_every": args.checkpoint_every, "volume_shape": list(shape),
         "resume_from": str(earlier.path) if earlier else None,
+        "state": None,
     }
     held: dict[str, Projector] = {}
     stored = ds["projections"]
@@ -263,14 +274,23 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         held["projector"] = fitting_projector(geometry, shape, partition, method, resources,
                                               views, slab, stored.dtype, store_chunks)
         _record_blocks(config, held["projector"])
-        return method_plan(held["projector"], method, resources, store_chunks)
+        if method not in ITERATIVE:
+            return method_plan(held["projector"], method, resources, store_chunks)
+        state = args.state
+        if state == "auto":
+            in_memory = method_plan(held["projector"], method, resources, store_chunks,
+                                    "memory")
+            state = "memory" if in_memory.fits else "disk"
+        every = args.checkpoint_every or CHECKPOINT_EVERY[state]
+        config.update(state=state, checkpoint_every=every)
+        return method_plan(held["projector"], method, resources, store_chunks, state)
 
     def execute(run: Run, client: distributed.Client) -> None:
         projector = held["projector"]
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
             volume, found = _solve(run, projector, ds, method, window, iterations,
-                                   args.checkpoint_every, earlier)
+                                   config["checkpoint_every"], earlier, config["state"])
             ds_out = volume_dataset(volume, geometry.voxel_size, method=method,
                                     source=config["input"], window=window,
                                     iterations=iterations if method in ITERATIVE else None)
@@ -298,8 +318,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
 
 
 def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: str | None,
-           iterations: int, checkpoint_every: int, earlier: Earlier | None
-           ) -> tuple[Any, dict[str, Any]]:
+           iterations: int, checkpoint_every: int, earlier: Earlier | None,
+           state: str | None) -> tuple[Any, dict[str, Any]]:
     """The lazy volume and the metrics of the solve (``projector_passes``: projections and
     backprojections of the whole volume that it runs)."""
     projections = ds["projections"].data
@@ -314,7 +334,7 @@ def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: 
     solver = cgls if method == "cgls" else sirt
     result = solver(projections, projector, workdir, iterations,
                     checkpoint_every=checkpoint_every, resume=earlier is not None,
-                    callback=_report)
+                    callback=_report, in_memory=state == "memory")
     setup = 0 if earlier is not None else (1 if method == "cgls" else 2)
     residuals = [float(r) for r in result.residuals]
     return result.volume, {

@@ -249,8 +249,30 @@ def stages(projector: Projector, method: str,
     return own + method_stages(projector, method, store_chunks)
 
 
+#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p`` of
+#: two iterations and ``s``; ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations
+#: and the column weights; the row weights and ``w``.
+SOLVER_VECTORS = {"cgls": (5, 3), "sirt": (3, 2)}
+
+
+def state_bytes(projector: Projector, method: str, workers: int) -> int:
+    """Bytes one worker holds of an iterative solver's vectors kept in memory: its share of
+    the chunks of every vector held at once (``SOLVER_VECTORS``), rounded up by chunks."""
+    volumes, projections = SOLVER_VECTORS[method]
+    item = projector.dtype.itemsize
+    total = 0
+    for count, chunks in ((volumes, projector.volume_chunks),
+                          (projections, projector.projection_chunks)):
+        n_chunks = math.prod(len(c) for c in chunks)
+        total += math.ceil(count * n_chunks / max(workers, 1)) * math.prod(
+            max(c) for c in chunks) * item
+    return total
+
+
 def method_plan(projector: Projector, method: str, resources: Resources,
-                store_chunks: tuple[int, int] = (0, 0)) -> Plan:
-    """The plan of ``method`` with ``projector``'s blocks on ``resources``."""
+                store_chunks: tuple[int, int] = (0, 0), state: str = "disk") -> Plan:
+    """The plan of ``method`` with ``projector``'s blocks on ``resources``; with
+    ``state="memory"`` each worker also holds its share of the solver's vectors."""
+    held = state_bytes(projector, method, resources.workers) if state == "memory" else 0
     return Plan.of(stages(projector, method, store_chunks), resources,
-                   baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
+                   baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)
