@@ -57,6 +57,32 @@ def test_chunk_size_does_not_change_the_fits(tmp_path, catalog):
     pd.testing.assert_frame_equal(tables[0], tables[1])
 
 
+def test_outputs_are_chunked_for_storage_not_for_compute(tmp_path, catalog, monkeypatch):
+    """fits.zarr in chunks of STORAGE_ROWS rows (whatever --chunk-size), fits.parquet in row
+    groups of as many; the same table as one stored chunk."""
+    import pyarrow.parquet as pq
+    import zarr
+
+    from outcore.fit import cli as fit_cli
+
+    cat, _ = catalog
+    store = tmp_path / "cat.zarr"
+    outcore.save(cat, store)
+    tables = {}
+    for rows in (128, 65536):
+        monkeypatch.setattr(fit_cli, "STORAGE_ROWS", rows)
+        assert main(["fit-dipoles", "--input", str(store), "--chunk-size", "16", *COMMON,
+                     "--output-dir", str(tmp_path), "--name", f"r{rows}"]) == 0
+        run = tmp_path / f"r{rows}"
+        expected = min(rows, 300)
+        assert zarr.open_array(run / "fits.zarr" / "chi2", mode="r").chunks == (expected,)
+        groups = pq.ParquetFile(run / "fits.parquet").metadata
+        assert groups.num_row_groups == -(-300 // expected)
+        assert groups.row_group(0).num_rows == expected
+        tables[rows] = pd.read_parquet(run / "fits.parquet")
+    pd.testing.assert_frame_equal(tables[128], tables[65536])
+
+
 def test_bad_catalog_is_refused_before_anything(tmp_path, capsys):
     source = tmp_path / "cat.npz"
     np.savez(source, candidate_id=np.arange(3), images=np.zeros((3, 9, 9)),

@@ -68,13 +68,15 @@ def memory_model(
     psf_shape: tuple[int, int] | None = None,
     per_candidate_psf: bool = False,
     backend: str = "numpy",
+    output_chunk: int | None = None,
 ) -> list[TaskMemory]:
     """The stages of a ``fit_dipoles`` graph on ``n_candidates`` stamps of ``stamp_shape``.
 
     ``dtype`` is the catalog's pixel dtype; ``variance`` and ``mask`` say which companions
     the catalog holds. Returns the fit stage (one task per chunk of ``chunk_size``
     candidates) and the column stage that splits each packed result into the output
-    variables (what a writer then stores). Feed them to ``outcore.plan.Plan``. With
+    variables (what a writer then stores), after joining the packed results into chunks of
+    ``output_chunk`` rows when that is given. Feed them to ``outcore.plan.Plan``. With
     ``backend="cupy"`` the fit's scratch is device memory (see ``kernel_transient_bytes``),
     as are the chunk's copy and its result there: the fit stage's ``device_bytes``.
     """
@@ -87,12 +89,15 @@ def memory_model(
     packed = chunk * len(fit_columns(model)) * F64
     transient = kernel_transient_bytes(chunk, stamp_shape, model, psf_shape, per_candidate_psf,
                                        backend)
-    columns = packed + chunk * _STATUS_BYTES
+    rows = min(output_chunk or chunk, n_candidates)
+    joined = rows * len(fit_columns(model)) * F64
+    columns = joined + rows * _STATUS_BYTES
     on_device = backend == "cupy"
     return [
         TaskMemory("fit-dipoles", tasks, input_bytes=inputs, output_bytes=packed,
                    transient_bytes=0 if on_device else transient, read_bytes=inputs,
                    device_bytes=inputs + packed + transient if on_device else 0),
-        TaskMemory("fit-columns", tasks, input_bytes=packed, output_bytes=columns,
+        TaskMemory("fit-columns", math.ceil(n_candidates / rows), input_bytes=joined,
+                   output_bytes=columns, transient_bytes=joined if rows != chunk else 0,
                    write_bytes=columns),
     ]

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 
 from outcore import backend as backends
+from outcore.checks import at_least
 from outcore.errors import LayoutError
 from outcore.fit.kernels import STATUS_NAMES, fit_chunk, fit_columns, status_names
 from outcore.fit.models import Model, get_model
@@ -50,6 +51,7 @@ def fit_dipoles(
     x_tol: float = 1e-8,
     g_tol: float = 1e-8,
     scale_errors: bool = False,
+    output_chunk: int | None = None,
 ) -> xr.Dataset:
     """Fit a dipole model to every cutout of ``catalog``; return a lazy Dataset of the fits.
 
@@ -63,12 +65,14 @@ def fit_dipoles(
 
     The result is indexed by ``candidate`` with coordinate ``candidate_id``: each parameter
     and its ``<name>_err``, ``chi2``, ``dof``, ``iterations`` and ``status`` (a string, one of
-    ``STATUS_NAMES``), all dask-backed, ``chunk_size`` candidates a chunk.
-    Raises LayoutError before any compute when the catalog or the PSF does not fit.
+    ``STATUS_NAMES``), all dask-backed, ``output_chunk`` candidates a chunk (default
+    ``chunk_size``: a writer asks for storage-sized chunks, e.g. 65536 rows, while each fit
+    task still takes ``chunk_size`` candidates). Raises LayoutError before any compute when
+    the catalog or the PSF does not fit.
     """
     spec = get_model(model)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be at least 1, not {chunk_size}.")
+    at_least(chunk_size, "chunk_size", error=LayoutError)
+    at_least(output_chunk, "output_chunk", error=LayoutError)
     resolved = backends.resolve(backend)
     validate(catalog, "cutouts")
     n = catalog.sizes["candidate"]
@@ -91,6 +95,9 @@ def fit_dipoles(
         options=options, drop_axis=2, chunks=(blocks[0].chunks[0], (len(columns),)),
         dtype=np.float64, meta=np.empty((0, 0), dtype=np.float64),
     )
+    rows = output_chunk or chunk_size
+    if rows != chunk_size:  # one concatenation per output chunk, then its columns
+        packed = packed.rechunk((rows, -1))
     dims = ("candidate",)
     data = {}
     for j, name in enumerate(columns):
@@ -104,7 +111,7 @@ def fit_dipoles(
         attrs = {"long_name": doc} | ({"units": _UNITS[base]} if base in _UNITS else {})
         data[name] = xr.Variable(dims, column, attrs=attrs)
     ids = catalog["candidate_id"].variable
-    coords = {"candidate_id": ids.chunk({"candidate": chunk_size}) if ids.chunks else ids}
+    coords = {"candidate_id": ids.chunk({"candidate": rows}) if ids.chunks else ids}
     if "candidate" in catalog.coords:
         coords["candidate"] = catalog["candidate"].variable
     attrs = {"outcore_operator": "fit-dipoles", "model": model, "parameters": list(spec.params),
