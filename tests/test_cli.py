@@ -28,7 +28,7 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     summary = load_summary(run)
     assert summary["status"] == "success" and summary["command"] == "demo"
     assert summary["cluster"]["kind"] == "local" and len(summary["cluster"]["workers"]) == 2
-    assert all(w["memory_limit_bytes"] == 512 * 2**20 for w in summary["cluster"]["workers"])
+    assert all(w["memory_limit_bytes"] == 640 * 2**20 for w in summary["cluster"]["workers"])
     assert summary["plan"]["fits"] and summary["rounds"]["measure"] == 2
     names = {o["name"] for o in summary["outputs"]}
     assert names == {"stack.zarr", "statistics.zarr"}
