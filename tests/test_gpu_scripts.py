@@ -9,6 +9,7 @@ import os
 import runpy
 import subprocess
 import sys
+import sysconfig
 import time
 import tomllib
 import zipfile
@@ -150,6 +151,8 @@ def test_dry_run_of_setup_and_info_uses_this_checkout(tmp_path):
     info = json.loads((out / "info.json").read_text())
     assert info["outcore_info"]["backends"] == ["numpy"]
     assert info["outcore_from"] == str(REPO / "src" / "outcore" / "__init__.py")
+    # cupy finds CUDA's libraries through site.getsitepackages(): the base's must be there
+    assert sysconfig.get_paths()["purelib"] in info["site_packages"]
     assert os.access(tmp_path / "work" / "venv" / "bin" / "outcore", os.X_OK)
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu.jsonl", "info.json", "pytest.log", "steps.json", "steps.log", "table.md"]

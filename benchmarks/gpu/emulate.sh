@@ -15,7 +15,8 @@ python=${PYTHON312:-$(pyenv root 2>/dev/null)/versions/3.12.1/bin/python3}
 # numpy at the version read on the machine (KINDS.md); the others as the index has them
 packages=(numpy==2.5.2 scipy pandas pyarrow xarray h5py numba psutil pyyaml toolz cloudpickle
           msgpack sortedcontainers click packaging fsspec jinja2 contourpy pillow narwhals
-          typing-extensions tifffile nvidia-ml-py scikit-image pytest pytest-timeout)
+          typing-extensions tifffile nvidia-ml-py cuda-pathfinder scikit-image pytest
+          pytest-timeout)
 if [ -e "$target" ]; then
     echo "emulate.sh: $target already exists; nothing is overwritten. Fix: remove it or give" \
          "another folder." >&2

@@ -59,18 +59,33 @@ VERSIONED = ("numpy", "scipy", "numba", "pandas", "xarray", "pyarrow", "h5py", "
              "distributed", "zarr", "numcodecs", "bokeh", "tornado", "cupy-cuda13x",
              "cupy-cuda12x", "dask-cuda", "rapids-dask-dependency", "cuda-core", "cuda-bindings",
              "nvidia-ml-py", "dask-mpi", "mpi4py", "mpich", "pytest", "pytest-timeout")
-_VERSIONS_SNIPPET = """
-import json, sys
+#: What info.json records from the venv: package versions and origins, where outcore comes
+#: from, the site-packages that cupy's library search (cuda-pathfinder) reads, and whether
+#: cupy compiles and runs a kernel (NVRTC), with its configuration.
+_FACTS_SNIPPET = """
+import contextlib, io, json, site, sys
 from importlib import metadata
-out = {}
+packages = {}
 for name in sys.argv[1:]:
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         continue
-    out[name] = {"version": dist.version, "from": str(dist.locate_file(""))}
+    packages[name] = {"version": dist.version, "from": str(dist.locate_file(""))}
 import outcore
-print(json.dumps({"outcore_from": outcore.__file__, "packages": out}))
+facts = {"outcore_from": outcore.__file__, "packages": packages,
+         "site_packages": site.getsitepackages()}
+try:
+    import cupy
+    x = cupy.arange(1000, dtype=cupy.float32)
+    facts["cupy_kernel_sum"] = float((x * 2).sum())
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        cupy.show_config()
+    facts["cupy_config"] = text.getvalue()
+except Exception as err:
+    facts["cupy_error"] = f"{type(err).__name__}: {err}"
+print(json.dumps(facts))
 """
 _CATALOG_SNIPPET = """
 import sys
@@ -238,9 +253,14 @@ def setup(ctx: Context) -> str:
     bases = dict.fromkeys([sysconfig.get_paths()[k] for k in ("purelib", "platlib")]
                           + [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))
                              and Path(p).is_dir()])
-    # the machine's python may itself be a venv, whose packages --system-site-packages misses
+    # The machine's python may itself be a venv, whose packages --system-site-packages misses:
+    # add its site-packages to sys.path, and its prefix to site.PREFIXES, so that
+    # site.getsitepackages() lists them too: cupy finds CUDA's libraries (the nvidia-* wheels
+    # there) through it. (site keeps this list only with --system-site-packages.)
+    prefixes = dict.fromkeys([sys.prefix, sys.exec_prefix])
     (site / "outcore-gpu-base.pth").write_text(
-        "import site; " + "; ".join(f"site.addsitedir({b!r})" for b in bases) + "\n")
+        "import site; " + "; ".join([f"site.PREFIXES.insert(0, {p!r})" for p in prefixes]
+                                    + [f"site.addsitedir({b!r})" for b in bases]) + "\n")
     script = ctx.venv / "bin" / "outcore"
     script.write_text(f"#!{ctx.python}\nimport sys\n\nfrom outcore.cli import main\n\n"
                       "sys.exit(main())\n")
@@ -261,15 +281,14 @@ def setup(ctx: Context) -> str:
 def info(ctx: Context) -> str:
     """``outcore info``, the versions of the packages outcore runs on, ``nvidia-smi``."""
     found = json.loads(ctx.output([ctx.python, "-m", "outcore.cli", "info"]))
-    packages = json.loads(ctx.output([ctx.python, "-c", _VERSIONS_SNIPPET, *VERSIONED]))
+    facts = json.loads(ctx.output([ctx.python, "-c", _FACTS_SNIPPET, *VERSIONED]))
     smi = None
     if shutil.which("nvidia-smi"):  # for the record only: its failure fails nothing
         path = ctx.scratch("smi")
         ctx.run(["nvidia-smi", "--query-gpu=name,memory.total,memory.used,driver_version",
                  "--format=csv,noheader"], stdout=path)
         smi = path.read_text(errors="replace").strip()
-    ctx.info = {"outcore_info": found, **packages, "nvidia_smi": smi,
-                "python": sys.executable}
+    ctx.info = {"outcore_info": found, **facts, "nvidia_smi": smi, "python": sys.executable}
     (ctx.out / "info.json").write_text(json.dumps(ctx.info, indent=1) + "\n")
     gpus = found.get("gpus") or []
     note = (f"backends {'/'.join(found.get('backends', []))}, auto cluster "
@@ -277,6 +296,8 @@ def info(ctx: Context) -> str:
     if not ctx.dry and ("cupy" not in found.get("backends", []) or not gpus
                         or found.get("auto_cluster") != "cuda"):
         _fail(f"no usable GPU for outcore: {note}")
+    if not ctx.dry and facts.get("cupy_kernel_sum") != 999000.0:
+        _fail(f"cupy did not compile and run a kernel: {facts.get('cupy_error')}; {note}")
     return note
 
 
