@@ -50,10 +50,9 @@ DRY_LIMIT_FACTOR = 4.0
 #: Seconds kept back at the end for the table, and the least a step is started with.
 RESERVE_S = 5.0
 MIN_STEP_S = 10.0
-#: Bytes of each command's output kept in the logs (the tail).
-LOG_TAIL_BYTES = 2**20
-#: pytest-timeout's limit for one GPU test, seconds.
-PYTEST_TIMEOUT_S = 150
+#: Bytes of each command's output kept in the logs (the tail): some 25 commands stay well
+#: under the 16 MiB a returned file may have.
+LOG_TAIL_BYTES = 384 * 2**10
 #: Packages whose version (and whether the venv or the machine supplied them) info.json records.
 VERSIONED = ("numpy", "scipy", "numba", "pandas", "xarray", "pyarrow", "h5py", "dask",
              "distributed", "zarr", "numcodecs", "bokeh", "tornado", "cupy-cuda13x",
@@ -307,11 +306,13 @@ def gpu_test_files() -> list[str]:
                   if "pytest.mark.gpu" in p.read_text() and p.name != "test_mpi.py")
 
 
-def pytest_gpu(ctx: Context, files: list[str], tag: str) -> str:
-    """``pytest -m gpu`` over ``files``; on the GPU machine a skipped test fails the step."""
+def pytest_gpu(ctx: Context, files: list[str], tag: str, test_limit_s: int) -> str:
+    """``pytest -m gpu`` over ``files``, each test under ``test_limit_s`` (less than the
+    step's limit, so that a hung test ends and the others still report); on the GPU machine
+    a skipped test fails the step."""
     junit = ctx.work / f"junit-{tag}.xml"
-    code = ctx.run([ctx.python, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-rA",
-                    "--timeout", str(PYTEST_TIMEOUT_S), "--junitxml", str(junit), *files],
+    code = ctx.run([ctx.python, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gpu", "-v",
+                    "-rfEs", "--timeout", str(test_limit_s), "--junitxml", str(junit), *files],
                    log="pytest.log")
     cases = read_junit(junit) if junit.exists() else []
     ctx.tests.extend({"step": ctx.step, **c} for c in cases)
@@ -498,17 +499,17 @@ def bench_cpu(ctx: Context) -> str:
                                        "4096", "--workers", cpus, "--runs", "1", "--skip-scipy",
                                        "--no-cuphoton"]) + "; " + \
         bench(ctx, "bench_tomo.py", ["--backend", "numpy", "--n", "128", "--views", "360",
-                                     "--workers", cpus, "--runs", "1", "--tools", "kernel",
-                                     "outcore", "--memory-limit", "4GiB"])
+                                     "--geometry", "parallel", "--workers", cpus, "--runs", "1",
+                                     "--tools", "kernel", "outcore", "--memory-limit", "4GiB"])
 
 
 STEPS: tuple[Step, ...] = (
     Step("setup", 60, "venv over the machine's python, the .whl wheels installed", setup),
     Step("info", 45, "outcore info, package versions, nvidia-smi", info),
     Step("pytest-gpu", 150, "pytest -m gpu: fit, tomo and ptycho kernel twins, cupy projector, "
-         "ptycho engine on cupy", lambda ctx: pytest_gpu(ctx, gpu_test_files(), "gpu")),
+         "ptycho engine on cupy", lambda ctx: pytest_gpu(ctx, gpu_test_files(), "gpu", 100)),
     Step("pytest-mpi-gpu", 90, "pytest -m gpu tests/test_mpi.py: mpirun ranks as dask-cuda "
-         "workers", lambda ctx: pytest_gpu(ctx, ["tests/test_mpi.py"], "mpi")),
+         "workers", lambda ctx: pytest_gpu(ctx, ["tests/test_mpi.py"], "mpi", 75)),
     Step("bench-tomo", 75, "bench_tomo.py --backend cupy: kernels and Projector, 128^3 and "
          "256^3, 360 views", bench_tomo),
     Step("bench-ptycho", 75, "bench_ptycho.py --backend cupy: 32x32 of 64^2 (3 residencies), "
@@ -520,7 +521,7 @@ STEPS: tuple[Step, ...] = (
     Step("cli-ptycho", 75, "outcore ptycho simulate, preprocess, reconstruct on --cluster cuda",
          cli_ptycho),
     Step("cli-fit", 60, "outcore fit-dipoles on --cluster cuda, 2^17 stamps", cli_fit),
-    Step("bench-cpu", 60, "the same machine's CPUs: bench_fit and bench_tomo on numpy",
+    Step("bench-cpu", 75, "the same machine's CPUs: bench_fit and bench_tomo on numpy",
          bench_cpu),
 )
 
@@ -630,8 +631,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "steps.json").write_text(json.dumps(
         {"started": started, "dry_run": args.dry_run, "budget_s": budget, "wall_s": round(wall, 1),
          "steps": [r.__dict__ for r in results], "tests": ctx.tests}, indent=1) + "\n")
-    print(write_table(ctx, results, started, wall), flush=True)
-    print(f"results in {out}", flush=True)
+    table = write_table(ctx, results, started, wall)
+    print(table.split("\n## ")[0] + f"results in {out} (table.md: the tests and benchmark "
+          "lines too)", flush=True)
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r.status == "ok" for r in results) else 1
