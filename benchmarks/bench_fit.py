@@ -5,7 +5,8 @@ same simulated catalog (``outcore.fit.simulate_catalog``, 17 x 17 stamps, one se
 with the same model, a Gaussian dipole, by
 
 - ``outcore``: ``fit_dipoles`` on a LocalCluster of ``--workers`` processes of one thread,
-  at each ``--chunk`` size, the catalog persisted in the workers before the clock starts;
+  at each ``--chunk`` size, the catalog persisted in the workers before the clock starts, on
+  ``--backend`` (``cupy``: each chunk is fitted on the GPU, moved there and back in its task);
 - ``scipy-loop``: ``scipy.optimize.least_squares(method="lm")`` one stamp at a time on the
   first ``--scipy-n`` stamps, outcore's model, analytic Jacobian, weights and start, scipy's
   default tolerances: the way per-source loops (LSST's dipole task, lmfit) run;
@@ -42,6 +43,8 @@ against the limit, and the wall time of only simulating the stamps (``simulate_s
     python benchmarks/bench_fit.py                       # make bench: 10^4, about a minute
     python benchmarks/bench_fit.py --n 10000 100000 --scipy-n 2000
     python benchmarks/bench_fit.py --n 10000 --no-cuphoton --big 1000000
+    python benchmarks/bench_fit.py --backend cupy --n 200000 --chunk 16384 65536 --workers 1 \
+        --skip-scipy --no-cuphoton                       # on a GPU (benchmarks/gpu/run.sh)
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from pathlib import Path
 import dask.array as da
 import numpy as np
 import psutil
-from common import line, machine, sample_memory, timed
+from common import add_backend, check_backend, line, machine, sample_memory, timed
 from distributed import Client, LocalCluster, futures_of, wait
 
 import outcore
@@ -262,7 +265,7 @@ def bench_outcore(args: argparse.Namespace, n: int, truth) -> None:
             # warm-up on a few stamps: imports and kernels in every worker, little memory
             warm = client.persist(fit_dipoles(
                 catalog.isel(candidate=slice(0, 64 * args.workers)), model=args.model,
-                chunk_size=32))
+                chunk_size=32, backend=args.backend))
             wait(warm)
             del warm
             base = max(psutil.Process(pid).memory_info().rss for pid in worker_pids)
@@ -270,7 +273,8 @@ def bench_outcore(args: argparse.Namespace, n: int, truth) -> None:
 
             def run(chunk: int = chunk, held: dict = held, catalog=catalog, client=client
                     ) -> None:
-                fits = client.persist(fit_dipoles(catalog, model=args.model, chunk_size=chunk))
+                fits = client.persist(fit_dipoles(catalog, model=args.model, chunk_size=chunk,
+                                                  backend=args.backend))
                 wait(fits)
                 held["fits"] = fits
 
@@ -291,7 +295,8 @@ def bench_outcore(args: argparse.Namespace, n: int, truth) -> None:
         slope = round(((high[2]["one"] - high[3]) - (low[2]["one"] - low[3]))
                       / (high[0] - low[0]))
     for chunk, walls, peaks, base, found, status, cpu in records:
-        emit("outcore", case_for(args, n, chunk=chunk, workers=args.workers),
+        emit("outcore", case_for(args, n, chunk=chunk, workers=args.workers,
+                                 backend=args.backend),
              n / np.median(walls), walls, cpu_s=round(cpu, 3), fits_per_cpu_s=round(n / cpu, 1),
              peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"],
              base_worker_bytes=base,
@@ -428,10 +433,10 @@ def bench_big(args: argparse.Namespace) -> None:
         limit = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
         before = client.run(os.getpid)
         warm = fit_dipoles(catalog.isel(candidate=slice(0, 64 * args.workers)),
-                           model=args.model, chunk_size=32)
+                           model=args.model, chunk_size=32, backend=args.backend)
         client.compute(warm["chi2"].sum()).result()
         base = max(psutil.Process(pid).memory_info().rss for pid in before.values())
-        fits = fit_dipoles(catalog, model=args.model, chunk_size=chunk)
+        fits = fit_dipoles(catalog, model=args.model, chunk_size=chunk, backend=args.backend)
         # the truth (n values each) goes to the workers once, not into every task
         truth_x, truth_flux = client.scatter([truth["x_pos"].values, truth["flux_pos"].values],
                                              broadcast=True)
@@ -452,7 +457,7 @@ def bench_big(args: argparse.Namespace) -> None:
         client.compute(catalog["images"].data.sum() + catalog["variance"].data.sum()).result()
         simulate_s = time.perf_counter() - t0
     emit("outcore", case_for(args, n, chunk=chunk, workers=args.workers,
-                             memory_limit=args.big_memory, catalog="lazy"),
+                             memory_limit=args.big_memory, catalog="lazy", backend=args.backend),
          n / np.median(walls), walls, cpu_s=round(cpu, 3), fits_per_cpu_s=round(n / cpu, 1),
          peak_worker_bytes=peaks["one"], peak_rss_bytes=peaks["all"], base_worker_bytes=base,
          bytes_per_candidate_in_flight=round((peaks["one"] - base) / chunk),
@@ -495,7 +500,9 @@ def main() -> None:
                         help="also stream a lazy catalog of this many stamps (e.g. 1000000)")
     parser.add_argument("--big-memory", default="2GiB", help="memory_limit of each worker")
     parser.add_argument("--big-chunk", type=int, default=1024, help="chunk size of --big")
+    add_backend(parser, "where outcore fits each chunk (the peers run on the CPU)")
     args = parser.parse_args()
+    check_backend(parser, args.backend)
 
     for n in args.n:
         _, truth = simulate_catalog(n, args.stamp, **catalog_options(args))

@@ -14,7 +14,10 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   ``outcore ptycho preprocess`` writes); its pages stay in the page cache unless
   ``--disk-cold`` drops them after every iteration. On the numpy backend ``device`` and
   ``host`` both hold the amplitudes in the worker's memory and cut each sub-batch out with the
-  same copy, so their difference here is only that of ``host``'s prefetch thread.
+  same copy, so their difference here is only that of ``host``'s prefetch thread. With
+  ``--backend cupy`` the shards compute on the GPU: ``device`` keeps the amplitudes in GPU
+  memory, ``host`` in pinned host memory copied up each sub-batch, ``disk`` reads them and
+  copies them up.
   ``--worker-malloc``: each case runs on workers as outcore starts them (``outcore``:
   glibc's mmap and trim thresholds at ``outcore.cluster.WORKER_MMAP_BYTES`` and
   ``WORKER_TRIM_BYTES``), and again with dask's own ``pre-spawn-environ`` (``dask``:
@@ -25,7 +28,7 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   ``outcore.ptycho.kernels`` in this process, no cluster: the compute the engine schedules,
   so that ``engine 1 worker - kernels`` is the engine's own cost (tasks, transfers, the
   gather of the state after each iteration); ``engine_overhead_s_per_step`` spreads it over
-  the steps;
+  the steps; on ``--backend cupy`` with the object, probe and amplitudes in GPU memory;
 - ``quantem``: quantEM's ``Ptychography`` (single slice, far field, pixelated object and probe,
   amplitude L2 loss) on the same patterns, positions, probe guess and batch size, through
   ``benchmarks/peers/quantem_runner.py`` in its own venv (``make_quantem_venv.sh``), with
@@ -57,6 +60,8 @@ and outcore on 2 workers against quantEM's fastest case of any kind, each with i
     python benchmarks/bench_ptycho.py                     # 32 x 32 positions of 64 x 64
     python benchmarks/bench_ptycho.py --scan 16 --iterations 3 --quantem-ranks 0  # make bench
     python benchmarks/bench_ptycho.py --scan 64 --chunk 16 --disk-cold
+    python benchmarks/bench_ptycho.py --backend cupy --workers 1 --worker-malloc outcore \
+        --no-quantem --memory-limit 16GiB               # on a GPU (benchmarks/gpu/run.sh)
 """
 
 from __future__ import annotations
@@ -77,10 +82,11 @@ import dask
 import numpy as np
 import psutil
 import zarr
-from common import line, machine
+from common import add_backend, check_backend, line, machine, synchronize
 
 import outcore
 from outcore import cluster
+from outcore.backend import namespace
 from outcore.ptycho import engine, kernels
 from outcore.runner import peak_worker_rss
 from outcore.runs import versions
@@ -252,7 +258,8 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
             drop_page_cache(store)
         start = time.perf_counter()
         engine.run(client, store, scan.top_left, np.ones(scan.truth.shape, np.complex64),
-                   scan.guess, settings, chunk=args.chunk, on_iteration=on_iteration)
+                   scan.guess, settings, chunk=args.chunk, on_iteration=on_iteration,
+                   backend=args.backend)
         peaks = peak_worker_rss(client)
     # iteration i runs from the end of callback i - 1 to callback i; the first is the warm-up
     walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
@@ -260,7 +267,7 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     return emit("outcore", case_of(args, n, sub_batch=args.sub_batch, workers=workers,
                                    residency=residency, chunk=args.chunk,
                                    compression=args.compression, disk_cold=cold,
-                                   worker_malloc=malloc),
+                                   worker_malloc=malloc, backend=args.backend),
                 walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
                 steps_per_iteration=steps_per_iteration(n, args.batch),
                 peak_worker_bytes=max(peaks.values()),
@@ -268,10 +275,12 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
 
 
 def bench_kernels(args: argparse.Namespace, scan: Scan) -> dict:
-    """The engine's batches, sub-batches and updates as a plain loop in this process."""
-    n = len(scan.top_left)
+    """The engine's batches, sub-batches and updates as a plain loop in this process, with
+    the object, probe and amplitudes on ``--backend``'s device."""
+    n, xp = len(scan.top_left), namespace(args.backend)
     settings = settings_of(args, "device")
-    obj, probe = np.ones(scan.truth.shape, np.complex64), scan.guess
+    obj, probe = xp.ones(scan.truth.shape, np.complex64), xp.asarray(scan.guess)
+    amplitudes = xp.asarray(scan.amplitudes)
     walls, cpu, losses = [], [], []
     for iteration in range(settings.iterations):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -281,18 +290,19 @@ def bench_kernels(args: argparse.Namespace, scan: Scan) -> dict:
             for lo in range(0, len(batch), settings.sub_batch):
                 piece = batch[lo:lo + settings.sub_batch]
                 part = kernels.batch_terms(obj, probe, scan.top_left[piece],
-                                           scan.amplitudes[piece])
+                                           amplitudes[xp.asarray(piece)])
                 terms = part if terms is None else terms + part
             step_probe = settings.step_probe if iteration >= settings.probe_start else 0.0
             obj, probe = kernels.update(obj, probe, terms, scan.top_left[batch],
                                         step_obj=settings.step_object, step_probe=step_probe,
                                         alpha=settings.alpha)
             total += terms.loss
+        synchronize(args.backend)
         walls.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         losses.append(total)
     return emit("outcore-kernels", case_of(args, n, sub_batch=args.sub_batch, workers=0,
-                                           residency="in-process"),
+                                           residency="in-process", backend=args.backend),
                 walls[1:], n, cpu[1:], warmup_s=round(walls[0], 4),
                 steps_per_iteration=steps_per_iteration(n, args.batch),
                 loss_first_last=[losses[0], losses[-1]])
@@ -463,7 +473,9 @@ def main() -> None:
     parser.add_argument("--quantem-timeout", type=float, default=1800.0, help="seconds")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of outcore's batch permutations and quantEM's rng")
+    add_backend(parser, "where outcore's engine and kernels compute (quantEM: on the CPU)")
     args = parser.parse_args()
+    check_backend(parser, args.backend)
 
     scan = simulate(args.scan, args.k, args.step)
     n = len(scan.top_left)

@@ -8,11 +8,14 @@ and ``--geometry`` every tool gets the same scan of ``--views`` views
 the axis, a detector that sees the whole volume) and the same Shepp-Logan volume, float32:
 
 - ``outcore-kernel``: ``outcore.tomo.kernels.forward`` and ``adjoint`` (Joseph's projector
-  and its exact transpose, numba) on the whole volume in this process, on one core;
+  and its exact transpose, numba) on the whole volume in this process, on one core; with
+  ``--backend cupy`` the CUDA twins on the volume in GPU memory, each call waited for, no
+  copies between host and device in the clock (``device_pool_bytes``: cupy's pool after);
 - ``outcore``: ``Projector.project`` and ``backproject`` on a LocalCluster of ``--workers``
   processes of one thread and ``--memory-limit`` each, with the blocks ``suggest_blocks``
   picks for them (``--partition``); the input is persisted in the workers and one warm-up
   run is done before the clock; each run persists its result in the workers and waits;
+  ``--backend cupy``: each task moves its block to the GPU, projects and moves it back;
 - ``scikit-image``: ``skimage.transform.radon`` (forward) and ``iradon(filter_name=None)``
   (its unfiltered, voxel-driven backprojection; not a matched adjoint) slice by slice over
   z, in this process: parallel beam only (scikit-image has no 3-D or cone-beam projector).
@@ -39,6 +42,8 @@ tool's processes together (outcore: the workers and this client).
     python benchmarks/bench_tomo.py                         # 64^3, 90 views, a few minutes
     python benchmarks/bench_tomo.py --n 128 256 --views 180 --workers 1 2 4 --runs 3
     python benchmarks/bench_tomo.py --n 128 --views 180 --tools kernel outcore diffct
+    python benchmarks/bench_tomo.py --backend cupy --n 128 256 --views 360 --workers 1 \
+        --tools kernel outcore --memory-limit 16GiB      # on a GPU (benchmarks/gpu/run.sh)
 """
 
 from __future__ import annotations
@@ -55,11 +60,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import line, machine, sample_memory, timed
+from common import add_backend, check_backend, line, machine, sample_memory, synchronize, timed
 from dask.graph_manipulation import clone
 from distributed import Client, LocalCluster, wait
 
 import outcore
+from outcore.backend import namespace
 from outcore.runs import versions
 from outcore.tomo import Geometry, Projector, kernels, scan_for, shepp_logan, suggest_blocks
 
@@ -111,18 +117,35 @@ def measure(work: Callable[[], object], runs: int, workers: list[int],
 
 def bench_kernel(args: argparse.Namespace, n: int, geometry: Geometry,
                  volume: np.ndarray) -> None:
-    """outcore's numba kernels on the whole volume, in this process (one core)."""
-    shape = volume.shape
+    """outcore's kernels on the whole volume, in this process: numba on one core, or the
+    CUDA twins on the GPU (``--backend cupy``, the arrays in device memory)."""
+    shape, on = volume.shape, args.backend
+    volume = namespace(on).asarray(volume)
     kernels.forward(volume[:2], geometry.angles[:2], geometry, depth=n)  # compile or load
     projections = kernels.forward(volume, geometry.angles, geometry)
     kernels.adjoint(projections[:2], geometry.angles[:2], geometry, shape)
+    synchronize(on)
+
+    def forward() -> None:
+        kernels.forward(volume, geometry.angles, geometry)
+        synchronize(on)
+
+    def back() -> None:
+        kernels.adjoint(projections, geometry.angles, geometry, shape)
+        synchronize(on)
+
     pids = [os.getpid()]
-    walls, peaks = measure(lambda: kernels.forward(volume, geometry.angles, geometry),
-                           args.runs, pids)
-    emit("outcore-kernel", case_for(n, geometry, "forward", workers=1), walls, peaks)
-    walls, peaks = measure(lambda: kernels.adjoint(projections, geometry.angles, geometry,
-                                                   shape), args.runs, pids)
-    emit("outcore-kernel", case_for(n, geometry, "back", workers=1), walls, peaks)
+    for direction, work in (("forward", forward), ("back", back)):
+        walls, peaks = measure(work, args.runs, pids)
+        emit("outcore-kernel", case_for(n, geometry, direction, workers=1, backend=on), walls,
+             peaks, **device_pool(on))
+
+
+def device_pool(backend: str) -> dict[str, int]:
+    """``device_pool_bytes``: what cupy's memory pool holds on the GPU (nothing on numpy)."""
+    if backend != "cupy":
+        return {}
+    return {"device_pool_bytes": int(namespace("cupy").get_default_memory_pool().total_bytes())}
 
 
 def bench_outcore(args: argparse.Namespace, n: int, geometry: Geometry, workers: int) -> None:
@@ -130,9 +153,9 @@ def bench_outcore(args: argparse.Namespace, n: int, geometry: Geometry, workers:
     shape: Shape = (n, n, n)
     views, slab = suggest_blocks(geometry, shape, args.memory_limit, partition=args.partition,
                                  workers=workers)
-    projector = Projector(geometry, shape, args.partition, views, slab)
+    projector = Projector(geometry, shape, args.partition, views, slab, backend=args.backend)
     more = {"workers": workers, "partition": args.partition, "views_per_block": views,
-            "slab": slab, "memory_limit": args.memory_limit}
+            "slab": slab, "memory_limit": args.memory_limit, "backend": args.backend}
     with (
         LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                      memory_limit=args.memory_limit, dashboard_address=":0") as cluster,
@@ -299,7 +322,9 @@ def main() -> None:
     parser.add_argument("--diffct-runs", type=int, default=1, help="timed runs of diffct")
     parser.add_argument("--diffct-budget-s", type=float, default=120.0,
                         help="seconds one diffct direction may take; estimated longer: skipped")
+    add_backend(parser, "where outcore's kernels and Projector run (the peers: on the CPU)")
     args = parser.parse_args()
+    check_backend(parser, args.backend)
     for n in args.n:
         volume = shepp_logan((n, n, n)).compute()
         for kind in args.geometry:

@@ -6,6 +6,7 @@ compare with a few lines of Python. Quote medians and ratios from the same run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -18,13 +19,33 @@ from typing import Any
 import psutil
 
 import outcore
-from outcore.backend import devices
+from outcore.backend import devices, namespace, resolve
+from outcore.errors import OutcoreError
 from outcore.runs import versions
 
 
 def machine() -> dict[str, Any]:
     gpus = devices()
     return {"cpus": os.cpu_count(), "gpu": gpus[0]["name"] if gpus else None}
+
+
+def add_backend(parser: argparse.ArgumentParser, help: str) -> None:
+    """The ``--backend`` option of a benchmark: ``numpy`` (default) or ``cupy``."""
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help=help)
+
+
+def check_backend(parser: argparse.ArgumentParser, name: str) -> str:
+    """``name`` when it is usable here, else exit with outcore's one-line error and its fix."""
+    try:
+        return resolve(name)
+    except OutcoreError as err:
+        parser.exit(2, f"{parser.prog}: {err}\n")
+
+
+def synchronize(backend: str) -> None:
+    """Wait until the GPU has finished the work queued so far (nothing to wait for on numpy)."""
+    if backend == "cupy":
+        namespace("cupy").cuda.get_current_stream().synchronize()
 
 
 def timed(run: Callable[[], object], runs: int, setup: Callable[[], object] | None = None

@@ -17,7 +17,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (cupy.cuda.is_available() is False)")
     no_mpi = pytest.mark.skip(reason="needs mpirun and mpi4py (pip install 'outcore[mpi]')")
     for item in items:
-        if "gpu" in item.keywords and not backend.gpu_available():
+        if item.get_closest_marker("gpu") and not backend.gpu_available():
             item.add_marker(no_gpu)
-        if "mpi" in item.keywords and MPIRUN is None:
+        if item.get_closest_marker("mpi") and MPIRUN is None:
             item.add_marker(no_mpi)
