@@ -38,7 +38,8 @@ REPORT = "dask-report.html"
 _HASH_BLOCK = 8 * 2**20
 _VERSIONED = (
     "outcore", "numpy", "scipy", "dask", "distributed", "xarray", "zarr", "pandas",
-    "cupy-cuda12x", "dask-cuda", "dask-mpi", "mpi4py", "h5py", "tifffile", "astropy",
+    "cupy-cuda12x", "cupy-cuda13x", "dask-cuda", "dask-mpi", "mpi4py", "h5py", "tifffile",
+    "astropy", "numba",
 )
 
 
