@@ -1,0 +1,1 @@
+"""Difference imaging: image pairs -> ZOGY difference -> detections -> cutouts, fits, scores."""
