@@ -253,7 +253,7 @@ CORE_VERBS = [
 
 
 #: The cli modules of the operator families, each with a ``VERBS`` list.
-FAMILY_CLIS = ("outcore.fit.cli", "outcore.tomo.cli", "outcore.ptycho.cli")
+FAMILY_CLIS = ("outcore.fit.cli", "outcore.tomo.cli", "outcore.ptycho.cli", "outcore.diffim.cli")
 
 
 def _family_verbs() -> list[Verb]:

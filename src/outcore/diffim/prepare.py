@@ -27,6 +27,9 @@ SURVEY_BOXES = 16
 MIN_RATIO_STARS = 3
 #: A dipole's lobes lie within this many FWHM of the difference's PSF of each other.
 DIPOLE_RADIUS_FWHM = 2.5
+#: Caps of the dipole radius and the peak footprint's radius (pixels), whatever the PSFs.
+MAX_DIPOLE_RADIUS = 20.0
+MAX_PEAK_RADIUS = 8
 IMAGES = ("reference", "target")
 
 
@@ -132,8 +135,10 @@ class PairModel:
 
     def summary(self) -> dict:
         """JSON-ready facts of the model for summary.json."""
-        return {"sigma_reference": round(self.sigma[0], 6), "sigma_target": round(self.sigma[1], 6),
-                "flux_ratio": round(self.flux_ratio, 6), "flux_ratio_source": self.flux_ratio_source,
+        return {"sigma_reference": round(self.sigma[0], 6),
+                "sigma_target": round(self.sigma[1], 6),
+                "flux_ratio": round(self.flux_ratio, 6),
+                "flux_ratio_source": self.flux_ratio_source,
                 "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
                 "matched_stars": self.matched_stars,
                 "kernel_half_width": self.kernels.half_width if self.kernels else None,
@@ -220,8 +225,8 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
         ratio, ratio_source = float(np.median(fn / fr)), "measured"
     kernels = pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio)
     fwhm_d = psfs.fwhm(kernels.psf_d)
-    peak_radius = max(2, math.ceil(0.5 * fwhm_d))
-    dipole_radius = DIPOLE_RADIUS_FWHM * fwhm_d
+    peak_radius = min(max(2, math.ceil(0.5 * fwhm_d)), MAX_PEAK_RADIUS)
+    dipole_radius = min(DIPOLE_RADIUS_FWHM * fwhm_d, MAX_DIPOLE_RADIUS)
     margin = max(math.ceil(2 * dipole_radius) + peak_radius, options.stamp // 2) + 1
     return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
                      (psf[0], psf[1]), (source[0], source[1]),

@@ -4,7 +4,8 @@
 sep's background and detection, then the stars that are unblended, away from edges and bad
 pixels, alone within a stamp's width and bright (aperture S/N of at least ``min_snr``), each
 with its windowed centroid and a stamp around it. ``stack_psf`` re-centres the stamps of a
-whole image by cubic-spline shifts, normalises them to unit sum and takes their median.
+whole image by cubic-spline shifts, normalises them to unit sum, takes their median and fits
+an elliptical Moffat to it (scipy's least squares), whose samples are the PSF.
 ``star_flux`` is the PSF photometry of a star stamp (the fit family's PSF model shifts the
 PSF), used to measure the flux ratio of the two images.
 """
@@ -88,16 +89,58 @@ def find_stars(data: np.ndarray, bad: np.ndarray, origin: tuple[int, int],
 
 
 def stack_psf(stars: dict[str, np.ndarray]) -> np.ndarray:
-    """The median of the star stamps, each moved so that its centroid falls on the middle
-    pixel (cubic spline) and scaled to unit sum; returned with unit sum, float64."""
+    """The PSF of an image from its star stamps: the median of the stamps, each moved so that
+    its centroid falls on the middle pixel (cubic spline) and scaled to unit sum, then an
+    elliptical Moffat fitted to that median (``moffat_fit``) and sampled on the stamp.
+
+    The fit keeps the PSF free of the stack's pixel noise, whose random high frequencies
+    would otherwise spread the ZOGY kernels over the whole grid."""
     offsets_x = stars["x"] - np.round(stars["x"])
     offsets_y = stars["y"] - np.round(stars["y"])
     moved = []
     for stamp, dx, dy in zip(stars["stamps"], offsets_x, offsets_y, strict=True):
         centred = spline_shift(stamp, (-dy, -dx), order=3, mode="nearest")
         moved.append(centred / centred.sum())
-    psf = np.median(np.stack(moved), axis=0)
-    return psf / psf.sum()
+    stack = np.median(np.stack(moved), axis=0)
+    return moffat_stamp(moffat_fit(stack / stack.sum()), stack.shape[0])
+
+
+def _moffat(params: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """An elliptical Moffat ``amp (1 + q / alpha^2)^-beta`` at pixel offsets (y, x), where
+    ``q`` is the squared distance in the frame rotated by ``theta``, the minor axis scaled by
+    ``1 / axis_ratio``; ``params = (amp, x0, y0, alpha, axis_ratio, theta, beta)``."""
+    amp, x0, y0, alpha, ratio, theta, beta = params
+    c, s = math.cos(theta), math.sin(theta)
+    u = (x - x0) * c + (y - y0) * s
+    v = (-(x - x0) * s + (y - y0) * c) / ratio
+    return amp * (1 + (u * u + v * v) / alpha**2) ** -beta
+
+
+def moffat_fit(stack: np.ndarray) -> np.ndarray:
+    """The elliptical Moffat parameters (see ``_moffat``) that best fit a unit-sum stamp
+    (scipy's least squares, uniform weights)."""
+    from scipy.optimize import least_squares
+
+    c = stack.shape[0] // 2
+    y, x = np.indices(stack.shape, dtype=np.float64) - c
+    sigma = 1 / math.sqrt(4 * math.pi * float((stack**2).sum()))
+    start = np.array([stack.max(), 0.0, 0.0, 2.0 * sigma, 1.0, 0.0, 3.0])
+    lower = [0.0, -2.0, -2.0, 0.1, 0.3, -math.pi, 1.01]
+    upper = [np.inf, 2.0, 2.0, 10.0 * c, 1.0, math.pi, 30.0]
+    fit = least_squares(lambda p: (_moffat(p, y, x) - stack).ravel(), start,
+                        bounds=(lower, upper), x_scale="jac")
+    return fit.x
+
+
+def moffat_stamp(params: np.ndarray, size: int) -> np.ndarray:
+    """The fitted Moffat (re-centred on the middle pixel) sampled on a ``size^2`` stamp, unit
+    sum."""
+    c = size // 2
+    y, x = np.indices((size, size), dtype=np.float64) - c
+    centred = params.copy()
+    centred[1:3] = 0.0
+    stamp = _moffat(centred, y, x)
+    return stamp / stamp.sum()
 
 
 def star_flux(stars: dict[str, np.ndarray], psf: np.ndarray) -> np.ndarray:

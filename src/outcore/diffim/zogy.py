@@ -148,7 +148,7 @@ def apply(reference: Array, target: Array, var_r: Array, var_n: Array,
     crop = np.s_[half: ly - half, half: lx - half]
 
     def inverse(spectrum: Array) -> Array:
-        return fft.irfft2(spectrum, s=shape)[crop]
+        return xp.ascontiguousarray(fft.irfft2(spectrum, s=shape)[crop])
 
     def hat(kernel: np.ndarray) -> Array:
         return _kernel_hat(kernel, shape, xp)
