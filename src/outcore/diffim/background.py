@@ -1,9 +1,11 @@
 """Sky background and its noise on a fixed mesh of boxes, the same whatever the tiling.
 
 Each box of ``box x box`` pixels, aligned on the image's own grid (box ``(i, j)`` covers rows
-``i * box ...`` and columns ``j * box ...``), gets sep's SExtractor estimate of its level and
-RMS (clipped mode and standard deviation, masked pixels left out). The boxes of the whole
-image form a small mesh; gaps (boxes with too few good pixels) are filled from their
+``i * box ...`` and columns ``j * box ...``), gets its level and RMS: the 3-sigma clipped mean
+and standard deviation (astropy) of its pixels, with masked pixels and the pixels of the
+sources sep detects left out (so the mean is not biased by their light, and is less noisy
+than a mode), the RMS divided by ``CLIPPED_RMS`` so that it estimates a Gaussian's sigma.
+The boxes of the whole image form a small mesh; gaps (boxes with too few good pixels) are filled from their
 neighbours, a 3 x 3 median filter removes boxes spoiled by bright sources, and a bicubic
 spline through the box centres gives the background and RMS at any pixel. Evaluating the
 spline at a pixel does not depend on which tile asks, so every tile of an image sees the
@@ -12,40 +14,70 @@ same background.
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import sep
+from astropy.stats import sigma_clip
 from scipy.interpolate import RectBivariateSpline
-from scipy.ndimage import median_filter
+from scipy.ndimage import binary_dilation, median_filter
 
 #: Box edge (pixels) of the background mesh when none is given.
 DEFAULT_BOX = 64
 #: A box whose good pixels are fewer than this fraction of its area gets its neighbours' level.
 MIN_GOOD_FRACTION = 0.5
+#: The clipped RMS is the standard deviation of the pixels within 3 sigma of the level, which
+#: for Gaussian noise is this fraction of sigma (a normal truncated at +-3); the mesh divides
+#: by it.
+CLIPPED_RMS = math.sqrt(1 - 6 * math.exp(-4.5) / math.sqrt(2 * math.pi)
+                        / math.erf(3 / math.sqrt(2)))
+#: Sources are found at this many sigma (sep, 3 x 3 filter) and masked, grown by SOURCE_GROW
+#: pixels, before the boxes are measured: their light would bias the level upwards.
+SOURCE_SIGMA = 3.0
+SOURCE_GROW = 4
+
+
+def source_mask(data: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Pixels of ``data`` covered by a source that sep detects at ``SOURCE_SIGMA`` (after its
+    own local background), grown by ``SOURCE_GROW`` pixels; ``bad`` pixels are left out."""
+    data = np.ascontiguousarray(np.where(bad, 0.0, data), dtype=np.float64)
+    bad = np.ascontiguousarray(bad)
+    if bad.all():
+        return np.zeros(data.shape, dtype=bool)
+    sky = sep.Background(data, mask=bad, bw=DEFAULT_BOX, bh=DEFAULT_BOX, fw=3, fh=3)
+    try:
+        _, segments = sep.extract(data - sky.back(), SOURCE_SIGMA, err=sky.globalrms, mask=bad,
+                                  minarea=5, segmentation_map=True)
+    except Exception:  # sep's pixel stack overflows: a block of sources; keep every pixel
+        return np.zeros(data.shape, dtype=bool)
+    return binary_dilation(segments > 0, iterations=SOURCE_GROW)
 
 
 def box_statistics(data: np.ndarray, bad: np.ndarray | None, box: int) -> tuple[np.ndarray,
                                                                                  np.ndarray]:
-    """sep's background level and RMS of every box of ``data`` (a block whose origin lies on
-    the box grid): two ``(ceil(ny / box), ceil(nx / box))`` float64 arrays, NaN where a box
-    has too few good pixels (``bad`` True = ignored)."""
+    """The 3-sigma clipped mean and RMS (astropy) of every box of ``data`` (a block whose
+    origin lies on the box grid): two ``(ceil(ny / box), ceil(nx / box))`` float64 arrays,
+    NaN where a box has too few good pixels (``bad`` True = ignored). The boxes are clipped
+    all at once, as rows of one array (partial boxes at the far edges padded as bad)."""
     ny, nx = data.shape
     nby, nbx = -(-ny // box), -(-nx // box)
-    back = np.full((nby, nbx), np.nan)
-    rms = np.full((nby, nbx), np.nan)
-    for i in range(nby):
-        for j in range(nbx):
-            cut = np.s_[i * box: (i + 1) * box, j * box: (j + 1) * box]
-            pixels = np.ascontiguousarray(data[cut], dtype=np.float64)
-            mask = None if bad is None else np.ascontiguousarray(bad[cut])
-            good = pixels.size if mask is None else pixels.size - int(mask.sum())
-            if good < MIN_GOOD_FRACTION * pixels.size:
-                continue
-            h, w = pixels.shape
-            estimate = sep.Background(pixels, mask=mask, bw=w, bh=h, fw=1, fh=1)
-            back[i, j], rms[i, j] = estimate.globalback, estimate.globalrms
-    return back, rms
+    pixels = np.full((nby * box, nbx * box), np.nan)
+    pixels[:ny, :nx] = data if bad is None else np.where(bad, np.nan, data)
+    area = np.zeros(pixels.shape)
+    area[:ny, :nx] = 1.0
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return a.reshape(nby, box, nbx, box).transpose(0, 2, 1, 3).reshape(nby, nbx, box * box)
+
+    pixels, area = rows(pixels), rows(area).sum(axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # all-NaN boxes, and astropy's note on NaN input
+        clipped = sigma_clip(pixels, sigma=3.0, maxiters=5, axis=-1, masked=False)
+        back, rms = np.nanmean(clipped, axis=-1), np.nanstd(clipped, axis=-1) / CLIPPED_RMS
+    few = np.isfinite(pixels).sum(axis=-1) < MIN_GOOD_FRACTION * area
+    return np.where(few, np.nan, back), np.where(few, np.nan, rms)
 
 
 def fill_gaps(mesh: np.ndarray) -> np.ndarray:

@@ -56,9 +56,18 @@ class ImageFile:
     sha256: str
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
-        """Pixels ``[y0:y1, x0:x1]`` (inside the image) as float64, scaled by BSCALE/BZERO."""
+        """Pixels ``[y0:y1, x0:x1]`` (inside the image) as float64, scaled by BSCALE/BZERO.
+
+        Plain images are sliced from the memory-mapped data (only those pages are read);
+        scaled or tile-compressed ones through astropy's ``section``."""
         from astropy.io import fits
 
+        with fits.open(self.path, memmap=True, do_not_scale_image_data=True) as hdul:
+            hdu = hdul[self.hdu]
+            plain = (isinstance(hdu, (fits.PrimaryHDU, fits.ImageHDU))
+                     and "BSCALE" not in hdu.header and "BZERO" not in hdu.header)
+            if plain:
+                return np.array(hdu.data[y0:y1, x0:x1], dtype=np.float64)
         with fits.open(self.path, memmap=True) as hdul:
             return np.asarray(hdul[self.hdu].section[y0:y1, x0:x1], dtype=np.float64)
 

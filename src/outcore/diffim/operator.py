@@ -28,6 +28,7 @@ import dask
 import dask.array as da
 import distributed
 import numpy as np
+import pandas as pd
 import xarray as xr
 import zarr
 from dask.base import tokenize
@@ -230,3 +231,23 @@ def cutouts(tiles: Sequence, counts: Sequence[int], catalog: xr.Dataset,
         coords={"candidate_id": ("candidate", da.arange(total, chunks=chunk or 1))},
         attrs={"outcore_layout": "cutouts", "outcore_operator": "diffim",
                "images_long_name": "cutouts of the ZOGY difference D"})
+
+
+def catalog(pairs: Sequence[Pair], options: Options | None = None,
+            client: distributed.Client | None = None) -> tuple[list[PairModel], pd.DataFrame]:
+    """Models and the whole catalog (a pandas DataFrame, one row per source, ``COLUMNS`` plus
+    ``item_id``) of a few pairs, computed on ``client`` or dask's local scheduler: for
+    notebooks and tests; the CLI streams the same tables into stores instead."""
+    options = options or Options()
+    models = compute_models(client, pairs, options)
+    tasks = [task for _, _, task in tile_graph(pairs, models, options)]
+    results = client.gather(client.compute(tasks)) if client else list(dask.compute(*tasks))
+    table = np.concatenate([r.table for r in results]) if results else np.empty(
+        (0, len(COLUMNS)))
+    frame = pd.DataFrame(table, columns=list(COLUMNS))
+    for name in INTEGER_COLUMNS:
+        frame[name] = frame[name].astype(np.int64)
+    for name in BOOL_COLUMNS:
+        frame[name] = frame[name].astype(bool)
+    frame.insert(0, "item_id", [pairs[i].item_id for i in frame["item_index"]])
+    return models, frame

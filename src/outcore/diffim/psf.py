@@ -24,9 +24,6 @@ from outcore.fit.models import psf_evaluate
 MIN_PSF_STARS = 5
 #: Stars kept per survey block (the brightest that pass every cut).
 MAX_STARS_PER_BLOCK = 40
-#: sep's pixel stack, raised for crowded blocks.
-PIXSTACK = 3_000_000
-sep.set_extract_pixstack(PIXSTACK)
 
 
 def find_stars(data: np.ndarray, bad: np.ndarray, origin: tuple[int, int],
@@ -51,7 +48,7 @@ def find_stars(data: np.ndarray, bad: np.ndarray, origin: tuple[int, int],
     rms = sky.globalrms
     try:
         objects = sep.extract(sub, 5.0, err=rms, mask=bad, minarea=5)
-    except Exception:  # sep's buffers overflow on a block of pure junk: no stars there
+    except Exception:  # sep's pixel stack overflows on a crowded block: no stars there
         return empty
     if len(objects) == 0:
         return empty

@@ -76,10 +76,12 @@ class PsfShape:
         if self.kind == "gaussian":
             sigma = self.fwhm / (2 * math.sqrt(2 * math.log(2)))
             return np.exp(-2 * math.pi**2 * sigma**2 * k**2)
+        k = np.asarray(k, dtype=np.float64)
         r = np.linspace(0.0, self.radius * math.sqrt(2), 4001)
+        table = np.linspace(0.0, max(float(k.max(initial=0.0)), 1e-9), 1025)
         weight = self.profile(r**2) * r
-        hankel = np.trapezoid(weight * j0(2 * math.pi * np.multiply.outer(k, r)), r, axis=-1)
-        return hankel / np.trapezoid(weight, r)
+        hankel = np.trapezoid(weight * j0(2 * math.pi * np.multiply.outer(table, r)), r, axis=-1)
+        return np.interp(k, table, hankel / np.trapezoid(weight, r))
 
 
 def expected_snr(flux: float | np.ndarray, psf_reference: PsfShape, psf_target: PsfShape,
