@@ -7,8 +7,8 @@ sources sep detects left out (so the mean is not biased by their light, and is l
 than a mode), the RMS divided by ``CLIPPED_RMS`` so that it estimates a Gaussian's sigma.
 The boxes of the whole image form a small mesh; gaps (boxes with too few good pixels) are
 filled from their neighbours, a 3 x 3 median filter removes boxes spoiled by bright sources,
-and a bicubic spline through the box centres gives the background and RMS at any pixel. Evaluating the
-spline at a pixel does not depend on which tile asks, so every tile of an image sees the
+and a bicubic spline through the box centres gives the background and RMS at any pixel.
+Evaluating the spline at a pixel does not depend on which tile asks, so every tile of an image sees the
 same background.
 """
 
