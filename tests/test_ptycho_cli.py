@@ -89,9 +89,9 @@ def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
     import dask.array as da
 
     from outcore.errors import PlanError
+    from outcore.plan import Resources
     from outcore.ptycho.engine import Settings
     from outcore.ptycho.reconstruct_cli import _plan
-    from outcore.runner import Resources
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},

@@ -26,7 +26,7 @@ from outcore.ptycho import (
     save_preprocessed,
     simulate_stack,
 )
-from outcore.ptycho.preprocess import write_store
+from outcore.ptycho.store import write_store
 from outcore.runs import load_summary
 
 K = 32

@@ -11,24 +11,26 @@ import pytest
 from outcore import runner
 from outcore.cluster import ClusterOptions
 from outcore.errors import OutcoreError
-from outcore.plan import Plan, TaskMemory
+from outcore.plan import Plan, Resources, TaskMemory
+from outcore.progress import compute
 from outcore.runs import load_summary
+from outcore.verbs import Job, RunSettings
 
 
-def _job() -> runner.Job:
-    def plan(resources: runner.Resources) -> Plan:
+def _job() -> Job:
+    def plan(resources: Resources) -> Plan:
         return Plan([TaskMemory("sum", 4, 2**20, 8)], resources.workers,
                     resources.threads_per_worker, None)
 
     def execute(run, client) -> None:
-        runner.compute(client, da.ones((4000, 4000), chunks=1000).sum(), show=False)
+        compute(client, da.ones((4000, 4000), chunks=1000).sum(), show=False)
 
-    return runner.Job("paused", {}, plan, execute)
+    return Job("paused", {}, plan, execute)
 
 
 def test_workers_paused_for_good_end_the_run_as_failed(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "PAUSED_GRACE_S", 2.0)
-    settings = runner.RunSettings(
+    settings = RunSettings(
         ClusterOptions("local", workers=1, memory_limit="1GiB"), backend="numpy",
         output_dir=str(tmp_path), name="r", progress=False)
     # pause as soon as a worker holds 1 % of its limit: every worker pauses at once
@@ -45,25 +47,25 @@ def test_workers_paused_for_good_end_the_run_as_failed(tmp_path, monkeypatch):
 
 
 def test_negative_rounds_are_refused_before_start(tmp_path):
-    settings = runner.RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path),
+    settings = RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path),
                                   warmup_rounds=-1)
     with pytest.raises(OutcoreError, match="warmup-rounds"):
         runner.run_job(settings, lambda backend: _job())
     assert list(tmp_path.iterdir()) == []
 
 
-def _sleepy_job() -> runner.Job:
-    def plan(resources: runner.Resources) -> Plan:
+def _sleepy_job() -> Job:
+    def plan(resources: Resources) -> Plan:
         return Plan([TaskMemory("sleep", 1, 8, 8)], resources.workers, 1, None)
 
     def execute(run, client) -> None:
-        runner.compute(client, dask.delayed(time.sleep)(120), show=False)
+        compute(client, dask.delayed(time.sleep)(120), show=False)
 
-    return runner.Job("stuck", {}, plan, execute)
+    return Job("stuck", {}, plan, execute)
 
 
 def test_worker_timeout_ends_a_stuck_task(tmp_path):
-    settings = runner.RunSettings(ClusterOptions("local", workers=1, memory_limit="400MiB"),
+    settings = RunSettings(ClusterOptions("local", workers=1, memory_limit="400MiB"),
                                   output_dir=str(tmp_path), name="r", progress=False,
                                   worker_timeout=2.0)
     t0 = time.perf_counter()
@@ -73,5 +75,5 @@ def test_worker_timeout_ends_a_stuck_task(tmp_path):
     summary = load_summary(tmp_path / "r")
     assert summary["status"] == "failed" and "sleep" in summary["reason"]
     with pytest.raises(OutcoreError, match="positive"):
-        runner.run_job(runner.RunSettings(ClusterOptions("threads"), worker_timeout=0),
+        runner.run_job(RunSettings(ClusterOptions("threads"), worker_timeout=0),
                        lambda backend: _sleepy_job())

@@ -120,6 +120,21 @@ def test_cgls_resumed_equals_uninterrupted(tmp_path, scans, phantom):
     assert json.loads((rest / "work" / "state.json").read_text())["iteration"] == 4
 
 
+def test_state_in_memory_when_it_fits_and_on_disk_give_one_volume(tmp_path, scans):
+    store = scans["parallel"]
+    common = ["--method", "cgls", "--iterations", "3", "--slab", "8"]
+    auto = _reconstruct(tmp_path, store, "auto", *common)
+    disk = _reconstruct(tmp_path, store, "disk", *common, "--state", "disk")
+    np.testing.assert_array_equal(_volume(auto), _volume(disk))
+    assert load_summary(auto)["metrics"]["residuals"] == load_summary(disk)["metrics"][
+        "residuals"]
+    memory, zarr_backed = load_summary(auto), load_summary(disk)
+    assert (memory["config"]["state"], memory["config"]["checkpoint_every"]) == ("memory", 10)
+    assert (zarr_backed["config"]["state"], zarr_backed["config"]["checkpoint_every"]) == (
+        "disk", 1)
+    assert memory["plan"]["resident_bytes"] > 0 == zarr_backed["plan"]["resident_bytes"]
+
+
 def test_sirt_writes_its_work_dir_and_residuals(tmp_path, scans):
     run = _reconstruct(tmp_path, scans["cone"], "sirt", "--method", "sirt", "--iterations", "3")
     metrics = load_summary(run)["metrics"]
@@ -152,6 +167,8 @@ BAD = {
     "fbp-iterations": (["--iterations", "3"], "--iterations"),
     "partition": (["--partition", "rows"], "--partition"),
     "resume-alone": (["--method", "cgls", "--resume"], "--resume-from"),
+    "state": (["--method", "cgls", "--state", "ram"], "--state"),
+    "state-fbp": (["--state", "memory"], "--state"),
     "resume-from-alone": (["--method", "cgls", "--resume-from", "."], "--resume"),
     "not-a-run": (["--method", "cgls", "--resume", "--resume-from", "{tmp}"], "summary.json"),
     "volume": (["--volume-shape", "32", "0", "32"], "--volume-shape"),

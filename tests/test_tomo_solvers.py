@@ -3,6 +3,7 @@ checkpoints and resume; phantoms."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -108,6 +109,36 @@ def test_sirt_converges_and_resumes(small_problem, tmp_path):
     np.testing.assert_array_equal(resumed.volume.compute(), full.volume.compute())
     with pytest.raises(ValueError, match="another run"):
         sirt(b, projector, tmp_path / "part", 4, resume=True)
+
+
+@pytest.mark.parametrize("solver", [cgls, sirt])
+def test_vectors_in_memory_give_the_zarr_backed_result_and_resume_from_disk(
+        small_problem, tmp_path, solver):
+    """In-memory state: the same volume and residuals bit for bit as zarr-backed state, only
+    the checkpoints on disk, and a run resumed (in memory or not) from them equal too."""
+    projector, b = small_problem
+    on_disk = solver(b, projector, tmp_path / "disk", 5)
+    in_memory = solver(b, projector, tmp_path / "memory", 5, checkpoint_every=2,
+                       in_memory=True)
+    np.testing.assert_array_equal(in_memory.volume.compute(), on_disk.volume.compute())
+    assert in_memory.residuals == on_disk.residuals
+    kept = sorted(p.name for p in (tmp_path / "memory").glob("iter-*"))
+    assert kept == (["iter-5"] if solver is cgls else ["iter-5", "iter-weights"])
+
+    class Stop(Exception):
+        pass
+
+    def crash(k: int, residual: float) -> None:
+        if k == 3:
+            raise Stop
+
+    with pytest.raises(Stop):  # dies after iteration 3; its last checkpoint is iteration 2
+        solver(b, projector, tmp_path / "cut", 5, checkpoint_every=2, in_memory=True,
+               callback=crash)
+    assert json.loads((tmp_path / "cut" / "state.json").read_text())["iteration"] == 2
+    resumed = solver(b, projector, tmp_path / "cut", 5, resume=True)
+    np.testing.assert_array_equal(resumed.volume.compute(), on_disk.volume.compute())
+    assert resumed.residuals == on_disk.residuals
 
 
 def test_phantoms_are_lazy_and_chunk_independent():

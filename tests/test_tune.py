@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import pytest
 import xarray as xr
@@ -20,10 +18,7 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def outcore_tune(argv: list[str]) -> int:
     """``outcore tune ...`` as the outcore command dispatches it."""
-    verbs = cli.all_verbs()
-    parser = argparse.ArgumentParser(prog="outcore")
-    tune.register(parser.add_subparsers(dest="command"), verbs)
-    return tune.run_cli(parser.parse_args(["tune", *argv]), verbs)
+    return tune.run_cli(cli.build_parser("tune").parse_args(["tune", *argv]))
 
 
 def test_demo_grid_from_the_command_line(tmp_path, capsys):

@@ -1,6 +1,10 @@
-"""outcore: out-of-core arrays on Dask for large scientific imaging data on one or many GPUs."""
+"""outcore: out-of-core arrays on Dask for large scientific imaging data on one or many GPUs.
 
-from outcore import backend, cluster, plan, reduce, runs
+``outcore.open(path)`` and ``outcore.save(ds, path)`` read and write the stores; the modules
+(``outcore.cluster``, ``outcore.reduce``, ...) and these two are imported on first use
+(``outcore.lazy``), so ``outcore --help`` stays light.
+"""
+
 from outcore.errors import (
     BackendError,
     ClusterError,
@@ -10,9 +14,19 @@ from outcore.errors import (
     PlanError,
     RunExistsError,
 )
-from outcore.io import open, save  # noqa: A004 - `outcore.open` is the public contract
+from outcore.lazy import lazy_exports
 
 __version__ = "0.1.0"
+
+__getattr__, __dir__, _lazy = lazy_exports(__name__, {
+    "io.store": ("open", "save"),
+    "backend": ("backend",),
+    "cluster": ("cluster",),
+    "io": ("io",),
+    "plan": ("plan",),
+    "reduce": ("reduce",),
+    "runs": ("runs",),
+})
 
 __all__ = [
     "BackendError",
@@ -23,11 +37,5 @@ __all__ = [
     "PlanError",
     "RunExistsError",
     "__version__",
-    "backend",
-    "cluster",
-    "plan",
-    "reduce",
-    "runs",
-    "open",
-    "save",
+    *_lazy,
 ]

@@ -7,8 +7,11 @@ imports (and ``auto`` resolves to numpy) on machines without a GPU or without cu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from types import ModuleType
 from typing import Any, Literal
 
@@ -39,6 +42,21 @@ def gpu_available() -> bool:
     return _cupy() is not None
 
 
+#: True inside ``planning_only()``: graphs are built to be planned, never computed here.
+_PLANNING: ContextVar[bool] = ContextVar("outcore_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning_only() -> Iterator[None]:
+    """Within it, ``resolve("cupy")`` gives ``"cupy"`` on a machine without a GPU, so that
+    ``outcore plan`` can plan GPU workers from anywhere; nothing built inside may compute."""
+    token = _PLANNING.set(True)
+    try:
+        yield
+    finally:
+        _PLANNING.reset(token)
+
+
 def resolve(name: str = "auto") -> str:
     """Turn a requested backend into ``"numpy"`` or ``"cupy"``; ``auto`` picks cupy on a GPU."""
     if name not in BACKENDS:
@@ -47,7 +65,7 @@ def resolve(name: str = "auto") -> str:
         )
     if name == "auto":
         return "cupy" if gpu_available() else "numpy"
-    if name == "cupy" and not gpu_available():
+    if name == "cupy" and not gpu_available() and not _PLANNING.get():
         raise BackendError(
             "The cupy backend was asked for, but no CUDA GPU is usable here"
             " (cupy is missing or cupy.cuda.is_available() is False).",

@@ -29,6 +29,7 @@ import distributed
 from dask.utils import parse_bytes
 
 from outcore import backend
+from outcore.checks import at_least
 from outcore.errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,12 @@ class ClusterOptions:
             return "cuda" if backend.gpu_available() and _dask_cuda_importable() else "local"
         return "address" if self.is_address else self.kind
 
-    def validate(self) -> str:
-        """The resolved kind, or ``ClusterError`` for an option that does not apply to it."""
+    def validate(self, on_this_machine: bool = True) -> str:
+        """The resolved kind, or ``ClusterError`` for an option that does not apply to it.
+
+        ``on_this_machine=False`` (``outcore plan``) skips what only the machine that runs
+        the cluster can tell: a visible GPU and an importable dask-cuda for ``cuda``.
+        """
         if self.kind not in CLUSTER_KINDS and not self.is_address:
             raise ClusterError(
                 f"Unknown cluster {self.kind!r}.",
@@ -95,12 +100,10 @@ class ClusterOptions:
                 " tcp://127.0.0.1:8786.",
             )
         kind = self.resolved_kind()
-        if self.workers is not None and self.workers < 1:
-            raise ClusterError(f"--workers must be at least 1, not {self.workers}.",
-                               "give a positive number of workers.")
-        if self.threads_per_worker < 1:
-            raise ClusterError("--threads-per-worker must be at least 1.",
-                               "give a positive number of threads.")
+        at_least(self.workers, "--workers", what="a positive number of workers",
+                 error=ClusterError)
+        at_least(self.threads_per_worker, "--threads-per-worker",
+                 what="a positive number of threads", error=ClusterError)
         for name in ("memory_limit", "device_memory_limit"):
             value = getattr(self, name)
             if isinstance(value, str) and value != "auto":
@@ -146,7 +149,7 @@ class ClusterOptions:
                     f"{flags} cannot be applied to an existing cluster at {self.kind}.",
                     "set them where that cluster's workers are started, or drop them.",
                 )
-        if kind == "cuda":
+        if kind == "cuda" and on_this_machine:
             if not backend.gpu_available():
                 raise ClusterError(
                     "--cluster cuda needs a CUDA GPU, and none is visible here.",

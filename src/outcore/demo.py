@@ -7,6 +7,8 @@ known truth of the simulation (the mean frame and every frame's expected total).
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 
 import dask.array as da
@@ -17,9 +19,11 @@ from dask.utils import format_bytes
 from scipy.special import j1
 
 from outcore import io, reduce
-from outcore.plan import Plan
-from outcore.runner import Job, Resources, compute
+from outcore.checks import at_least
+from outcore.plan import Plan, Resources
+from outcore.progress import compute
 from outcore.runs import Run
+from outcore.verbs import DemoStage, Job, Tunable, Verb, demo_stages
 
 WAVELENGTH_M = 1.0e-10
 SCAN_STEP_M = 50e-9
@@ -98,24 +102,6 @@ def check_statistics(stats: xr.Dataset, scan: tuple[int, int], frame: int, count
     }
 
 
-def fit_demo(run: Run, client: distributed.Client, candidates: int) -> None:
-    """Fit a simulated dipole catalog (outcore.fit) and record rate, statuses and pulls."""
-    from outcore.fit import fit_dipoles, simulate_catalog, status_counts
-
-    catalog, truth = simulate_catalog(candidates, seed=3, chunk_size=1024)
-    with run.timing("fit_dipoles"):
-        fits = client.persist(fit_dipoles(catalog, chunk_size=256))
-        distributed.wait(fits)
-    ok = fits["status"].str.startswith("converged")
-    pulls = ((fits["x_pos"] - truth["x_pos"]) / fits["x_pos_err"]).where(ok)
-    run.metric(fit_dipoles={
-        "candidates": candidates,
-        "fits_per_second": round(candidates / run.record["timings_s"]["fit_dipoles"], 1),
-        "status_counts": status_counts(fits),
-        "x_pos_pull_std": round(float(pulls.std().compute()), 4),
-    })
-
-
 def write_stack(
     path: str | Path, scan: tuple[int, int], frame: int, chunk_rows: int = 2,
     counts: float = 2.0e4,
@@ -125,80 +111,31 @@ def write_stack(
     return io.save(synthetic_stack(scan, frame, counts, chunk_rows), path)
 
 
-def tomo_demo(run: Run, client: distributed.Client, size: int) -> None:
-    """Project a ``size``^3 Shepp-Logan phantom (parallel beam) and reconstruct it by FBP on
-    the cluster; record the PSNR against the phantom and the projector's throughput."""
-    from outcore.tomo import Projector, fbp, scan_for, shepp_logan
-
-    views = int(1.5 * size)
-    projector = Projector(scan_for("parallel", (size,) * 3, views), (size,) * 3, "views")
-    phantom = shepp_logan((size,) * 3)
-    with run.timing("tomo_fbp"):
-        projections = client.persist(projector.project(phantom))
-        volume, truth = compute(client, fbp(projections, projector), phantom, show=False)
-    psnr = 10 * np.log10(truth.max() ** 2 / np.mean((volume - truth) ** 2))
-    run.metric(tomo_fbp={
-        "volume": [size] * 3, "views": views, "psnr_db": round(float(psnr), 2),
-        "gups": round(2 * size**3 * views / run.record["timings_s"]["tomo_fbp"] / 1e9, 4),
-    })
-
-
-def ptycho_demo(run: Run, client: distributed.Client, scan_side: int) -> None:
-    """Simulate a jittered ``scan_side``^2 ptychography scan (32 x 32 patterns), preprocess it
-    and reconstruct object and probe data-parallel on the cluster; record the object's error
-    against the truth and the seconds per iteration."""
-    from outcore.ptycho import (
-        open_preprocessed,
-        open_truth,
-        preprocess,
-        save_preprocessed,
-        simulate_stack,
-    )
-    from outcore.ptycho.reconstruct import reconstruct
-    from outcore.ptycho.reconstruct_cli import truth_error
-
-    iterations = 30
-    sim = simulate_stack((scan_side, scan_side), detector=32, step=5, jitter=1, seed=1)
-    stack, truth = sim.save(run.path / "ptycho-stack.zarr")
-    pre_path = save_preprocessed(preprocess(io.open(stack), source=str(stack)),
-                                 run.path / "ptycho-preprocessed.zarr")
-    with run.timing("ptycho_reconstruct"):
-        recon = reconstruct(pre_path, iterations=iterations, batch_size=32, client=client)
-    error = truth_error(recon, open_truth(truth), open_preprocessed(pre_path))
-    run.metric(ptycho_reconstruct={
-        "positions": scan_side**2, "iterations": iterations, "object_error": error,
-        "loss_first_last": [float(recon["loss"][0]), float(recon["loss"][-1])],
-        "s_per_iteration": round(run.record["timings_s"]["ptycho_reconstruct"] / iterations, 4),
-    })
-
-
 def demo_job(
     scan: tuple[int, int] = (128, 192),
     frame: int = 128,
     chunk_rows: int = 2,
     counts: float = 2.0e4,
-    fit_candidates: int = 5000,
+    stage_sizes: dict[str, int] | None = None,
     stack_path: str | Path | None = None,
-    tomo_size: int = 48,
-    ptycho_scan: int = 12,
 ) -> Job:
-    """The demo's job: write the synthetic stack into the run, stream its statistics, fit
-    ``fit_candidates`` simulated dipole cutouts, reconstruct a ``tomo_size``^3 phantom by
-    FBP and a ``ptycho_scan``^2 ptychography scan (each skipped when 0).
+    """The demo's job: write the synthetic stack into the run, stream its statistics, then
+    run each family's demo stage at its size (``stage_sizes``: the stage's option dest, such
+    as ``tomo_size``, to its size; 0 skips it; a stage not named is skipped).
 
     ``stack_path`` names a stack already written by ``write_stack`` with the same arguments,
     so that ``measure`` can stream it without ``execute`` running first (``outcore tune``).
     """
     stack = synthetic_stack(scan, frame, counts, chunk_rows)
+    sizes = dict(stage_sizes or {})
+    stages = [(stage, sizes.get(_dest(stage), 0)) for stage in demo_stages()]
 
     def plan(resources: Resources) -> Plan:
-        stages = reduce.memory_model(stack["data"])
         notes = [
             f"stack: {format_bytes(stack['data'].nbytes)} of frames vs"
             f" {format_bytes(resources.workers * (resources.memory_limit or 0))} of worker memory"
         ]
-        return Plan(stages, resources.workers, resources.threads_per_worker,
-                    resources.memory_limit, notes=notes)
+        return Plan.of(reduce.memory_model(stack["data"]), resources, notes=notes)
 
     written: dict[str, Path] = {} if stack_path is None else {"stack": Path(stack_path)}
 
@@ -225,20 +162,79 @@ def demo_job(
             read_gb_per_s=round(nbytes / run.record["timings_s"]["statistics"] / 1e9, 3),
             verification=check_statistics(computed, scan, frame, counts),
         )
-        if fit_candidates:
-            fit_demo(run, client, fit_candidates)
-        if tomo_size:
-            tomo_demo(run, client, tomo_size)
-        if ptycho_scan:
-            ptycho_demo(run, client, ptycho_scan)
+        for stage, size in stages:
+            if size:
+                stage.run(run, client, size)
 
     return Job(
         command="demo",
         config={"scan": list(scan), "frame": frame, "chunk_rows": chunk_rows, "counts": counts,
-                "fit_candidates": fit_candidates, "tomo_size": tomo_size,
-                "ptycho_scan": ptycho_scan},
+                **{_dest(stage): size for stage, size in stages}},
         plan=plan,
         execute=execute,
         plan_fixes=["use fewer --chunk-rows"],
         measure=statistics,
     )
+
+
+def _dest(stage: DemoStage) -> str:
+    """The argparse dest of a stage's option: ``--tomo-size`` -> ``tomo_size``."""
+    return stage.option.removeprefix("--").replace("-", "_")
+
+
+# --- the verb ---------------------------------------------------------------------------------
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scan", type=int, nargs=2, default=(128, 192), metavar=("NY", "NX"),
+                   help="scan grid of the synthetic stack (frames = NY*NX)")
+    p.add_argument("--frame", type=int, default=128, help="detector frame size in pixels")
+    p.add_argument("--chunk-rows", type=int, default=2, help="scan rows per chunk")
+    for stage in demo_stages():
+        p.add_argument(stage.option, type=int, default=stage.default,
+                       help=f"{stage.help} (0: none)")
+
+
+def _defaults(args: argparse.Namespace) -> None:
+    """Two workers of 512 MiB on a local cluster: less memory than the 1.5 GiB stack."""
+    if args.cluster in ("auto", "local", "threads"):
+        args.workers = 2 if args.workers is None else args.workers
+        args.memory_limit = args.memory_limit or "512MiB"
+
+
+def _job(args: argparse.Namespace, backend_name: str) -> Job:
+    if backend_name != "numpy":
+        print("note: the demo runs on numpy chunks", file=sys.stderr)
+    at_least(args.chunk_rows, "--chunk-rows", what="scan rows per chunk")
+    sizes = {}
+    for stage in demo_stages():
+        sizes[_dest(stage)] = at_least(getattr(args, _dest(stage)), stage.option, 0)
+    return demo_job(tuple(args.scan), args.frame, args.chunk_rows, stage_sizes=sizes)
+
+
+def _gigabytes(args: argparse.Namespace) -> float:
+    """GB (1e9 bytes) of frames one statistics pass reads."""
+    return synthetic_stack(tuple(args.scan), args.frame)["data"].nbytes / 1e9
+
+
+def _stack_path(args: argparse.Namespace, scratch: Path) -> Path:
+    return scratch / f"stack-rows{args.chunk_rows}.zarr"
+
+
+def _tune_build(verb: Verb, args: argparse.Namespace, backend_name: str, scratch: Path) -> Job:
+    """The demo's job, measuring the stack ``_tune_stage`` writes into ``scratch``."""
+    return demo_job(tuple(args.scan), args.frame, args.chunk_rows,
+                    stack_path=_stack_path(args, scratch))
+
+
+def _tune_stage(args: argparse.Namespace, scratch: Path) -> None:
+    """Write the demo's stack for this chunking once (later worker counts reuse it)."""
+    path = _stack_path(args, scratch)
+    if not path.exists():
+        write_stack(path, tuple(args.scan), args.frame, args.chunk_rows)
+
+
+VERBS = [Verb("demo", "write a synthetic stack bigger than worker memory and stream its "
+              "statistics", _arguments, _job, defaults={"cluster": "local"},
+              fill_defaults=_defaults,
+              tunable=Tunable("chunk_rows", "GB/s", "GB", _gigabytes, _tune_build, _tune_stage))]

@@ -2,25 +2,121 @@
 
 An operator describes its graph as a few *stages* (``TaskMemory``), each a kind of task that
 appears ``tasks`` times. A task holds its inputs, its output and some transient scratch at
-once, so its peak is their sum. A worker runs ``threads_per_worker`` tasks at a time, so its
+once, so its host peak is their sum; ``device_bytes`` is what it holds on the GPU at once
+(zero on the numpy backend). A worker runs ``threads_per_worker`` tasks at a time, so its
 projected peak is that many of the largest task plus a fixed baseline for the interpreter and
 libraries. Dask starts spilling at 60 % of a worker's limit and pauses at 80 %; a plan must
 keep its projection under the *budget* (``target_fraction`` of the limit, 0.6 by default) so
-that streaming never waits on spilling.
+that streaming never waits on spilling. On a GPU the device projection (concurrent tasks'
+``device_bytes`` plus the CUDA context) must stay under ``device_fraction`` of the device
+limit: ``--device-memory-limit``, else the GPU's free memory.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from dask.utils import format_bytes, parse_bytes
 
+from outcore import backend
 from outcore.errors import PlanError
+
+if TYPE_CHECKING:
+    import distributed
+
+    from outcore.cluster import ClusterOptions
+
+log = logging.getLogger(__name__)
 
 #: Resident memory of a worker process that has run outcore tasks (Python, numpy, dask,
 #: distributed, zarr, blosc, xarray), bytes: 170-220 MiB measured with VmHWM here.
 WORKER_BASELINE_BYTES = 200 * 2**20
+#: Device memory a GPU worker holds before any task: the CUDA context, cuFFT plans and the
+#: slack of cupy's memory pool, bytes (an allowance; the GPU run of benchmarks/gpu measures).
+DEVICE_BASELINE_BYTES = 512 * 2**20
+#: Bytes of one element of the dtypes memory models count in.
+F32, F64, C64, C128 = 4, 8, 8, 16
+#: Bytes a zarr read holds per byte of chunk at its peak: the encoded bytes read from the
+#: store, the decoded buffer and the array it is copied into (measured 2.9-3.0 with
+#: tracemalloc for incompressible float32; tests/test_plan.py checks it).
+ZARR_READ_FACTOR = 3.0
+
+
+def zarr_read_bytes(chunk_bytes: int) -> int:
+    """Scratch of reading one zarr chunk of ``chunk_bytes`` (decoded), besides the array it
+    fills: the encoded bytes and the decoded buffer (``ZARR_READ_FACTOR``)."""
+    return int((ZARR_READ_FACTOR - 1) * chunk_bytes)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a plan is made for: workers, threads per worker, memory limit per worker (bytes),
+    the array backend and, on the cupy backend, the device memory per worker (bytes; None:
+    unknown, then no device check is made)."""
+
+    workers: int
+    threads_per_worker: int
+    memory_limit: int | None
+    backend: str = "numpy"
+    device_memory_limit: int | None = None
+
+    @classmethod
+    def of_client(cls, client: distributed.Client, backend_name: str,
+                  device_memory_limit: int | str | None = None) -> Resources:
+        """The resources of a running cluster (the smallest worker's memory limit; on cupy
+        ``device_memory_limit``, else the smallest free GPU memory among the workers)."""
+        workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        limits = [int(w["memory_limit"]) for w in workers if w.get("memory_limit")]
+        device = _bytes(device_memory_limit)
+        if backend_name == "cupy" and device is None:
+            free = [f for f in client.run(device_free_bytes).values() if f is not None]
+            device = min(free) if free else None
+        return cls(
+            workers=len(workers),
+            threads_per_worker=max(int(w["nthreads"]) for w in workers),
+            memory_limit=min(limits) if limits else None,
+            backend=backend_name,
+            device_memory_limit=device if backend_name == "cupy" else None,
+        )
+
+    @classmethod
+    def of_options(cls, opts: ClusterOptions, backend_name: str) -> Resources:
+        """What a cluster started from these options would get (nothing is started).
+
+        Workers: ``--workers``, else what that kind starts by default (threads: 1; cuda: one
+        per GPU; local: min(CPUs, 4)). Memory: ``--memory-limit`` as dask reads it (bytes,
+        a size string, a fraction of RAM, or ``auto`` = RAM x threads / cores). Device:
+        ``--device-memory-limit``, else the smallest free memory of this machine's GPUs.
+        """
+        from distributed.worker_memory import parse_memory_limit
+
+        kind = opts.resolved_kind()
+        gpus = backend.devices()
+        defaults = {"threads": 1, "cuda": max(len(gpus), 1)}
+        workers = opts.workers or defaults.get(kind, min(os.cpu_count() or 1, 4))
+        limit = parse_memory_limit(
+            "auto" if opts.memory_limit is None else opts.memory_limit,
+            opts.threads_per_worker, total_cores=os.cpu_count() or 1, logger=log,
+        )
+        device = _bytes(opts.device_memory_limit)
+        if device is None and gpus:
+            device = min(g["free_bytes"] for g in gpus)
+        return cls(workers, opts.threads_per_worker, limit, backend_name,
+                   device if backend_name == "cupy" else None)
+
+
+def _bytes(size: int | str | None) -> int | None:
+    return None if size is None else int(parse_bytes(size) if isinstance(size, str) else size)
+
+
+def device_free_bytes() -> int | None:
+    """On a worker: free memory of its GPU in bytes (None without one)."""
+    gpus = backend.devices()
+    return gpus[0]["free_bytes"] if gpus else None
 
 
 @dataclass(frozen=True)
@@ -34,6 +130,8 @@ class TaskMemory:
     transient_bytes: int = 0
     read_bytes: int = 0
     write_bytes: int = 0
+    device_bytes: int = 0
+    """Bytes the task holds on the GPU at once (inputs, output, scratch there)."""
 
     @property
     def peak_bytes(self) -> int:
@@ -45,8 +143,8 @@ class TaskMemory:
 class Plan:
     """The stages of a run and the workers it runs on; ``check`` refuses one that cannot fit.
 
-    ``memory_limit`` is per worker in bytes (or a string such as ``"2 GiB"``); ``None``
-    means unlimited (a plan is then only reported, never refused).
+    ``memory_limit`` and ``device_memory_limit`` are per worker in bytes (or a string such
+    as ``"2 GiB"``); ``None`` means unlimited (that side is then only reported, never refused).
     """
 
     stages: Sequence[TaskMemory]
@@ -56,12 +154,26 @@ class Plan:
     target_fraction: float = 0.6
     baseline_bytes: int = WORKER_BASELINE_BYTES
     notes: list[str] = field(default_factory=list)
+    device_memory_limit: int | str | None = None
+    device_fraction: float = 0.9
+    device_baseline_bytes: int = DEVICE_BASELINE_BYTES
+    resident_bytes: int = 0
+    """Host bytes each worker holds across tasks (an iterative solver's vectors kept in
+    worker memory), on top of its tasks."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.memory_limit, str):
-            self.memory_limit = parse_bytes(self.memory_limit)
+        self.memory_limit = _bytes(self.memory_limit)
+        self.device_memory_limit = _bytes(self.device_memory_limit)
         if not self.stages:
             raise ValueError("a Plan needs at least one stage")
+
+    @classmethod
+    def of(cls, stages: Sequence[TaskMemory], resources: Resources, **options: Any) -> Plan:
+        """The plan of ``stages`` on ``resources`` (workers, threads, host and device limits);
+        ``options`` are further fields (``baseline_bytes``, ``notes``, ...)."""
+        return cls(stages, resources.workers, resources.threads_per_worker,
+                   resources.memory_limit, device_memory_limit=resources.device_memory_limit,
+                   **options)
 
     @property
     def largest_task(self) -> TaskMemory:
@@ -71,7 +183,8 @@ class Plan:
     def worker_peak_bytes(self) -> int:
         """Projected peak of one worker: its concurrent tasks at their largest, plus baseline."""
         concurrent = min(self.threads_per_worker, max(s.tasks for s in self.stages))
-        return self.baseline_bytes + concurrent * self.largest_task.peak_bytes
+        tasks = concurrent * self.largest_task.peak_bytes
+        return self.baseline_bytes + self.resident_bytes + tasks
 
     @property
     def budget_bytes(self) -> int | None:
@@ -80,13 +193,69 @@ class Plan:
         return int(self.target_fraction * self.memory_limit)
 
     @property
-    def fits(self) -> bool:
+    def uses_device(self) -> bool:
+        return any(s.device_bytes for s in self.stages)
+
+    @property
+    def largest_device_task(self) -> TaskMemory:
+        return max(self.stages, key=lambda s: s.device_bytes)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """Projected device memory of one GPU worker: its concurrent tasks' device bytes at
+        their largest plus the CUDA context (0 when no stage uses the device)."""
+        if not self.uses_device:
+            return 0
+        concurrent = min(self.threads_per_worker, max(s.tasks for s in self.stages))
+        return self.device_baseline_bytes + concurrent * self.largest_device_task.device_bytes
+
+    @property
+    def device_budget_bytes(self) -> int | None:
+        if self.device_memory_limit is None:
+            return None
+        return int(self.device_fraction * self.device_memory_limit)
+
+    @property
+    def host_fits(self) -> bool:
         return self.budget_bytes is None or self.worker_peak_bytes <= self.budget_bytes
 
-    def check(self, fixes: Sequence[str] = ()) -> Plan:
-        """Return self when the plan fits its budget; raise ``PlanError`` naming the fix."""
-        if self.fits:
-            return self
+    @property
+    def device_fits(self) -> bool:
+        budget = self.device_budget_bytes
+        return budget is None or self.device_peak_bytes <= budget
+
+    @property
+    def fits(self) -> bool:
+        return self.host_fits and self.device_fits
+
+    def check(self, fixes: Sequence[str] = (), device_fixes: Sequence[str] = ()) -> Plan:
+        """Return self when the plan fits its budgets; raise ``PlanError`` naming the fix
+        (``fixes`` for the host memory, ``device_fixes`` for the GPU's)."""
+        if not self.host_fits:
+            self._refuse_host(fixes)
+        if not self.device_fits:
+            self._refuse_device(device_fixes or fixes)
+        return self
+
+    def _refuse_device(self, fixes: Sequence[str]) -> None:
+        task = self.largest_device_task
+        needed = int(self.device_peak_bytes / self.device_fraction) + 1
+        advice = [*(fixes or ["use a smaller chunk size"]),
+                  f"use more GPUs (--workers {2 * self.workers} or more), where the work"
+                  " splits over them",
+                  f"give each worker a GPU with {format_bytes(needed)} or more free"]
+        raise PlanError(
+            f"The plan does not fit the GPU: each worker would hold"
+            f" {format_bytes(self.device_peak_bytes)} of device memory"
+            f" ({self.threads_per_worker} concurrent '{task.name}' task(s) of"
+            f" {format_bytes(task.device_bytes)} plus {format_bytes(self.device_baseline_bytes)}"
+            f" for the CUDA context), over its budget of"
+            f" {format_bytes(self.device_budget_bytes or 0)} ({self.device_fraction:.0%} of"
+            f" {format_bytes(int(self.device_memory_limit or 0))} of device memory).",
+            "; or ".join(advice) + ".",
+        )
+
+    def _refuse_host(self, fixes: Sequence[str]) -> None:
         task = self.largest_task
         advice = [*(fixes or ["use a smaller chunk size"]),
                   f"raise --memory-limit to {format_bytes(self.needed_limit_bytes)} or more"]
@@ -95,7 +264,9 @@ class Plan:
         raise PlanError(
             f"The plan does not fit: each worker would hold {format_bytes(self.worker_peak_bytes)}"
             f" ({self.threads_per_worker} concurrent '{task.name}' task(s) of"
-            f" {format_bytes(task.peak_bytes)} plus {format_bytes(self.baseline_bytes)} baseline),"
+            f" {format_bytes(task.peak_bytes)} plus {format_bytes(self.baseline_bytes)} baseline"
+            + (f" and {format_bytes(self.resident_bytes)} held across tasks"
+               if self.resident_bytes else "") + "),"
             f" over its budget of {format_bytes(self.budget_bytes or 0)}"
             f" ({self.target_fraction:.0%} of the {format_bytes(int(self.memory_limit or 0))}"
             " memory limit).",
@@ -108,13 +279,18 @@ class Plan:
         return int(self.worker_peak_bytes / self.target_fraction) + 1
 
     def table(self) -> str:
-        """A plain-text table of the stages and the per-worker projection."""
-        head = f"{'stage':<22}{'tasks':>8}{'per task':>12}{'read':>12}{'write':>12}"
+        """A plain-text table of the stages and the per-worker projection (host, and the
+        device when a stage uses one)."""
+        device = self.uses_device or self.device_memory_limit is not None
+        head = (f"{'stage':<22}{'tasks':>8}{'per task':>12}" + (f"{'device':>12}" if device
+                                                                   else "")
+                + f"{'read':>12}{'write':>12}")
         lines = [head, "-" * len(head)]
         for s in self.stages:
             lines.append(
                 f"{s.name:<22}{s.tasks:>8}{format_bytes(s.peak_bytes):>12}"
-                f"{format_bytes(s.tasks * s.read_bytes):>12}"
+                + (f"{format_bytes(s.device_bytes):>12}" if device else "")
+                + f"{format_bytes(s.tasks * s.read_bytes):>12}"
                 f"{format_bytes(s.tasks * s.write_bytes):>12}"
             )
         lines.append("-" * len(head))
@@ -123,8 +299,20 @@ class Plan:
             f"workers: {self.workers} x {self.threads_per_worker} thread(s); projected peak per"
             f" worker {format_bytes(self.worker_peak_bytes)}; limit {limit}"
             + ("" if self.budget_bytes is None else f" (budget {format_bytes(self.budget_bytes)})")
-            + ("; fits" if self.fits else "; DOES NOT FIT")
+            + ("; fits" if self.host_fits else "; DOES NOT FIT")
         )
+        if device:
+            gpu = ("unknown" if self.device_memory_limit is None
+                   else format_bytes(int(self.device_memory_limit)))
+            budget = self.device_budget_bytes
+            lines.append(
+                f"device: projected peak per GPU worker {format_bytes(self.device_peak_bytes)};"
+                f" device memory {gpu}"
+                + ("" if budget is None else f" (budget {format_bytes(budget)})")
+                + ("; fits" if self.device_fits else "; DOES NOT FIT"))
+        if self.resident_bytes:
+            lines.append(f"held across tasks per worker: {format_bytes(self.resident_bytes)}"
+                         " (included in the projected peak)")
         lines.extend(self.notes)
         return "\n".join(lines)
 
@@ -137,6 +325,10 @@ class Plan:
             "memory_limit_bytes": self.memory_limit,
             "budget_bytes": self.budget_bytes,
             "worker_peak_bytes": self.worker_peak_bytes,
+            "resident_bytes": self.resident_bytes,
+            "device_memory_limit_bytes": self.device_memory_limit,
+            "device_budget_bytes": self.device_budget_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
             "fits": self.fits,
         }
 

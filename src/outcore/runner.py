@@ -10,25 +10,24 @@ from __future__ import annotations
 
 import _thread
 import datetime as dt
+import json
 import logging
-import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import distributed
 from dask.utils import format_bytes
-from distributed.worker_memory import parse_memory_limit
 
 from outcore import backend, cluster
 from outcore.errors import OutcoreError, refuse_existing
-from outcore.plan import Plan
+from outcore.plan import Plan, Resources
+from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run
+from outcore.verbs import Job, RunSettings
 
 log = logging.getLogger(__name__)
 
@@ -38,119 +37,9 @@ PAUSED_GRACE_S = 60.0
 SCHEDULER_GRACE_S = 30.0
 
 
-@dataclass(frozen=True)
-class Resources:
-    """What a plan is made for: workers, threads per worker, memory limit per worker (bytes)."""
-
-    workers: int
-    threads_per_worker: int
-    memory_limit: int | None
-    backend: str = "numpy"
-
-    @classmethod
-    def of_client(cls, client: distributed.Client, backend_name: str) -> Resources:
-        """The resources of a running cluster (the smallest worker's memory limit)."""
-        workers = client.scheduler_info(n_workers=-1)["workers"].values()
-        limits = [int(w["memory_limit"]) for w in workers if w.get("memory_limit")]
-        return cls(
-            workers=len(workers),
-            threads_per_worker=max(int(w["nthreads"]) for w in workers),
-            memory_limit=min(limits) if limits else None,
-            backend=backend_name,
-        )
-
-    @classmethod
-    def of_options(cls, opts: cluster.ClusterOptions, backend_name: str) -> Resources:
-        """What a cluster started from these options would get (nothing is started).
-
-        Workers: ``--workers``, else what that kind starts by default (threads: 1; cuda: one
-        per GPU; local: min(CPUs, 4)). Memory: ``--memory-limit`` as dask reads it (bytes,
-        a size string, a fraction of RAM, or ``auto`` = RAM x threads / cores).
-        """
-        kind = opts.resolved_kind()
-        defaults = {"threads": 1, "cuda": max(len(backend.devices()), 1)}
-        workers = opts.workers or defaults.get(kind, min(os.cpu_count() or 1, 4))
-        limit = parse_memory_limit(
-            "auto" if opts.memory_limit is None else opts.memory_limit,
-            opts.threads_per_worker, total_cores=os.cpu_count() or 1, logger=log,
-        )
-        return cls(workers, opts.threads_per_worker, limit, backend_name)
-
-
-@dataclass
-class Job:
-    """One command's work.
-
-    ``plan(resources)`` builds the memory plan (no compute); ``execute(run, client)`` computes
-    and writes the outputs into ``run.path``, declaring them with ``run.add_output`` and
-    recording metrics. ``inputs`` are hashed into the summary. ``measure(client)``, when
-    given, is the compute-only round repeated by ``--warmup-rounds`` / ``--measure-rounds``
-    after ``execute`` (so it may read what ``execute`` wrote).
-    """
-
-    command: str
-    config: dict[str, Any]
-    plan: Callable[[Resources], Plan]
-    execute: Callable[[Run, distributed.Client], None]
-    inputs: Sequence[str | Path] = field(default_factory=list)
-    plan_fixes: Sequence[str] = ()
-    measure: Callable[[distributed.Client], Any] | None = None
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """The common options of every command (see ``outcore.cli.add_common_options``)."""
-
-    cluster: cluster.ClusterOptions
-    backend: str = "auto"
-    output_dir: str = "runs"
-    name: str | None = None
-    warmup_rounds: int = 0
-    measure_rounds: int = 1
-    progress: bool = True
-    worker_timeout: float | None = None
-
-    def to_record(self) -> dict[str, Any]:
-        """The settings as the effective config records them."""
-        return {
-            "cluster": vars(self.cluster),
-            "backend": self.backend,
-            "output_dir": str(self.output_dir),
-            "name": self.name,
-            "warmup_rounds": self.warmup_rounds,
-            "measure_rounds": self.measure_rounds,
-            "worker_timeout": self.worker_timeout,
-        }
-
-    def validate(self) -> None:
-        """Refuse round counts and timeouts that cannot work, before anything starts."""
-        if self.worker_timeout is not None and self.worker_timeout <= 0:
-            raise OutcoreError(f"--worker-timeout {self.worker_timeout} must be positive.",
-                               "give the seconds one task may run, e.g. --worker-timeout 600.")
-        if self.warmup_rounds < 0 or self.measure_rounds < 1:
-            raise OutcoreError(
-                f"--warmup-rounds {self.warmup_rounds} / --measure-rounds {self.measure_rounds}"
-                " cannot be run.",
-                "give --warmup-rounds 0 or more and --measure-rounds 1 or more.",
-            )
-
-
 def default_run_name(command: str) -> str:
     """``command-YYYYmmddTHHMMSS`` (UTC); family verbs such as "tomo simulate" get a dash."""
     return f"{command.replace(' ', '-')}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
-
-
-#: Whether ``compute`` shows a progress bar; ``run_job`` sets it from ``--no-progress``.
-SHOW_PROGRESS: ContextVar[bool] = ContextVar("outcore_show_progress", default=True)
-
-
-def compute(client: distributed.Client, *collections: Any, show: bool | None = None) -> list[Any]:
-    """Compute dask collections on the cluster, with a progress bar in a terminal or notebook."""
-    futures = client.compute(list(collections))
-    if SHOW_PROGRESS.get() if show is None else show:
-        distributed.progress(futures, notebook=None, multi=False)
-        print(flush=True)
-    return client.gather(futures)
 
 
 def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[str, Any]:
@@ -174,10 +63,11 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
-        resources = Resources.of_client(client, backend_name)
+        resources = Resources.of_client(client, backend_name,
+                                        settings.cluster.device_memory_limit)
         plan = job.plan(resources)
         print(plan.table(), flush=True)
-        plan.check(job.plan_fixes)
+        plan.check(job.plan_fixes, job.device_fixes)
         run = Run.create(run_path.parent, run_path.name, job.command, _config(job, settings))
         summary = _execute(run, client, job, plan, settings, kind)
         exit_code = 0
@@ -340,6 +230,19 @@ def _max_rss() -> int:
 def peak_worker_rss(client: distributed.Client) -> dict[str, int]:
     """Each worker process's peak resident memory in bytes (the kernel's high-water mark)."""
     return client.run(_max_rss)
+
+
+def print_summary(summary: dict) -> None:
+    """A few lines a person reads at the end of a run."""
+    out = {
+        "status": summary["status"],
+        "run_dir": summary["run_dir"],
+        "timings_s": summary["timings_s"],
+        "metrics": summary["metrics"],
+    }
+    if summary.get("rounds"):
+        out["rounds"] = summary["rounds"]
+    print(json.dumps(out, indent=2, default=str))
 
 
 def describe_plan(plan: Plan) -> str:

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -27,8 +28,8 @@ from typing import Any
 
 import yaml
 
+from outcore.checks import existing_path
 from outcore.errors import InputNotFoundError, OutcoreError, RunExistsError, refuse_existing
-from outcore.io.store import existing_path
 
 SCHEMA_VERSION = 1
 SUMMARY = "summary.json"
@@ -264,3 +265,24 @@ def resumed_run(run_dir: str | Path, command: str) -> tuple[Path, dict[str, Any]
         raise OutcoreError(f"{str(path)!r} is a run of {record.get('command')!r}, not of "
                            f"{command}.", fix)
     return path, record
+
+
+def link_tree(source: Path, target: Path) -> None:
+    """Copy the directory ``source`` to ``target`` with hard links where the filesystem has
+    them (for a resumed run's work directory: the solvers replace files, never write into
+    them, so the earlier run stays whole)."""
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(source, target, copy_function=link)
+
+
+def check_png(path: Path) -> None:
+    """Refuse an output that is not a PNG image (the verify step of a figure)."""
+    with open(path, "rb") as fh:
+        if fh.read(8) != b"\x89PNG\r\n\x1a\n":
+            raise OutcoreError(f"{path.name} is not a PNG image.", "run the command again.")

@@ -19,7 +19,7 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,207 +29,49 @@ import numpy as np
 import xarray as xr
 from dask.utils import format_bytes
 
-from outcore import backend, cli, cluster, runner
+from outcore import backend, cluster, runner
 from outcore.errors import OutcoreError, PlanError, refuse_existing
-from outcore.runner import Job, Resources, RunSettings
-from outcore.runs import Run
+from outcore.plan import Resources
+from outcore.progress import SHOW_PROGRESS
+from outcore.runs import Run, check_png
+from outcore.verbs import (
+    Job,
+    RunSettings,
+    Tunable,
+    Verb,
+    add_common_options,
+    all_verbs,
+    family_of,
+    load_verbs,
+    run_settings,
+)
 
 #: Rounds a point runs by default: one warmup, then three timed (their median is reported).
 DEFAULT_ROUNDS = {"warmup_rounds": 1, "measure_rounds": 3}
 
 
-@dataclass(frozen=True)
-class Tunable:
-    """How ``tune`` drives one verb.
-
-    ``option``: the verb's chunk-size argument (its argparse dest). ``work(args)``: the work
-    of one round, in ``work_units``; throughput is work / median seconds, in ``units``.
-    ``build(verb, args, backend, scratch)`` makes the job of one point (default: the verb's
-    own ``make_job``); ``stage(args, scratch)`` writes what ``measure`` reads, inside the
-    cluster, before the clock starts. ``arguments(parser)`` adds or changes options of
-    ``outcore tune VERB`` (after the verb's own).
-    """
-
-    option: str
-    units: str
-    work_units: str
-    work: Callable[[argparse.Namespace], float]
-    build: Callable[[cli.Verb, argparse.Namespace, str, Path], Job] | None = None
-    stage: Callable[[argparse.Namespace, Path], None] | None = None
-    arguments: Callable[[argparse.ArgumentParser], None] | None = None
-
-
-def _demo_stack(args: argparse.Namespace, scratch: Path) -> Path:
-    return scratch / f"stack-rows{args.chunk_rows}.zarr"
-
-
-def _demo_build(verb: cli.Verb, args: argparse.Namespace, backend_name: str,
-                scratch: Path) -> Job:
-    """The demo's job, measuring the stack ``_demo_stage`` writes into ``scratch``."""
-    from outcore import demo
-
-    return demo.demo_job(tuple(args.scan), args.frame, args.chunk_rows,
-                         fit_candidates=args.fit_candidates,
-                         stack_path=_demo_stack(args, scratch))
-
-
-def _demo_stage(args: argparse.Namespace, scratch: Path) -> None:
-    """Write the demo's stack for this chunking once (later worker counts reuse it)."""
-    from outcore import demo
-
-    path = _demo_stack(args, scratch)
-    if not path.exists():
-        demo.write_stack(path, tuple(args.scan), args.frame, args.chunk_rows)
-
-
-def _demo_gigabytes(args: argparse.Namespace) -> float:
-    """GB (1e9 bytes) of frames one statistics pass reads."""
-    from outcore import demo
-
-    return demo.synthetic_stack(tuple(args.scan), args.frame)["data"].nbytes / 1e9
-
-
-def _catalog_candidates(args: argparse.Namespace) -> float:
-    """Candidates one fit pass fits."""
-    from outcore.fit.cli import open_catalog
-
-    return float(open_catalog(args.input).sizes["candidate"])
-
-
-#: The synthetic scan ``tune "tomo reconstruct"`` makes without ``--input``: options and
-#: defaults (those of ``outcore tomo simulate``).
-TOMO_SCAN = {"shape": (128, 128, 128), "views": 180, "geometry": "parallel",
-             "phantom": "shepp-logan"}
-
-
-def _tomo_arguments(p: argparse.ArgumentParser) -> None:
-    """``--input`` becomes optional: without it, a synthetic scan is reconstructed."""
-    p.add_argument("--input", default=None,
-                   help="projections store (.zarr); default: a synthetic scan of --shape,"
-                        " --views, --geometry and --phantom, written once into the scratch"
-                        " directory before the first cluster starts")
-    g = p.add_argument_group("synthetic scan (without --input)")
-    shape = " ".join(map(str, TOMO_SCAN["shape"]))
-    g.add_argument("--shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
-                   help=f"volume shape in voxels (default {shape})")
-    g.add_argument("--views", type=int, default=None,
-                   help=f"views of the scan (default {TOMO_SCAN['views']})")
-    g.add_argument("--geometry", default=None, metavar="{parallel,cone}",
-                   help=f"default {TOMO_SCAN['geometry']}")
-    g.add_argument("--phantom", default=None, metavar="{shepp-logan,ball}",
-                   help=f"default {TOMO_SCAN['phantom']}")
-
-
-def _tomo_synthetic(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The synthetic scan's options, or None with ``--input`` (refusing a mix of both)."""
-    given = [k for k in TOMO_SCAN if getattr(args, k, None) is not None]
-    if args.input is not None:
-        if given:
-            raise OutcoreError(f"--{given[0]} makes the synthetic scan; it does not apply with"
-                               " --input.", f"drop --{given[0]}, or drop --input.")
-        return None
-    return {k: getattr(args, k) if getattr(args, k) is not None else v
-            for k, v in TOMO_SCAN.items()}
-
-
-def _tomo_build(verb: cli.Verb, args: argparse.Namespace, backend_name: str,
-                scratch: Path) -> Job:
-    """The reconstruction's job (fbp only: its round is the FBP), on ``--input`` or on the
-    synthetic scan, which is written into ``scratch`` here, once, with this process's dask
-    scheduler (before any cluster starts)."""
-    from outcore import io
-    from outcore.tomo import cli as tomo
-
-    if args.method != "fbp":
-        raise OutcoreError(f"tune times the FBP round of tomo reconstruct, not --method"
-                           f" {args.method}.", "use --method fbp (the default).")
-    scan = _tomo_synthetic(args)
-    if scan is None:
-        return verb.make_job(args, backend_name)
-    shape = tomo._shape(scan["shape"], "--shape")
-    if scan["views"] < 1:
-        raise OutcoreError(f"--views {scan['views']} must be at least 1.",
-                           "give the number of views.")
-    kind = tomo._choice(scan["geometry"], tomo.KINDS, "--geometry")
-    phantom = tomo._choice(scan["phantom"], tomo.PHANTOMS, "--phantom")
-    store = scratch / f"scan-{kind}-{phantom}-{'x'.join(map(str, shape))}-{scan['views']}.zarr"
-    if not store.exists():
-        geometry = tomo.scan_for(kind, shape, scan["views"], tomo.DEFAULT_VOXEL_M)
-        projector = tomo.Projector(geometry, shape, "views")
-        volume = tomo.make_phantom(phantom, shape, tomo.DEFAULT_VOXEL_M, projector.slab)
-        io.save(tomo.projections_dataset(projector.project(volume), geometry, shape, phantom),
-                store, layout="projections")
-    return verb.make_job(argparse.Namespace(**{**vars(args), "input": str(store)}),
-                         backend_name)
-
-
-def _tomo_gigaviews(args: argparse.Namespace) -> float:
-    """Voxel-views (1e9) of one FBP round: the volume's voxels times the scan's views."""
-    from outcore import io
-    from outcore.tomo import cli as tomo
-    from outcore.tomo.geometry import Geometry
-
-    scan = _tomo_synthetic(args)
-    if scan is not None:
-        shape, views = (args.volume_shape or scan["shape"]), scan["views"]
-    else:
-        ds = io.open(args.input, layout="projections")
-        geometry = Geometry.from_attrs(ds)
-        shape = args.volume_shape or tomo.default_volume_shape(ds, geometry)
-        views = geometry.n_views
-    return math.prod(shape) * views / 1e9
-
-
-def _ptycho_patterns(args: argparse.Namespace) -> float:
-    """Pattern-iterations of one reconstruction round: positions times iterations."""
-    from outcore.ptycho import open_preprocessed
-
-    return float(open_preprocessed(args.input).sizes["position"] * args.iterations)
-
-
-#: The verbs ``tune`` knows, and how it drives each.
-TUNABLE: dict[str, Tunable] = {
-    "demo": Tunable("chunk_rows", "GB/s", "GB", _demo_gigabytes, _demo_build, _demo_stage),
-    "fit-dipoles": Tunable("chunk_size", "fits/s", "fits", _catalog_candidates),
-    "tomo reconstruct": Tunable("views_per_block", "GUPS", "G voxel-views", _tomo_gigaviews,
-                                _tomo_build, arguments=_tomo_arguments),
-    "ptycho reconstruct": Tunable("sub_batch", "patterns/s", "pattern-iterations",
-                                  _ptycho_patterns),
-}
-
-
 # --- command line -----------------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction, verbs: dict[str, cli.Verb]) -> None:
-    """Add ``outcore tune VERB ...`` to the ``outcore`` parser's subcommands."""
-    p = subparsers.add_parser(
-        "tune", help="time a command over chunk sizes and worker counts",
-        description="Time VERB over --chunk-size values and --workers counts; see"
-                    " `outcore tune VERB -h` for every option and docs/tune.md.")
-    p.add_argument("verb", help=f"the command to tune: {', '.join(TUNABLE)} (a two-word"
-                                " command in quotes or as two words)")
-    p.add_argument("rest", nargs=argparse.REMAINDER,
-                   help="--chunk-size ..., --workers ..., the verb's own and common options")
-
-
-def run_cli(args: argparse.Namespace, verbs: dict[str, cli.Verb]) -> int:
-    """Run ``outcore tune`` from the parsed ``register`` arguments; print the best point."""
-    verb_args = parse([args.verb, *args.rest], verbs)
-    _, summary = run_tune(verb_args, verbs[verb_args.verb])
-    cli.print_summary(summary)
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``outcore tune`` from the parsed ``VERB`` and the words after it; print the best
+    point."""
+    verb_args, verb = parse([args.verb, *args.rest])
+    _, summary = run_tune(verb_args, verb)
+    runner.print_summary(summary)
     return 0
 
 
-def tune_parser(verb: cli.Verb) -> argparse.ArgumentParser:
+def tune_parser(verb: Verb) -> argparse.ArgumentParser:
     """The options of ``outcore tune VERB``: the verb's, the common ones and the grid's."""
-    spec = TUNABLE[verb.name]
+    spec = verb.tunable
+    assert spec is not None
     p = argparse.ArgumentParser(prog=f"outcore tune {verb.name}", conflict_handler="resolve",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     verb.add_arguments(p)
     if spec.arguments is not None:
         spec.arguments(p)
-    cli.add_common_options(p, {**(verb.defaults or {}), **DEFAULT_ROUNDS})
+    add_common_options(p, {**(verb.defaults or {}), **DEFAULT_ROUNDS})
     g = p.add_argument_group("tuning grid")
     g.add_argument("--chunk-size", dest="chunks", type=int, nargs="+", required=True,
                    help=f"values of the verb's {spec.option} to try")
@@ -238,21 +80,25 @@ def tune_parser(verb: cli.Verb) -> argparse.ArgumentParser:
     return p
 
 
-def parse(argv: Sequence[str], verbs: dict[str, cli.Verb]) -> argparse.Namespace:
-    """Parse ``VERB [options]``; refuse a verb that cannot be tuned, naming those that can."""
-    name = argv[0] if argv else ""
-    if name not in TUNABLE and len(argv) > 1 and f"{name} {argv[1]}" in TUNABLE:
-        name, argv = f"{name} {argv[1]}", [name, *argv[2:]]  # tomo reconstruct, unquoted
-    if name not in TUNABLE or name not in verbs:
-        tunable = ", ".join(n for n in TUNABLE if n in verbs)
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Verb]:
+    """Parse ``VERB [options]`` (a two-word verb quoted or as two words) into its arguments
+    and the verb; refuse a verb that cannot be tuned, naming those that can."""
+    words = list(argv)
+    if words and " " in words[0]:  # "tomo reconstruct", quoted
+        words = [*words[0].split(" ", 1), *words[1:]]
+    family = family_of(words[0]) if words else None
+    verbs = load_verbs(family) if family is not None else {}
+    name = words[0] if words and words[0] in verbs else " ".join(words[:2])
+    verb = verbs.get(name)
+    if verb is None or verb.tunable is None:
+        tunable = ", ".join(n for n, v in all_verbs().items() if v.tunable is not None)
         raise OutcoreError(f"{name!r} cannot be tuned: tune knows the chunk option of"
                            f" {tunable} only.", f"tune one of {tunable}.")
-    verb = verbs[name]
-    args = tune_parser(verb).parse_args(argv[1:])
+    args = tune_parser(verb).parse_args(words[len(name.split()):])
     if verb.fill_defaults:
         verb.fill_defaults(args)
     args.verb = name
-    return args
+    return args, verb
 
 
 def _argv(options: dict[str, Any]) -> list[str]:
@@ -279,9 +125,8 @@ def tune(verb: str, chunks: Sequence[int], workers: Sequence[int], **options: An
     """
     argv = [verb, "--chunk-size", *map(str, chunks), "--workers", *map(str, workers),
             *_argv(options)]
-    verbs = cli.all_verbs()
-    args = parse(argv, verbs)
-    return run_tune(args, verbs[verb])[0]
+    args, found = parse(argv)
+    return run_tune(args, found)[0]
 
 
 # --- the grid ---------------------------------------------------------------------------------
@@ -338,17 +183,17 @@ def _check_grid(args: argparse.Namespace, settings: RunSettings) -> None:
                            "pip install matplotlib (or the notebook extra).") from err
 
 
-def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict[str, Any]]:
+def run_tune(args: argparse.Namespace, verb: Verb) -> tuple[xr.Dataset, dict[str, Any]]:
     """Tune a parsed ``outcore tune`` command; return the dataset and the final summary.
 
     Everything that can be refused (options, the verb's inputs, an existing run directory)
     is refused before the first cluster starts.
     """
-    settings = cli.run_settings(args)
+    settings = run_settings(args)
     _check_grid(args, settings)
     run_path = refuse_existing(
         Path(settings.output_dir) / (settings.name or runner.default_run_name("tune")))
-    grid = _Grid(args, TUNABLE[verb.name], settings, backend.resolve(settings.backend),
+    grid = _Grid(args, verb.tunable, settings, backend.resolve(settings.backend),
                  run_path.with_name(f".{run_path.name}.scratch"))
     try:
         for chunk in sorted(args.chunks):
@@ -376,7 +221,7 @@ def run_tune(args: argparse.Namespace, verb: cli.Verb) -> tuple[xr.Dataset, dict
         shutil.rmtree(grid.scratch, ignore_errors=True)
 
 
-def _build(grid: _Grid, verb: cli.Verb, chunk: int) -> Job:
+def _build(grid: _Grid, verb: Verb, chunk: int) -> Job:
     """The verb's job at one chunk size (its inputs are checked here, lazily)."""
     if grid.spec.build is None:
         return verb.make_job(grid.point_args(chunk), grid.backend)
@@ -405,7 +250,8 @@ def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
     try:
         client.wait_for_workers(count, timeout=120)
         print(f"cluster: {count} worker(s), dashboard {client.dashboard_link}", flush=True)
-        resources = Resources.of_client(client, grid.backend)
+        resources = Resources.of_client(client, grid.backend,
+                                        grid.settings.cluster.device_memory_limit)
         record = run.record["cluster"] or {"kind": opts.resolved_kind(), "runs": []}
         record["runs"].append({"workers": count, "placement": cluster.placement(client)})
         run.set("cluster", record)
@@ -427,7 +273,7 @@ def _point(job: Job, resources: Resources, chunk: int) -> Point:
     point = Point(resources.workers, chunk, plan.fits, plan.worker_peak_bytes,
                   resources.memory_limit, plan.to_dict())
     try:
-        plan.check(job.plan_fixes)
+        plan.check(job.plan_fixes, job.device_fixes)
     except PlanError as err:
         point.note = f"skipped: {err}"
     return point
@@ -458,11 +304,11 @@ def _measure(client: distributed.Client, grid: _Grid, job: Job, point: Point) ->
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """No progress bar per round (tune prints a line per point)."""
-    token = runner.SHOW_PROGRESS.set(False)
+    token = SHOW_PROGRESS.set(False)
     try:
         yield
     finally:
-        runner.SHOW_PROGRESS.reset(token)
+        SHOW_PROGRESS.reset(token)
 
 
 def reset_peak() -> bool:
@@ -566,7 +412,7 @@ def best_point(ds: xr.Dataset) -> dict[str, Any] | None:
 def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
     """tune.zarr, tune.png and the summary's metrics (best point, efficiencies)."""
     zarr_path = run.add_output("tune.zarr", verify=lambda p: xr.open_zarr(p, consolidated=False))
-    png_path = run.add_output("tune.png", verify=_check_png)
+    png_path = run.add_output("tune.png", verify=check_png)
     ds.to_zarr(zarr_path, mode="w-", zarr_format=3, consolidated=False)
     plot(ds).savefig(png_path, dpi=110)
     best = best_point(ds)
@@ -585,11 +431,6 @@ def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
     else:
         print(f"best point: workers {best['workers']}, {spec.option} {best['chunk']}:"
               f" {best['throughput']:.4g} {spec.units}", flush=True)
-
-
-def _check_png(path: Path) -> None:
-    if path.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
-        raise OutcoreError(f"{path.name} is not a PNG image.", "rerun outcore tune.")
 
 
 def _number(value: Any, integer: bool = False) -> float | int | bool | None:

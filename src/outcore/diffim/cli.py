@@ -26,16 +26,18 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from outcore import io
-from outcore.cli import Verb
+from outcore.checks import at_least, positive
 from outcore.diffim import memory, operator
+from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, Pair, one_pair, read_manifest
 from outcore.diffim.png import draw_item
 from outcore.diffim.prepare import Options
 from outcore.errors import LayoutError, OutcoreError
-from outcore.io.store import COMPRESSOR, STRING, write_new
-from outcore.plan import Plan
-from outcore.runner import SHOW_PROGRESS, Job, Resources
+from outcore.io.store import COMPRESSOR, write_new, zarr_strings
+from outcore.plan import Plan, Resources
+from outcore.progress import SHOW_PROGRESS, follow
 from outcore.runs import Run, size_of
+from outcore.verbs import DemoStage, Job, Verb
 
 FIT_MODELS = ("psf", "gaussian")
 ONE_PAIR = ("reference", "target", "reference_variance", "target_variance", "mask",
@@ -87,19 +89,19 @@ def check_options(args: argparse.Namespace) -> None:
     else:
         need(args.flux_ratio is None, "--flux-ratio applies to the one-pair form only.",
              'put "flux_ratio" in the manifest item instead.')
-    need(args.threshold > 0 and math.isfinite(args.threshold),
-         f"--threshold {args.threshold} must be a positive number.", "e.g. --threshold 5.")
-    need(args.stamp >= 5 and args.stamp % 2 == 1, f"--stamp {args.stamp} must be odd and at "
-         "least 5.", "e.g. --stamp 21.")
-    need(args.psf_size >= 5 and args.psf_size % 2 == 1, f"--psf-size {args.psf_size} must be "
-         "odd and at least 5.", "e.g. --psf-size 25.")
-    need(args.tile >= 64, f"--tile {args.tile} must be at least 64.", "e.g. --tile 1024.")
-    need(args.background_box >= 8, f"--background-box {args.background_box} must be at least "
-         "8.", "e.g. --background-box 64.")
-    need(args.star_snr > 0, f"--star-snr {args.star_snr} must be positive.",
-         "e.g. --star-snr 50.")
-    need(args.flux_ratio is None or (args.flux_ratio > 0 and math.isfinite(args.flux_ratio)),
-         f"--flux-ratio {args.flux_ratio} must be a positive number.", "e.g. --flux-ratio 1.")
+    positive(args.threshold, "--threshold", "the detection threshold, e.g. --threshold 5")
+    need(math.isfinite(args.threshold), f"--threshold {args.threshold} is not finite.",
+         "e.g. --threshold 5.")
+    at_least(args.stamp, "--stamp", 5, "an odd cutout side of 5 or more, e.g. --stamp 21")
+    need(args.stamp % 2 == 1, f"--stamp {args.stamp} must be odd.", "e.g. --stamp 21.")
+    at_least(args.psf_size, "--psf-size", 5, "an odd PSF side of 5 or more, e.g. --psf-size 25")
+    need(args.psf_size % 2 == 1, f"--psf-size {args.psf_size} must be odd.",
+         "e.g. --psf-size 25.")
+    at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
+    at_least(args.background_box, "--background-box", 8,
+             "a box side of 8 or more, e.g. --background-box 64")
+    positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
+    positive(args.flux_ratio, "--flux-ratio", "the target's flux scale, e.g. --flux-ratio 1")
 
 
 def read_pairs(args: argparse.Namespace) -> tuple[list[Pair], list]:
@@ -115,10 +117,7 @@ def _partial(path: Path) -> Path:
 
 def _encoded(ds: xr.Dataset, chunk: int) -> xr.Dataset:
     """The table with strings as variable-length UTF-8 and storage-sized chunks."""
-    out = ds.copy()
-    for name, var in ds.variables.items():
-        if var.dtype.kind in "UO":
-            out[name] = var.astype(STRING)
+    out = zarr_strings(ds.copy())
     for var in out.variables.values():
         var.encoding = {"chunks": (max(1, chunk),)}
         if var.dtype.kind in "biuf":
@@ -169,12 +168,14 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
                                if getattr(p, k) is not None]
     bound = memory.halo_bound(sides, args.stamp)
 
+    seen: dict[str, Resources] = {}
+
     def plan_for(resources: Resources, halo: int) -> Plan:
+        seen["resources"] = resources
         stages = memory.memory_model(shapes, options, halo, variance)
         notes = [f"pairs: {len(pairs)}; halo {halo} px a side"
                  + (" (the bound before the PSFs are known)" if halo == bound else "")]
-        return Plan(stages, resources.workers, resources.threads_per_worker,
-                    resources.memory_limit, notes=notes)
+        return Plan.of(stages, resources, notes=notes)
 
     def execute(run: Run, client: distributed.Client) -> None:
         run.set("inputs", run.record["inputs"] + [
@@ -182,9 +183,9 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             for role, path, digest in files])
         with run.timing("models"):
             models = operator.compute_models(client, pairs, options)
-        exact = plan_for(Resources.of_client(client, backend_name), max(m.halo for m in models))
+        exact = plan_for(seen["resources"], max(m.halo for m in models))
         run.set("plan", exact.to_dict())
-        exact.check(PLAN_FIXES)
+        exact.check(PLAN_FIXES, PLAN_FIXES)
         write_outputs(run, client, pairs, models, options)
 
     config = {"manifest": args.manifest, "items": len(pairs), "threshold": args.threshold,
@@ -196,7 +197,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             "flux_ratio": args.flux_ratio, "item_id": args.item_id})
     return Job(command="diffim", config=config, plan=lambda r: plan_for(r, bound),
                execute=execute, inputs=[args.manifest] if args.manifest else [],
-               plan_fixes=PLAN_FIXES)
+               plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES)
 
 
 def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], models: list,
@@ -217,8 +218,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
         with run.timing("tiles"):
             futures = client.compute([task for _, _, task in tiles])
             if SHOW_PROGRESS.get():
-                distributed.progress(futures, notebook=None, multi=False)
-                print(flush=True)
+                follow(futures)
             counts = client.gather(client.map(lambda r: r.count, futures, pure=False))
         with run.timing("catalog"):
             catalog = operator.sources(futures, counts, item_ids, memory.TABLE_CHUNK)
@@ -276,3 +276,5 @@ def record_metrics(run: Run, pairs: list[Pair], models: list, counts: list[int],
 
 VERBS = [Verb("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score "
               "transients", add_arguments, make_job)]
+DEMO = DemoStage("--diffim-size", 256, "side of the simulated image pair subtracted, searched "
+                 "and scored at the end (0: none)", demo_stage)

@@ -69,6 +69,8 @@ def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
     tile = min(options.tile, max(max(s) for s in shapes))
     inputs, transient = tile_bytes(tile, halo, options.backend)
     core_out = 3 * 4 * tile**2
+    # on a GPU the FFTs run there: the window's four inputs and the FFT scratch
+    device = inputs + transient if options.backend == "cupy" else 0
     stamp_bytes = 3 * 4 * options.stamp**2
     return [
         TaskMemory("diffim-survey", survey_blocks, input_bytes=survey_inputs,
@@ -77,7 +79,7 @@ def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
                    read_bytes=survey_inputs // 2),
         TaskMemory("diffim-tile", tiles, input_bytes=inputs, output_bytes=core_out,
                    transient_bytes=transient, read_bytes=(2 + 2 * variance) * 4 * tile**2,
-                   write_bytes=core_out),
+                   write_bytes=core_out, device_bytes=device),
         TaskMemory("diffim-write", max(1, tiles), input_bytes=CUTOUT_CHUNK * stamp_bytes,
                    output_bytes=TABLE_CHUNK * len(COLUMNS) * _F64,
                    write_bytes=CUTOUT_CHUNK * stamp_bytes),

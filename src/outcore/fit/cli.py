@@ -17,15 +17,17 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from outcore import io
-from outcore.cli import Verb
+from outcore.checks import at_least
 from outcore.errors import InputNotFoundError, LayoutError
+from outcore.fit.demo import run_stage
 from outcore.fit.memory import memory_model
 from outcore.fit.models import MODELS
 from outcore.fit.operator import fit_dipoles, status_counts
-from outcore.io.store import STRING
-from outcore.plan import Plan
-from outcore.runner import Job, Resources, compute
+from outcore.io.store import zarr_strings
+from outcore.plan import Plan, Resources
+from outcore.progress import compute
 from outcore.runs import Run
+from outcore.verbs import DemoStage, Job, Tunable, Verb
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,9 +110,7 @@ def check_parquet(path: Path, n: int) -> None:
 def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     catalog = open_catalog(args.input)
     psf = load_psf(args.psf)
-    if args.chunk_size < 1:
-        raise LayoutError(f"--chunk-size {args.chunk_size} must be at least 1.",
-                          "give a positive number of candidates per task.")
+    at_least(args.chunk_size, "--chunk-size", what="a positive number of candidates per task")
     result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=args.chunk_size,
                          backend=backend_name, max_iterations=args.max_iterations,
                          scale_errors=args.scale_errors)
@@ -124,8 +124,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             psf_shape=None if psf is None else psf.shape[-2:],
             per_candidate_psf=psf is not None and psf.ndim == 3, backend=backend_name,
         )
-        return Plan(stages, resources.workers, resources.threads_per_worker,
-                    resources.memory_limit)
+        return Plan.of(stages, resources)
 
     def measure(client: distributed.Client) -> None:
         compute(client, result["chi2"].data.sum(), show=False)
@@ -134,8 +133,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         fits_zarr = run.add_output("fits.zarr", verify=lambda p: xr.open_zarr(
             p, consolidated=False))
         fits_parquet = run.add_output("fits.parquet", verify=lambda p: check_parquet(p, n))
-        # status as variable-length UTF-8, the string type zarr v3 specifies
-        stored = result.drop_encoding().assign(status=result["status"].astype(STRING))
+        stored = zarr_strings(result.drop_encoding())
         with run.timing("fit"):
             compute(client, stored.to_zarr(fits_zarr, mode="w-", zarr_format=3,
                                            consolidated=False, compute=False))
@@ -161,5 +159,13 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     )
 
 
+def _candidates(args: argparse.Namespace) -> float:
+    """Candidates one fit pass fits (the work of a ``tune`` round)."""
+    return float(open_catalog(args.input).sizes["candidate"])
+
+
 VERBS = [Verb("fit-dipoles", "fit a dipole model to every cutout of a catalog",
-              add_arguments, make_job)]
+              add_arguments, make_job,
+              tunable=Tunable("chunk_size", "fits/s", "fits", _candidates))]
+DEMO = DemoStage("--fit-candidates", 5000,
+                 "simulated dipole cutouts to fit after the statistics", run_stage)

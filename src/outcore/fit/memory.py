@@ -25,9 +25,8 @@ import numpy as np
 
 from outcore.fit.kernels import HOST_BLOCK, fit_columns
 from outcore.fit.models import get_model
-from outcore.plan import TaskMemory
+from outcore.plan import F64, TaskMemory
 
-_F64 = 8
 #: Bytes of one status name in the result (numpy unicode, 4 bytes a character).
 _STATUS_BYTES = 4 * 15
 
@@ -54,7 +53,7 @@ def kernel_transient_bytes(candidates: int, stamp_shape: tuple[int, int], model:
             per_block += py * px
     else:
         per_block += m + 24 * (ny + nx)
-    return _F64 * (per_chunk * candidates + per_block * block)
+    return F64 * (per_chunk * candidates + per_block * block)
 
 
 def memory_model(
@@ -76,21 +75,24 @@ def memory_model(
     the catalog holds. Returns the fit stage (one task per chunk of ``chunk_size``
     candidates) and the column stage that splits each packed result into the output
     variables (what a writer then stores). Feed them to ``outcore.plan.Plan``. With
-    ``backend="cupy"`` the fit's scratch is device memory (see ``kernel_transient_bytes``).
+    ``backend="cupy"`` the fit's scratch is device memory (see ``kernel_transient_bytes``),
+    as are the chunk's copy and its result there: the fit stage's ``device_bytes``.
     """
     chunk = min(chunk_size, n_candidates)
     tasks = math.ceil(n_candidates / chunk)
     ny, nx = stamp_shape
     pixel_bytes = np.dtype(dtype).itemsize * (1 + variance) + mask
-    psf_bytes = _F64 * math.prod(psf_shape or stamp_shape) if per_candidate_psf else 0
+    psf_bytes = F64 * math.prod(psf_shape or stamp_shape) if per_candidate_psf else 0
     inputs = chunk * (ny * nx * pixel_bytes + psf_bytes)
-    packed = chunk * len(fit_columns(model)) * _F64
+    packed = chunk * len(fit_columns(model)) * F64
     transient = kernel_transient_bytes(chunk, stamp_shape, model, psf_shape, per_candidate_psf,
                                        backend)
     columns = packed + chunk * _STATUS_BYTES
+    on_device = backend == "cupy"
     return [
         TaskMemory("fit-dipoles", tasks, input_bytes=inputs, output_bytes=packed,
-                   transient_bytes=transient, read_bytes=inputs),
+                   transient_bytes=0 if on_device else transient, read_bytes=inputs,
+                   device_bytes=inputs + packed + transient if on_device else 0),
         TaskMemory("fit-columns", tasks, input_bytes=packed, output_bytes=columns,
                    write_bytes=columns),
     ]

@@ -9,6 +9,7 @@ from typing import Any
 
 import xarray as xr
 
+from outcore.checks import existing_path
 from outcore.errors import LayoutError, refuse_existing
 from outcore.io.importers import Arrays, arrange
 from outcore.io.importers.fits import read_fits
@@ -17,7 +18,7 @@ from outcore.io.importers.npz import read_npz
 from outcore.io.importers.raw import read_npy, read_raw
 from outcore.io.importers.tiff import read_tiff
 from outcore.io.layouts import LAYOUT_ATTR, LAYOUTS, detect_layout, validate
-from outcore.io.store import existing_path, open_unchecked, save
+from outcore.io.store import open_unchecked, save
 
 #: Formats ``convert`` reads, by file suffix.
 SUFFIXES = {

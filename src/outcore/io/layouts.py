@@ -1,5 +1,6 @@
-"""The zarr layouts outcore reads and writes, as data, and one ``validate`` that checks them.
+"""The mechanism of outcore's zarr layouts: a layout as data, a registry, and one ``validate``.
 
+The families define their layouts (``outcore.tomo.layouts`` ...) and ``register`` them.
 A :class:`Layout` lists the variables a dataset holds (dims, dtypes), the attributes it needs
 (units, sizes) and which values must be finite. ``validate`` checks a dataset against one and
 raises :class:`~outcore.errors.LayoutError` naming the problem and the fix; only
@@ -8,8 +9,9 @@ raises :class:`~outcore.errors.LayoutError` naming the problem and the fix; only
 
 from __future__ import annotations
 
+import importlib
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import dask
@@ -90,75 +92,46 @@ class Layout:
         return next(a for a in self.attrs if a.name == name)
 
 
-GRID: Dims = ("scan_y", "scan_x", "k_y", "k_x")
-LIST: Dims = ("position", "k_y", "k_x")
+class LayoutRegistry(Mapping[str, "Layout"]):
+    """Every layout by name. The families register theirs (``register``) in the ``layouts``
+    modules that ``outcore.families`` names; those are imported on the first lookup, so
+    nothing here knows a family and adding one touches this module not at all."""
 
-DIFFRACTION = Layout(
-    "diffraction",
-    "stack of diffraction patterns, on a grid scan or a list of probe positions",
-    Var("data", (GRID, LIST), (*FLOAT, "u"), "intensities (float) or counts (unsigned)",
-        finite=True),
-    companions=(
-        Var("positions", (("position", "xy"),), ("float64",), "probe positions [m]",
-            when=LIST, finite=True, labels={"xy": ("x", "y")}),
-    ),
-    attrs=(
-        Attr("wavelength", "m", "radiation wavelength"),
-        Attr("energy", "eV", "radiation energy"),
-        Attr("scan_step", "m", "scan step, scalar or [step_y, step_x]", sizes=(1, 2)),
-        Attr("reciprocal_pixel_size", "1/m", "detector pixel in reciprocal space, "
-             "scalar or [k_y, k_x]", sizes=(1, 2)),
-        Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [y, x]", sizes=(1, 2)),
-        Attr("detector_distance", "m", "sample to detector distance"),
-    ),
-    needs=(
-        Need((("wavelength",), ("energy",))),
-        Need((("scan_step",),), when=GRID),
-        Need((("reciprocal_pixel_size",), ("detector_pixel_size", "detector_distance"))),
-    ),
-)
+    def __init__(self) -> None:
+        self._layouts: dict[str, Layout] = {}
+        self._loaded = False
 
-VOLUME = Layout(
-    "volume",
-    "a 3-D volume",
-    Var("volume", (("z", "y", "x"),), FLOAT, "voxel values", finite=True),
-    attrs=(Attr("voxel_size", "m", "voxel edge, scalar or [z, y, x]", sizes=(1, 3)),),
-    needs=(Need((("voxel_size",),)),),
-)
+    def register(self, layout: Layout) -> Layout:
+        """Add ``layout`` (refusing a different one under the same name) and return it."""
+        known = self._layouts.get(layout.name)
+        if known is not None and known != layout:
+            raise ValueError(f"a different layout named {layout.name!r} is registered")
+        self._layouts[layout.name] = layout
+        return layout
 
-PROJECTIONS = Layout(
-    "projections",
-    "tomographic projections (line integrals) over rotation angles",
-    Var("projections", (("view", "v", "u"),), FLOAT, "projection values", finite=True),
-    companions=(
-        Var("angles", (("view",),), FLOAT, "rotation angle of each view [rad]", finite=True),
-    ),
-    attrs=(
-        Attr("geometry", "", "beam geometry",
-             choices={"parallel": (), "cone": ("source_distance", "detector_distance")}),
-        Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [v, u]", sizes=(1, 2)),
-        Attr("source_distance", "m", "source to rotation axis (cone)"),
-        Attr("detector_distance", "m", "rotation axis to detector (cone)"),
-    ),
-    needs=(Need((("geometry",),)), Need((("detector_pixel_size",),))),
-)
+    def _all(self) -> dict[str, Layout]:
+        if not self._loaded:
+            self._loaded = True
+            from outcore.families import FAMILIES
 
-CUTOUTS = Layout(
-    "cutouts",
-    "catalog of image cutouts around candidates (NaN/Inf allowed: flagged per candidate)",
-    Var("images", (("candidate", "y", "x"),), FLOAT, "cutout pixels"),
-    companions=(
-        Var("variance", (("candidate", "y", "x"),), FLOAT, "per-pixel variance",
-            required=False),
-        Var("mask", (("candidate", "y", "x"),), ("bool",), "True where a pixel is ignored",
-            required=False),
-        Var("candidate_id", (("candidate",),), ("i", "u", "U", "O", "T"),
-            "unique id of each candidate (int or str)", unique=True),
-    ),
-)
+            for family in FAMILIES:
+                if family.layouts:
+                    importlib.import_module(family.layouts)
+        return self._layouts
 
-#: Every layout by name.
-LAYOUTS: dict[str, Layout] = {lay.name: lay for lay in (DIFFRACTION, VOLUME, PROJECTIONS, CUTOUTS)}
+    def __getitem__(self, name: str) -> Layout:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+#: Every layout by name (the families' own, loaded on first use).
+LAYOUTS = LayoutRegistry()
+register = LAYOUTS.register
 
 
 def detect_layout(ds: xr.Dataset) -> str:

@@ -29,7 +29,8 @@ from dask.delayed import Delayed
 from dask.system import CPU_COUNT
 from zarr.codecs import BloscCodec
 
-from outcore.errors import InputNotFoundError, LayoutError, refuse_existing
+from outcore.checks import existing_path
+from outcore.errors import LayoutError, refuse_existing
 from outcore.io.layouts import LAYOUT_ATTR, finite_variables, validate
 
 #: Target size of one block (one dask chunk, one zarr chunk) when none is given, bytes.
@@ -47,18 +48,6 @@ def frames_per_block(frame_shape: tuple[int, ...], itemsize: int,
                      target_bytes: int = BLOCK_BYTES) -> int:
     """Frames (slices along axis 0) of ``frame_shape`` that fill about ``target_bytes``."""
     return max(1, target_bytes // max(1, math.prod(frame_shape) * itemsize))
-
-
-def existing_path(path: str | PathLike[str], what: str = "input") -> Path:
-    """``path`` as a Path, or InputNotFoundError when nothing is there."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise InputNotFoundError(
-            f"The {what} {str(path)!r} does not exist.",
-            "check the path (relative paths start from the current directory "
-            f"{str(Path.cwd())!r}).",
-        )
-    return path
 
 
 def open(  # noqa: A001 - `outcore.open` is the public contract
@@ -174,10 +163,7 @@ def _prepare(ds: xr.Dataset, layout: str, chunks: Mapping[str, int]) -> xr.Datas
             f"chunks names dims {sorted(unknown)} that the dataset does not have.",
             f"use dims among {sorted(map(str, ds.dims))}.",
         )
-    out = ds.copy()
-    for name, var in ds.variables.items():
-        if var.dtype.kind in "UO":
-            out = _replace(out, name, var.astype(STRING))
+    out = zarr_strings(ds.copy())
     out = out.chunk({dim: chunks.get(str(dim)) or _default_chunk(out, dim) for dim in out.dims})
     for name in finite_variables(out, layout):
         var = out.variables[name]
@@ -190,6 +176,18 @@ def _prepare(ds: xr.Dataset, layout: str, chunks: Mapping[str, int]) -> xr.Datas
             var.encoding["compressors"] = (COMPRESSOR,)
     out.attrs = {**ds.attrs, LAYOUT_ATTR: layout}
     return out
+
+
+def zarr_strings(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with every string variable (numpy fixed-width or object) as numpy's
+    variable-length ``StringDType``, which zarr v3 stores as its specified variable-length
+    UTF-8 (fixed-width strings get zarr's unstable-specification warning); encodings kept."""
+    for name, var in ds.variables.items():
+        if var.dtype.kind in "UO":
+            encoding = var.encoding
+            ds = _replace(ds, name, var.astype(STRING))
+            ds[name].encoding = encoding
+    return ds
 
 
 def _replace(ds: xr.Dataset, name: object, var: xr.Variable) -> xr.Dataset:

@@ -3,27 +3,15 @@
 Data side: ``simulate_stack`` (a scan with known object and probe), ``preprocess`` (centre,
 crop, bin a ``diffraction`` stack once), ``save_preprocessed`` / ``open_preprocessed`` (the
 ``ptycho-preprocessed`` store reconstructions read). The forward model and its gradients are
-in ``outcore.ptycho.kernels``. See docs/operators/ptychography.md.
+in ``outcore.ptycho.kernels``. See docs/operators/ptychography.md. Names are imported on
+first use (``outcore.lazy``).
 """
 
-from outcore.ptycho.preprocess import (
-    LAYOUT,
-    ProbeWindowWarning,
-    open_preprocessed,
-    preprocess,
-    read_amplitudes,
-    save_preprocessed,
-)
-from outcore.ptycho.simulate import Simulation, open_truth, simulate_stack
+from outcore.lazy import lazy_exports
 
-__all__ = [
-    "LAYOUT",
-    "ProbeWindowWarning",
-    "Simulation",
-    "open_preprocessed",
-    "open_truth",
-    "preprocess",
-    "read_amplitudes",
-    "save_preprocessed",
-    "simulate_stack",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "optics": ("ProbeWindowWarning",),
+    "pipeline": ("preprocess",),
+    "store": ("LAYOUT", "open_preprocessed", "read_amplitudes", "save_preprocessed"),
+    "simulate": ("Simulation", "open_truth", "simulate_stack"),
+})

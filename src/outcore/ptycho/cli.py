@@ -12,38 +12,27 @@ docs/operators/ptychography.md.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import distributed
-import numpy as np
 
 from outcore import io
-from outcore.cli import Verb
+from outcore.checks import existing_path
 from outcore.errors import OutcoreError, refuse_existing
-from outcore.io.store import existing_path
-from outcore.plan import Plan, TaskMemory
+from outcore.plan import Plan, Resources
 from outcore.ptycho import reconstruct_cli
-from outcore.ptycho.preprocess import (
-    CHUNK_POSITIONS,
-    COMPRESSIONS,
-    ProbeWindowWarning,
-    Setup,
-    build,
-    open_preprocessed,
-    save_preprocessed,
-    setup,
-)
-from outcore.ptycho.simulate import Simulation, open_truth, simulate_stack, truth_path_for
-from outcore.reduce import ZARR_READ_FACTOR
-from outcore.runner import Job, Resources
+from outcore.ptycho.demo import run_stage
+from outcore.ptycho.memory import preprocess_stages, simulate_stages
+from outcore.ptycho.optics import ProbeWindowWarning
+from outcore.ptycho.pipeline import build
+from outcore.ptycho.scan import CHUNK_POSITIONS, setup
+from outcore.ptycho.simulate import open_truth, simulate_stack, truth_path_for
+from outcore.ptycho.store import COMPRESSIONS, open_preprocessed, save_preprocessed
 from outcore.runs import Run
-
-_C64, _F64 = 8, 8
-
+from outcore.verbs import DemoStage, Job, Verb
 
 # --- ptycho simulate --------------------------------------------------------------------------
 
@@ -83,37 +72,6 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="object pixels around the scanned windows")
 
 
-def simulate_stages(sim: Simulation) -> list[TaskMemory]:
-    """Per-task memory of a simulation: pattern chunks (object patch, waves, FFT) and the
-    truth object's row bands, bytes."""
-    data = sim.stack["data"].data
-    k = data.shape[-1]
-    frames = math.prod(max(c) for c in data.chunks[:-2]) * k * k
-    out = frames * data.dtype.itemsize
-    patch = _largest_patch(sim.truth["top_left"].values, data.chunks[:-2], k)
-    patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
-                          0, out, transient_bytes=frames * (3 * _C64 + 4 + _F64)
-                          + patch * (_C64 + 4 * _F64), write_bytes=out)
-    obj = sim.truth["object"].data
-    band = math.prod(max(c) for c in obj.chunks)
-    truth = TaskMemory("truth-object", len(obj.chunks[0]), 0, band * _C64,
-                       transient_bytes=band * 4 * _F64, write_bytes=band * _C64)
-    return [patterns, truth]
-
-
-def _largest_patch(top_left: Any, chunks: tuple[tuple[int, ...], ...], k: int) -> int:
-    """Pixels of the largest object patch one chunk of positions covers."""
-    index = np.arange(len(top_left)).reshape([sum(c) for c in chunks])
-    bounds = [np.cumsum((0, *c)) for c in chunks]
-    largest = 0
-    for block in np.ndindex(*(len(c) for c in chunks)):
-        cut = tuple(slice(b[i], b[i + 1]) for b, i in zip(bounds, block, strict=True))
-        corners = top_left[index[cut].ravel()]
-        extent = corners.max(axis=0) - corners.min(axis=0) + k
-        largest = max(largest, int(extent[0] * extent[1]))
-    return largest
-
-
 def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
     output = refuse_existing(Path(args.output).expanduser().resolve())
     truth = refuse_existing(Path(args.truth).expanduser().resolve() if args.truth
@@ -136,8 +94,7 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
     }
 
     def plan(resources: Resources) -> Plan:
-        return Plan(simulate_stages(sim), resources.workers, resources.threads_per_worker,
-                    resources.memory_limit)
+        return Plan.of(simulate_stages(sim), resources)
 
     def execute(run: Run, client: distributed.Client) -> None:
         run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
@@ -196,29 +153,6 @@ def _centre_option(words: list[str]) -> str | tuple[float, float]:
     return values  # type: ignore[return-value]
 
 
-def preprocess_stages(ds: Any, found: Setup) -> list[TaskMemory]:
-    """Per-task memory of ``preprocess``: reading the store's chunks, the mean pattern, and
-    one chunk of positions turned into amplitudes (float64 roll, crop and bin), bytes."""
-    data = ds["data"]
-    store_chunk = math.prod(max(c) for c in data.chunks) * data.dtype.itemsize
-    tasks = math.prod(len(c) for c in data.chunks)
-    frame = math.prod(found.source_shape)
-    n = found.chunk_positions
-    positions = len(found.positions)
-    chunks = math.ceil(positions / n)
-    out = n * found.k**2 * 4
-    return [
-        TaskMemory("read-stack", tasks, store_chunk, store_chunk,
-                   transient_bytes=int((ZARR_READ_FACTOR - 1) * store_chunk),
-                   read_bytes=store_chunk),
-        TaskMemory("mean-pattern", tasks, store_chunk, 2 * frame * _F64,
-                   transient_bytes=store_chunk // data.dtype.itemsize * _F64),
-        TaskMemory("amplitudes", chunks, n * frame * data.dtype.itemsize, out,
-                   transient_bytes=2 * n * frame * _F64 + n * found.crop**2 * _F64,
-                   write_bytes=out),
-    ]
-
-
 def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
     source = existing_path(args.input, "input store")
     output = refuse_existing(Path(args.output).expanduser().resolve())
@@ -235,8 +169,7 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
     }
 
     def plan(resources: Resources) -> Plan:
-        return Plan(preprocess_stages(ds, found), resources.workers,
-                    resources.threads_per_worker, resources.memory_limit)
+        return Plan.of(preprocess_stages(ds, found), resources)
 
     def execute(run: Run, client: distributed.Client) -> None:
         run.add_output(output, verify=open_preprocessed)
@@ -271,5 +204,7 @@ VERBS = [
          make_preprocess_job),
     Verb("ptycho reconstruct", "refine object and probe from a preprocessed store, "
          "data-parallel over the workers, into a run directory", reconstruct_cli.add_arguments,
-         reconstruct_cli.make_job),
+         reconstruct_cli.make_job, tunable=reconstruct_cli.TUNABLE),
 ]
+DEMO = DemoStage("--ptycho-scan", 12,
+                 "side of the ptychography scan reconstructed at the end", run_stage)

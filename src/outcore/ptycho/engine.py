@@ -33,6 +33,7 @@ import distributed
 import numpy as np
 
 from outcore.backend import namespace, to_host
+from outcore.checks import at_least, choice
 from outcore.errors import OutcoreError
 from outcore.ptycho.frames import reader
 from outcore.ptycho.kernels import BatchTerms, batch_terms, update
@@ -65,14 +66,9 @@ class Settings:
 
     def validate(self, n_positions: int) -> None:
         """Refuse settings that cannot run, before any compute."""
-        if self.residency not in RESIDENCIES:
-            raise OutcoreError(f"--residency {self.residency!r} is not one of "
-                               f"{', '.join(RESIDENCIES)}.",
-                               "use --residency device, host or disk.")
-        for flag, value in (("--iterations", self.iterations), ("--sub-batch", self.sub_batch)):
-            if value < 1:
-                raise OutcoreError(f"{flag} {value} must be at least 1.",
-                                   f"give a positive {flag}.")
+        choice(self.residency, RESIDENCIES, "--residency")
+        at_least(self.iterations, "--iterations", what="a positive --iterations")
+        at_least(self.sub_batch, "--sub-batch", what="a positive --sub-batch")
         if self.batch_size is not None and not 1 <= self.batch_size <= n_positions:
             raise OutcoreError(
                 f"--batch-size {self.batch_size} is not between 1 and the {n_positions} positions.",

@@ -9,6 +9,7 @@ removes all three before comparing, on the well-illuminated region only.
 from __future__ import annotations
 
 import numpy as np
+import xarray as xr
 
 from outcore.ptycho.kernels import object_illumination
 
@@ -54,3 +55,19 @@ def _ramp_start(recon: np.ndarray, truth: np.ndarray, mask: np.ndarray) -> np.nd
     peak = np.unravel_index(np.argmax(spectrum), shape)
     freqs = [np.fft.fftfreq(n)[i] for n, i in zip(shape, peak, strict=True)]
     return 2 * np.pi * np.asarray(freqs)
+
+
+def truth_error(recon: xr.Dataset, truth: xr.Dataset, ds: xr.Dataset) -> float:
+    """The object's normalised error against the simulation's truth on the well-lit region
+    (after removing global phase, scale and phase ramp; see ``quality.object_error``)."""
+    shift = ds["top_left"].values[0] - truth["top_left"].values[0]
+    obj = recon["object"].values
+    true_obj = truth["object"].values
+    ny, nx = obj.shape
+    aligned = np.zeros_like(obj)
+    rows = slice(max(0, -shift[0]), min(true_obj.shape[0], ny - shift[0]))
+    cols = slice(max(0, -shift[1]), min(true_obj.shape[1], nx - shift[1]))
+    aligned[rows.start + shift[0]:rows.stop + shift[0],
+            cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
+    mask = illuminated(truth["probe"].values, ds["top_left"].values, obj.shape)
+    return round(object_error(obj, aligned, mask), 6)

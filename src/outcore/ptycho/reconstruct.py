@@ -26,6 +26,7 @@ from outcore.errors import LayoutError, OutcoreError
 from outcore.io.store import write_new
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Result, Settings, State
+from outcore.ptycho.store import open_preprocessed
 
 LATEST = "latest.json"
 RECONSTRUCTION_LAYOUT = "ptycho-reconstruction"
@@ -57,8 +58,6 @@ def reconstruct(pre: str | Path, *, iterations: int = 50, batch_size: int | None
 
 def open_input(path: str | Path) -> xr.Dataset:
     """The preprocessed store at ``path``, lazily, checked before any compute."""
-    from outcore.ptycho.preprocess import open_preprocessed
-
     return open_preprocessed(path)
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,14 @@ import distributed
 import numpy as np
 import xarray as xr
 
-from outcore import io
+from outcore.checks import at_least, existing_path
 from outcore.errors import OutcoreError
 from outcore.io.store import write_new
-from outcore.plan import Plan
+from outcore.plan import Plan, Resources
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Settings, State
 from outcore.ptycho.memory import memory_model
-from outcore.ptycho.quality import illuminated, object_error
+from outcore.ptycho.quality import truth_error
 from outcore.ptycho.reconstruct import (
     checkpointer,
     load_checkpoint,
@@ -38,8 +39,8 @@ from outcore.ptycho.reconstruct import (
     result_dataset,
     starting_state,
 )
-from outcore.runner import Job, Resources
 from outcore.runs import Run, resumed_run
+from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
 
 RECONSTRUCTION = "reconstruction.zarr"
 WORK = "work"
@@ -68,12 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=defaults.alpha,
                    help="regularisation of the rPIE-style preconditioner, 0..1")
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed of the batch order")
-    p.add_argument("--checkpoint-every", type=int, default=10,
-                   help="iterations between checkpoints in work/")
-    p.add_argument("--resume", action="store_true",
-                   help="go on from the newest checkpoint of --resume-from")
-    p.add_argument("--resume-from", default=None, metavar="RUN_DIR",
-                   help="run directory of an earlier ptycho reconstruct")
+    add_checkpoint_options(p, "ptycho reconstruct", 10)
     p.add_argument("--truth", default=None,
                    help="truth store of ptycho simulate: the summary gets the object error")
 
@@ -113,8 +109,8 @@ def _plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
     def plan_for(workers: int, residency: str, sub_batch: int) -> Plan:
         stages = memory_model(ds.sizes["position"], ds.sizes["k_y"],
                               tuple(ds.attrs["object_shape"]), workers, residency, sub_batch,
-                              settings.batch_size)
-        return Plan(stages, workers, resources.threads_per_worker, resources.memory_limit)
+                              settings.batch_size, backend=resources.backend)
+        return Plan.of(stages, replace(resources, workers=workers))
 
     plan = plan_for(resources.workers, settings.residency, settings.sub_batch)
     if not plan.fits:
@@ -129,7 +125,15 @@ def _plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
         if settings.sub_batch > 8 and plan_for(resources.workers, settings.residency, 8).fits:
             fixes.append("use a smaller --sub-batch (e.g. 8)")
         fixes.append("bin the patterns (outcore ptycho preprocess --bin 2) to shrink them 4x")
-        plan.check(fixes)
+        device_fixes = []
+        if settings.residency == "device" and plan_for(resources.workers, "host",
+                                                       settings.sub_batch).device_fits:
+            device_fixes.append("use --residency host (targets in host memory, streamed to"
+                                " the GPU a sub-batch at a time)")
+        if settings.sub_batch > 8 and plan_for(resources.workers, settings.residency,
+                                               8).device_fits:
+            device_fixes.append("use a smaller --sub-batch (e.g. 8)")
+        plan.check(fixes, device_fixes)
     return plan
 
 
@@ -137,12 +141,9 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     ds = open_input(args.input)
     settings = settings_of(args)
     settings.validate(ds.sizes["position"])
-    if args.checkpoint_every < 1:
-        raise OutcoreError(f"--checkpoint-every {args.checkpoint_every} must be at least 1.",
-                           "give the iterations between checkpoints.")
-    if args.resume != (args.resume_from is not None):
-        raise OutcoreError("--resume and --resume-from go together.",
-                           "give both: --resume --resume-from RUN_DIR.")
+    at_least(args.checkpoint_every, "--checkpoint-every",
+             what="the iterations between checkpoints")
+    check_resume(args)
     start_state, done = (earlier_checkpoint(args.resume_from, args.input, settings)
                          if args.resume else (None, 0))
     obj, probe = starting_state(ds, start_state)
@@ -200,28 +201,12 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
 
 
 def _open_truth(path: str) -> xr.Dataset:
-    truth = xr.open_zarr(io.store.existing_path(path, "--truth store"), consolidated=False)
+    truth = xr.open_zarr(existing_path(path, "--truth store"), consolidated=False)
     for name in ("object", "probe", "top_left"):
         if name not in truth:
             raise OutcoreError(f"The truth store {path!r} has no {name!r}.",
                                "give the .truth.zarr written by outcore ptycho simulate.")
     return truth
-
-
-def truth_error(recon: xr.Dataset, truth: xr.Dataset, ds: xr.Dataset) -> float:
-    """The object's normalised error against the simulation's truth on the well-lit region
-    (after removing global phase, scale and phase ramp; see ``quality.object_error``)."""
-    shift = ds["top_left"].values[0] - truth["top_left"].values[0]
-    obj = recon["object"].values
-    true_obj = truth["object"].values
-    ny, nx = obj.shape
-    aligned = np.zeros_like(obj)
-    rows = slice(max(0, -shift[0]), min(true_obj.shape[0], ny - shift[0]))
-    cols = slice(max(0, -shift[1]), min(true_obj.shape[1], nx - shift[1]))
-    aligned[rows.start + shift[0]:rows.stop + shift[0],
-            cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
-    mask = illuminated(truth["probe"].values, ds["top_left"].values, obj.shape)
-    return round(object_error(obj, aligned, mask), 6)
 
 
 def write_figures(run: Run, recon: xr.Dataset) -> None:
@@ -248,3 +233,11 @@ def write_figures(run: Run, recon: xr.Dataset) -> None:
         fig.colorbar(ax.imshow(image, cmap="magma" if "amp" in label else "twilight"), ax=ax)
         ax.set(title=label, xlabel="k_x [pixel]", ylabel="k_y [pixel]")
     fig.savefig(run.add_output(FIGURES[2]), dpi=90)
+
+
+def _pattern_iterations(args: argparse.Namespace) -> float:
+    """Pattern-iterations of one reconstruction round: positions times iterations."""
+    return float(open_input(args.input).sizes["position"] * args.iterations)
+
+
+TUNABLE = Tunable("sub_batch", "patterns/s", "pattern-iterations", _pattern_iterations)

@@ -5,7 +5,7 @@ The object is analytic: amplitude ``0.5 + 0.5 exp(-A)`` (0.5 to 1) and phase ``t
 different cells for the two, each cut at ``CUTOFF`` sigma). Any region of it is computed from
 the blobs that reach it, so a task makes its own patch and the result is the same whatever
 the chunking. The probe is a circular aperture of ``probe_aperture`` detector pixels with
-a defocus phase, carried to the ``K x K`` window (``preprocess.pupil_to_probe``), or a given
+a defocus phase, carried to the ``K x K`` window (``optics.pupil_to_probe``), or a given
 array. Patterns are ``kernels.intensities`` of the complex64 truth, optionally Poisson
 counts. Random draws depend on the seed and the position index only: jitter comes from one
 stream for the whole scan, the noise of position ``j`` from the stream ``(seed, 0, j)``.
@@ -28,15 +28,13 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
+from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked
 from outcore.ptycho.kernels import intensities
-from outcore.ptycho.preprocess import (
-    CHUNK_POSITIONS,
-    HC_EV_M,
-    pupil_to_probe,
-    write_store,
-)
+from outcore.ptycho.optics import HC_EV_M, pupil_to_probe
+from outcore.ptycho.scan import CHUNK_POSITIONS
+from outcore.ptycho.store import write_store
 
 #: Energy [eV] and object pixel [m] when none are given.
 DEFAULT_ENERGY_EV = 8000.0
@@ -134,7 +132,7 @@ def synthetic_object(shape: tuple[int, int], k: int, seed: int) -> SyntheticObje
 def aperture_probe(k: int, aperture: float, wavelength: float, pixel_size: float,
                    defocus: float) -> np.ndarray:
     """Probe (k, k) complex128 of unit energy: a pupil of radius ``aperture`` detector
-    pixels with ``defocus`` [m] (see ``preprocess.pupil_to_probe``)."""
+    pixels with ``defocus`` [m] (see ``optics.pupil_to_probe``)."""
     q = np.arange(k) - k // 2
     pupil = (np.hypot(q[:, None], q[None, :]) <= aperture).astype(np.float64)
     probe = pupil_to_probe(pupil, wavelength, 1.0 / (k * pixel_size), defocus)
@@ -276,8 +274,8 @@ def simulate_stack(
     (counts only). ``chunk_positions`` positions per task; ``object_padding`` pixels of
     object around the windows.
     """
-    k = _at_least(detector, "--detector", 2)
-    scan = (_at_least(scan[0], "--scan", 1), _at_least(scan[1], "--scan", 1))
+    k = at_least(detector, "--detector", 2)
+    scan = (at_least(scan[0], "--scan", 1), at_least(scan[1], "--scan", 1))
     step = float(max(1, k // 8) if step is None else step)
     for value, flag in ((step, "--step"), (pixel_size, "--pixel-size")):
         if not (np.isfinite(value) and value > 0):
@@ -295,7 +293,7 @@ def simulate_stack(
     if defocus is None:
         defocus = auto_defocus(k, aperture, lam, pixel_size)
     truth_probe = _probe(probe, k, aperture, lam, pixel_size, defocus, dose)
-    top_left = scan_top_left(scan, step, jitter, seed, _at_least(object_padding,
+    top_left = scan_top_left(scan, step, jitter, seed, at_least(object_padding,
                                                                  "--object-padding", 0))
     shape = tuple(int(n) for n in top_left.max(axis=0) + k + object_padding)
     obj = synthetic_object(shape, k, seed)  # type: ignore[arg-type]
@@ -303,7 +301,7 @@ def simulate_stack(
     frame_shape = (*scan, k, k) if grid else (len(top_left), k, k)
     source = SimulatedFrames(frame_shape, dtype, obj, truth_probe, top_left, seed,
                              dose is not None)
-    n = _at_least(chunk_positions, "--chunk-positions", 1)
+    n = at_least(chunk_positions, "--chunk-positions", 1)
     chunks = ((max(1, n // min(n, scan[1])), min(n, scan[1])) if grid else (n,))
     data = da.from_array(source, chunks=(*chunks, k, k),
                          meta=np.empty((0,) * len(frame_shape), dtype))
@@ -324,13 +322,6 @@ def simulate_stack(
                     "scan_shape": list(scan), "step": step, "object_padding": object_padding,
                     io.LAYOUT_ATTR: TRUTH_LAYOUT})
     return Simulation(stack, truth)
-
-
-def _at_least(value: Any, flag: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
-        raise OutcoreError(f"{flag} {value!r} must be an integer of at least {least}.",
-                           f"give {flag} {max(least, 1)} or more.")
-    return int(value)
 
 
 def _radiation(energy: float | None, wavelength: float | None) -> tuple[float, dict]:

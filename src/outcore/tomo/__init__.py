@@ -4,31 +4,16 @@
 projects and backprojects dask arrays block by block; ``fbp`` (FDK for the cone beam),
 ``cgls`` and ``sirt`` reconstruct; ``shepp_logan`` and ``ball`` make lazy test volumes;
 ``suggest_blocks`` and ``memory_model`` feed ``outcore.plan``. See
-docs/operators/tomography.md.
+docs/operators/tomography.md. Names are imported on first use (``outcore.lazy``).
 """
 
-from outcore.tomo import kernels
-from outcore.tomo.geometry import Geometry, scan_for, uniform_angles
-from outcore.tomo.memory import memory_model, suggest_blocks
-from outcore.tomo.phantom import ball, shepp_logan
-from outcore.tomo.projector import Projector
-from outcore.tomo.solvers import WINDOWS, Reconstruction, cgls, fbp, fdk, ramp_filter, sirt
+from outcore.lazy import lazy_exports
 
-__all__ = [
-    "WINDOWS",
-    "Geometry",
-    "Projector",
-    "Reconstruction",
-    "ball",
-    "cgls",
-    "fbp",
-    "fdk",
-    "kernels",
-    "memory_model",
-    "ramp_filter",
-    "scan_for",
-    "shepp_logan",
-    "sirt",
-    "suggest_blocks",
-    "uniform_angles",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "kernels": ("kernels",),
+    "geometry": ("Geometry", "scan_for", "uniform_angles"),
+    "memory": ("memory_model", "suggest_blocks"),
+    "phantom": ("ball", "shepp_logan"),
+    "projector": ("Projector",),
+    "solvers": ("WINDOWS", "Reconstruction", "cgls", "fbp", "fdk", "ramp_filter", "sirt"),
+})

@@ -29,12 +29,12 @@ import numpy as np
 import xarray as xr
 
 from outcore.backend import array_namespace
+from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.convert import detect_format
 from outcore.io.importers import frames_dataset, native, parse_attrs, require
 from outcore.io.importers.hdf5 import HDF5Frames, _dataset
 from outcore.io.layouts import validate
-from outcore.io.store import existing_path
 from outcore.plan import TaskMemory
 
 #: Smallest transmission kept before the log (a dead or saturated pixel gives -log(eps)).

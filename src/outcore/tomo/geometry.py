@@ -31,6 +31,8 @@ import numpy as np
 from outcore.errors import LayoutError
 
 Kind = Literal["parallel", "cone"]
+#: Voxel edge of a simulated volume when none is given, metres.
+DEFAULT_VOXEL_M = 1e-3
 KINDS: tuple[str, ...] = ("parallel", "cone")
 
 

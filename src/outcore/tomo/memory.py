@@ -17,15 +17,19 @@ llvmlite and the kernels' machine code.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from outcore.plan import Plan, TaskMemory
+from outcore.plan import F64, Plan, Resources, TaskMemory
 from outcore.tomo.geometry import Geometry
 
-_F64 = 8
+if TYPE_CHECKING:
+    from outcore.tomo.projector import Projector
+
+#: Memory per worker the blocks are chosen for when the cluster sets no limit, bytes.
+DEFAULT_LIMIT = 2 * 2**30
 
 #: Resident memory of a worker process that has run the projector's CPU kernels, bytes:
 #: 285-297 MiB measured with VmHWM on this machine (numba 0.68, Python 3.11), against 164 MiB
@@ -88,13 +92,20 @@ def blocks(geometry: Geometry, volume_shape: tuple[int, int, int], partition: st
     return Blocks(views, slabs, bands, rows)
 
 
+def on_device(stage: TaskMemory) -> TaskMemory:
+    """``stage`` run on the GPU: the task moves its host inputs there, computes there and
+    returns a host array, so it holds its bytes on both sides."""
+    return replace(stage, device_bytes=stage.peak_bytes)
+
+
 def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partition: str,
                  views_per_block: int, slab: int, *, dtype: Any = np.float32,
-                 split_every: int = 4) -> list[TaskMemory]:
+                 split_every: int = 4, backend: str = "numpy") -> list[TaskMemory]:
     """The stages of a projection and a backprojection with these blocks (bytes per task).
 
     Returns ``forward`` (slab -> partial projections), ``forward-sum``, ``backproject``
-    (row chunks -> partial slab) and ``backproject-sum`` stages, each at its largest task.
+    (row chunks -> partial slab) and ``backproject-sum`` stages, each at its largest task;
+    with ``backend="cupy"`` the kernels' stages hold the same bytes on the device too.
     """
     item = np.dtype(dtype).itemsize
     nz, ny, nx = volume_shape
@@ -113,14 +124,16 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     # a piece cut to the slab's band is copied to a contiguous block (space partition)
     cut_bytes = 0 if partition == "views" else views * band * nu * item
     sums = min(split_every, n_slabs)
+    device = on_device if backend == "cupy" else (lambda stage: stage)
     return [
-        TaskMemory("forward", n_blocks * n_slabs, input_bytes=slab_bytes,
-                   output_bytes=partial_bytes, read_bytes=slab_bytes),
+        device(TaskMemory("forward", n_blocks * n_slabs, input_bytes=slab_bytes,
+                          output_bytes=partial_bytes, read_bytes=slab_bytes)),
         TaskMemory("forward-sum", n_blocks * len(cut.row_chunks),
                    input_bytes=sums * partial_bytes, output_bytes=views * chunk * nu * item),
-        TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
-                   output_bytes=slab_bytes, transient_bytes=slab * ny * nx * _F64 + cut_bytes,
-                   read_bytes=pieces_bytes),
+        device(TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
+                          output_bytes=slab_bytes,
+                          transient_bytes=slab * ny * nx * F64 + cut_bytes,
+                          read_bytes=pieces_bytes)),
         TaskMemory("backproject-sum", n_slabs * max(1, n_blocks - 1),
                    input_bytes=min(split_every, n_blocks) * slab_bytes, output_bytes=slab_bytes,
                    write_bytes=slab_bytes),
@@ -176,3 +189,90 @@ def suggest_blocks(geometry: Geometry, volume_shape: tuple[int, int, int],
             ["use a smaller volume or detector"])
         raise AssertionError("unreachable: the smallest blocks fit after all")
     return best[1]
+
+
+# --- the stages of the verbs ------------------------------------------------------------------
+
+
+def padded(n: int) -> int:
+    """FFT length of the ramp filter for rows of ``n`` pixels: a power of two, at least
+    ``2 n``."""
+    return 1 << max(1, math.ceil(math.log2(2 * n)))
+
+
+def filter_row_bytes(nu: int, cone: bool) -> int:
+    """Scratch of the ramp filter for one detector row of ``nu`` pixels, bytes: the float64
+    copy, its padded spectrum and inverse transform (and the cone's weighted copy)."""
+    size = padded(nu)
+    return F64 * nu + 16 * (size // 2 + 1) + F64 * size + (4 * nu if cone else 0)
+
+
+def method_stages(projector: Projector, method: str,
+                  store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
+    """Tasks of ``method`` besides the projector's own: phantom blocks (``simulate``), the
+    ramp filter (``fbp``) or the zarr vector updates (``sirt``, ``cgls``), and the reads of
+    the input store (``store_chunks``: how many chunks, bytes of one), bytes per task."""
+    nz, ny, nx = projector.volume_shape
+    item = projector.dtype.itemsize
+    slab = projector.slab * ny * nx
+    views, rows, nu = (max(c) for c in projector.projection_chunks)
+    chunk = views * rows * nu
+    n_slabs = len(projector.volume_chunks[0])
+    n_chunks = len(projector.projection_chunks[0]) * len(projector.projection_chunks[1])
+    if method == "simulate":  # float64 sums and broadcast temporaries of one phantom slab
+        return [TaskMemory("phantom", n_slabs, 0, slab * item, transient_bytes=4 * F64 * slab),
+                TaskMemory("write-projections", n_chunks, chunk * item, chunk * item,
+                           write_bytes=chunk * item)]
+    reads = [TaskMemory("read-projections", store_chunks[0], store_chunks[1],
+                        store_chunks[1], read_bytes=store_chunks[1])] if store_chunks[0] else []
+    if method == "fbp":
+        return reads + [TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
+                                   transient_bytes=views * rows * filter_row_bytes(
+                                       nu, projector.geometry.kind == "cone"))]
+    return reads + [  # x, p, s in and x, p out, float64 squares for the norms
+        TaskMemory("update-volume", n_slabs, 3 * slab * item, 2 * slab * item,
+                   transient_bytes=2 * F64 * slab, read_bytes=3 * slab * item,
+                   write_bytes=2 * slab * item),
+        TaskMemory("update-projections", n_chunks, 2 * chunk * item, chunk * item,
+                   transient_bytes=2 * F64 * chunk, read_bytes=2 * chunk * item,
+                   write_bytes=chunk * item),
+    ]
+
+
+def stages(projector: Projector, method: str,
+           store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
+    """Every stage of ``method`` (``simulate`` projects only; the others back and forth)."""
+    own = projector.memory()
+    if method in ("simulate", "fbp"):  # fbp backprojects, never projects
+        keep = "forward" if method == "simulate" else "backproject"
+        own = [s for s in own if s.name.startswith(keep)]
+    return own + method_stages(projector, method, store_chunks)
+
+
+#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p`` of
+#: two iterations and ``s``; ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations
+#: and the column weights; the row weights and ``w``.
+SOLVER_VECTORS = {"cgls": (5, 3), "sirt": (3, 2)}
+
+
+def state_bytes(projector: Projector, method: str, workers: int) -> int:
+    """Bytes one worker holds of an iterative solver's vectors kept in memory: its share of
+    the chunks of every vector held at once (``SOLVER_VECTORS``), rounded up by chunks."""
+    volumes, projections = SOLVER_VECTORS[method]
+    item = projector.dtype.itemsize
+    total = 0
+    for count, chunks in ((volumes, projector.volume_chunks),
+                          (projections, projector.projection_chunks)):
+        n_chunks = math.prod(len(c) for c in chunks)
+        total += math.ceil(count * n_chunks / max(workers, 1)) * math.prod(
+            max(c) for c in chunks) * item
+    return total
+
+
+def method_plan(projector: Projector, method: str, resources: Resources,
+                store_chunks: tuple[int, int] = (0, 0), state: str = "disk") -> Plan:
+    """The plan of ``method`` with ``projector``'s blocks on ``resources``; with
+    ``state="memory"`` each worker also holds its share of the solver's vectors."""
+    held = state_bytes(projector, method, resources.workers) if state == "memory" else 0
+    return Plan.of(stages(projector, method, store_chunks), resources,
+                   baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)

@@ -14,6 +14,9 @@ from typing import Any
 import dask.array as da
 import numpy as np
 
+#: The phantoms ``make_phantom`` (and ``outcore tomo simulate --phantom``) knows.
+PHANTOMS: tuple[str, ...] = ("shepp-logan", "ball")
+
 #: Ellipsoids of the 3-D Shepp-Logan head phantom (Kak and Slaney's table) with the
 #: higher-contrast intensities of Toft's modified 2-D phantom: (value, semi-axes a, b, c,
 #: centre x, y, z, rotation about z in degrees), lengths relative to the volume's half-extent.
@@ -90,3 +93,14 @@ def ball(shape: Sequence[int], radius: float, *, value: float = 1.0, voxel_size:
 
     return da.map_blocks(block, chunks=da.core.normalize_chunks(_chunks(shape3, chunks), shape3),
                          dtype=dtype, meta=np.empty((0, 0, 0), dtype))
+
+
+def make_phantom(name: str, shape: tuple[int, int, int], voxel_size: float, slab: int
+                 ) -> da.Array:
+    """The phantom ``name`` (one of ``PHANTOMS``) as a lazy dask array in blocks of ``slab``
+    planes (values 0 to 1 per m; the ball's radius is 0.4 of the smallest edge)."""
+    chunks = (slab, -1, -1)
+    if name == "ball":
+        radius = 0.4 * min(shape) * voxel_size
+        return ball(shape, radius, voxel_size=voxel_size, chunks=chunks)
+    return shepp_logan(shape, chunks=chunks)

@@ -19,7 +19,9 @@ the backend (numpy or cupy), runs the kernel there and returns a host (numpy) ar
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import dask.array as da
@@ -28,14 +30,16 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from outcore import backend as backends
-from outcore.plan import Plan, TaskMemory
+from outcore.plan import Plan, Resources, TaskMemory
 from outcore.tomo import kernels
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
+    DEFAULT_LIMIT,
     TOMO_WORKER_BASELINE_BYTES,
     Range,
     blocks,
     memory_model,
+    method_plan,
     overlap,
     suggest_blocks,
 )
@@ -190,7 +194,7 @@ class Projector:
         """The stages of ``project`` and ``backproject`` with these blocks (bytes per task)."""
         return memory_model(self.geometry, self.volume_shape, self.partition,
                             self.views_per_block, self.slab, dtype=self.dtype,
-                            split_every=self.split_every)
+                            split_every=self.split_every, backend=self.backend)
 
     def plan(self, workers: int = 1, threads_per_worker: int = 1,
              memory_limit: int | str | None = None) -> Plan:
@@ -209,6 +213,34 @@ class Projector:
         return (f"Projector({self.geometry.kind}, volume {self.volume_shape}, "
                 f"{self.geometry.n_views} views, partition={self.partition!r}, "
                 f"views_per_block={self.views_per_block}, slab={self.slab})")
+
+
+def fitting_projector(geometry: Geometry, shape: tuple[int, int, int], partition: str,
+                      method: str, resources: Resources, views_per_block: int | None = None,
+                      slab: int | None = None, dtype: Any = np.float32,
+                      store_chunks: tuple[int, int] = (0, 0)) -> Projector:
+    """A projector whose blocks fit ``resources``: the given blocks, else ``suggest_blocks``'
+    (for the projector's own tasks), with the slab halved until ``method``'s stages
+    (``outcore.tomo.memory.method_stages``) fit too. Without a memory limit the blocks are
+    chosen for ``DEFAULT_LIMIT``."""
+    limit = resources.memory_limit or DEFAULT_LIMIT
+    views, planes = views_per_block, slab
+    if views is None or planes is None:
+        found = suggest_blocks(geometry, shape, limit, partition=partition,
+                               workers=resources.workers,
+                               threads_per_worker=resources.threads_per_worker, dtype=dtype)
+        views, planes = views or found[0], planes or found[1]
+
+    def build(planes: int) -> Projector:
+        return Projector(geometry, shape, partition, views, planes,  # type: ignore[arg-type]
+                         backend=resources.backend, dtype=dtype)
+
+    limited = replace(resources, memory_limit=limit)
+    projector = build(planes)
+    while slab is None and projector.slab > 1 and not method_plan(
+            projector, method, limited, store_chunks).fits:
+        projector = build(math.ceil(projector.slab / 2))
+    return projector
 
 
 def as_dask(array: Any) -> da.Array:

@@ -8,11 +8,14 @@ angle to the central ray, filters on the detector scaled to the rotation axis, a
 each voxel by ``(source_distance / (source_distance + x . e_d))^2`` in the backprojection.
 
 Iterative (``cgls``, ``sirt``): every vector (volume or projections sized) lives in a zarr
-array under ``workdir``; each iteration is a few streaming passes that read vectors and write
-new ones, chunk by chunk, with the norms computed in the same passes. A checkpoint
-(``state.json``, written last, atomically) every ``checkpoint_every`` iterations names the
-iteration's directory; ``resume=True`` starts again from it. Each pass is the same dask graph
-whatever the start, so a resumed run equals an uninterrupted one bit for bit.
+array under ``workdir`` (``in_memory=False``) or in the workers' memory, persisted in the
+same chunks (``in_memory=True``, when the plan says the vectors fit); each iteration is a
+few streaming passes that read vectors and write new ones, chunk by chunk, with the norms
+computed in the same passes. A checkpoint (``state.json``, written last, atomically) every
+``checkpoint_every`` iterations names the iteration's directory, which holds the vectors in
+zarr in either case; ``resume=True`` starts again from it. Each pass is the same dask graph
+whatever the start and wherever the vectors live, so a resumed run equals an uninterrupted
+one, and the in-memory state the zarr-backed one, bit for bit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import zarr
 from outcore import backend as backends
 from outcore.errors import RunExistsError
 from outcore.io.store import COMPRESSOR
+from outcore.tomo.memory import padded
 from outcore.tomo.projector import Projector, as_dask
 
 Window = Literal["ram-lak", "shepp-logan", "hann"]
@@ -63,11 +67,6 @@ def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
     elif window == "hann":
         response *= 0.5 * (1 + np.cos(2 * np.pi * f))
     return response
-
-
-def padded(n: int) -> int:
-    """FFT length for rows of ``n`` pixels: a power of two, at least ``2 n``."""
-    return 1 << max(1, math.ceil(math.log2(2 * n)))
 
 
 def filter_rows(projections: da.Array, response: np.ndarray, backend: str = "numpy"
@@ -140,12 +139,16 @@ class Reconstruction:
 
 
 class _Workspace:
-    """Zarr vectors of one solver run under ``workdir``: ``iter-<k>/<name>.zarr`` for the
-    state after iteration ``k``, ``state.json`` naming the last checkpoint."""
+    """The vectors of one solver run: in zarr under ``workdir`` (``iter-<k>/<name>.zarr`` for
+    the state after iteration ``k``), or persisted in the workers' memory (``in_memory``)
+    and written to zarr only at checkpoints; ``state.json`` names the last checkpoint."""
 
-    def __init__(self, workdir: str | os.PathLike[str], config: dict, resume: bool) -> None:
+    def __init__(self, workdir: str | os.PathLike[str], config: dict, resume: bool,
+                 in_memory: bool = False) -> None:
         self.root = Path(workdir).expanduser()
         self.config = config
+        self.in_memory = in_memory
+        self.held: dict[tuple[str, str], tuple[da.Array, tuple]] = {}
         state_file = self.root / STATE
         self.state: dict | None = None
         if resume and state_file.is_file():
@@ -166,12 +169,28 @@ class _Workspace:
         return self.root / f"iter-{iteration}" / f"{name}.zarr"
 
     def read(self, iteration: int | str, name: str) -> da.Array:
-        return da.from_zarr(str(self.path(iteration, name)))
+        held = self.held.get((str(iteration), name))
+        return held[0] if held is not None else da.from_zarr(str(self.path(iteration, name)))
 
     def write(self, iteration: int | str, arrays: dict[str, tuple[da.Array, tuple]],
               *norms: da.Array) -> list[float]:
-        """Store ``arrays`` (name -> (array, zarr chunk shape)) under ``iter-<iteration>`` and
-        return the squared norms ``norms`` computed in the same pass."""
+        """Keep ``arrays`` (name -> (array, zarr chunk shape)) as ``iter-<iteration>``, in
+        zarr or persisted in memory, and return the squared norms ``norms`` computed in the
+        same pass."""
+        if self.in_memory:
+            names = list(arrays)
+            kept = dask.persist(*(array.rechunk(chunks) for array, chunks in arrays.values()),
+                                *norms)
+            for name, array in zip(names, kept, strict=False):
+                self.held[(str(iteration), name)] = (array, arrays[name][1])
+            return [float(v) for v in dask.compute(*kept[len(names):])]
+        stored = self._store(iteration, {name: (array.rechunk(chunks), chunks)
+                                         for name, (array, chunks) in arrays.items()})
+        values = dask.compute(stored, *norms)[1:]
+        return [float(v) for v in values]
+
+    def _store(self, iteration: int | str, arrays: dict[str, tuple[da.Array, tuple]]) -> Any:
+        """The lazy store of ``arrays`` (already in their chunks) into new zarr arrays."""
         sources, targets = [], []
         for name, (array, chunks) in arrays.items():
             path = self.path(iteration, name)
@@ -179,13 +198,19 @@ class _Workspace:
                 shutil.rmtree(path)
             targets.append(zarr.create_array(str(path), shape=array.shape, chunks=chunks,
                                              dtype=array.dtype, compressors=(COMPRESSOR,)))
-            sources.append(array.rechunk(chunks))
-        stored = da.store(sources, targets, lock=False, compute=False)
-        values = dask.compute(stored, *norms)[1:]
-        return [float(v) for v in values]
+            sources.append(array)
+        return da.store(sources, targets, lock=False, compute=False)
 
     def checkpoint(self, iteration: int, scalars: dict, residuals: list[float]) -> None:
-        """Name ``iter-<iteration>`` the state to resume from, then drop older iterations."""
+        """Name ``iter-<iteration>`` the state to resume from (writing it to zarr first when
+        it is held in memory), then drop older iterations."""
+        if self.in_memory:
+            dask.compute(self._store(iteration, {
+                name: held for (it, name), held in self.held.items()
+                if it == str(iteration)}))
+            if iteration == 0 and ("weights", "row") in self.held:
+                dask.compute(self._store("weights", {
+                    name: held for (it, name), held in self.held.items() if it == "weights"}))
         state = {"iteration": iteration, "scalars": scalars, "residuals": residuals,
                  "config": self.config}
         tmp = self.root / f"{STATE}.tmp"
@@ -195,11 +220,14 @@ class _Workspace:
         self.drop_except(iteration)
 
     def drop_except(self, *keep: int | str) -> None:
-        """Delete the iteration directories other than ``keep`` (and the fixed weights)."""
+        """Delete the iteration directories other than ``keep`` (and the fixed weights);
+        in memory, release the vectors of every iteration but the last of ``keep``."""
         names = {f"iter-{k}" for k in (*keep, "weights")}
         for path in self.root.glob("iter-*"):
             if path.name not in names:
                 shutil.rmtree(path, ignore_errors=True)
+        kept = {str(keep[-1]), "weights"} if keep else {"weights"}
+        self.held = {key: held for key, held in self.held.items() if key[0] in kept}
 
 
 def _norm2(x: da.Array) -> da.Array:
@@ -221,15 +249,17 @@ def _config(method: str, projector: Projector, b: da.Array, **options: Any) -> d
 
 def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str],
          iterations: int, *, checkpoint_every: int = 1, resume: bool = False,
-         callback: Callable[[int, float], None] | None = None) -> Reconstruction:
+         callback: Callable[[int, float], None] | None = None, in_memory: bool = False
+         ) -> Reconstruction:
     """Least squares ``min ||A x - b||`` by conjugate gradients on the normal equations.
 
-    Vectors ``x, r, p`` live in zarr under ``workdir``; four streaming passes an iteration
+    Vectors ``x, r, p`` live in zarr under ``workdir`` (or in the workers' memory with
+    ``in_memory``, checkpoints in zarr); four streaming passes an iteration
     (``q = A p``; ``r -= alpha q``; ``s = A^T r``; ``x += alpha p``, ``p = s + beta p``).
     ``callback(k, residual)`` runs after each iteration.
     """
     b = as_dask(projections).astype(projector.dtype)
-    ws = _Workspace(workdir, _config("cgls", projector, b), resume)
+    ws = _Workspace(workdir, _config("cgls", projector, b), resume, in_memory)
     vol_chunks, proj_chunks = _chunks(projector)
     if ws.state is None:
         zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
@@ -266,13 +296,15 @@ def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
 
 def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str],
          iterations: int, *, nonnegative: bool = False, checkpoint_every: int = 1,
-         resume: bool = False, callback: Callable[[int, float], None] | None = None
-         ) -> Reconstruction:
+         resume: bool = False, callback: Callable[[int, float], None] | None = None,
+         in_memory: bool = False) -> Reconstruction:
     """SIRT: ``x += C A^T R (b - A x)``, ``R = 1 / A 1`` and ``C = 1 / A^T 1`` (0 where the
-    sums vanish); ``nonnegative`` clips ``x`` at 0 after each update. Vectors in zarr, two
-    streaming passes an iteration; the residual is ``||b - A x_k||``."""
+    sums vanish); ``nonnegative`` clips ``x`` at 0 after each update. Vectors in zarr (or in
+    the workers' memory with ``in_memory``), two streaming passes an iteration; the
+    residual is ``||b - A x_k||``."""
     b = as_dask(projections).astype(projector.dtype)
-    ws = _Workspace(workdir, _config("sirt", projector, b, nonnegative=nonnegative), resume)
+    ws = _Workspace(workdir, _config("sirt", projector, b, nonnegative=nonnegative), resume,
+                    in_memory)
     vol_chunks, proj_chunks = _chunks(projector)
     if ws.state is None:
         ones_v = da.ones(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)

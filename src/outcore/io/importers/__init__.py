@@ -21,9 +21,10 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from outcore.checks import existing_path
 from outcore.errors import LayoutError, OutcoreError
 from outcore.io.layouts import LAYOUTS, Dims, Layout
-from outcore.io.store import existing_path, frames_per_block
+from outcore.io.store import frames_per_block
 
 #: Companion arrays given to an importer: values, or a string naming where to read them.
 Arrays = Mapping[str, Any]

@@ -21,9 +21,9 @@ from typing import IO, Any
 import numpy as np
 import xarray as xr
 
+from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.importers import FrameReader, arrange
-from outcore.io.store import existing_path
 
 #: Open streams of compressed members, by (pid, path, member): (zip, stream, data start).
 _STREAMS: dict[tuple[int, str, str], tuple[zipfile.ZipFile, IO[bytes], int]] = {}

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.importers import Arrays, FrameReader, frames_dataset, native
-from outcore.io.store import existing_path
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from outcore.checks import existing_path
 from outcore.errors import InputNotFoundError
 from outcore.io.importers import Arrays, FrameReader, frames_dataset, native, require
-from outcore.io.store import existing_path
 
 SUFFIXES = (".tif", ".tiff")
 

@@ -1,0 +1,78 @@
+"""Small checks of user options, one home for each rule: each raises ``OutcoreError`` with
+the problem and the fix, before anything starts.
+
+``flag`` is how the user wrote the option (``--views``); ``what`` says what the value counts.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from os import PathLike
+from pathlib import Path, PurePath
+
+from outcore.errors import InputNotFoundError, OutcoreError
+
+
+def at_least(value: int | None, flag: str, minimum: int = 1, what: str | None = None,
+             error: type[OutcoreError] = OutcoreError) -> int | None:
+    """``value`` (as an int) when it is None or a whole number of at least ``minimum``, else
+    ``error``; the fix names ``what`` the value counts (default: the bound itself)."""
+    if value is None:
+        return None
+    fix = f"give {what}." if what else f"give {flag} {minimum} or more."
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{flag} {value!r} is not a whole number.", fix)
+    if value < minimum:
+        raise error(f"{flag} {value} must be at least {minimum}.", fix)
+    return int(value)
+
+
+def positive(value: float | None, flag: str, example: str) -> float | None:
+    """``value`` when it is None or above 0 (NaN is refused), else OutcoreError."""
+    if value is not None and not value > 0:
+        raise OutcoreError(f"{flag} {value} must be positive.", f"give {example}.")
+    return value
+
+
+def choice(value: str, choices: Sequence[str], flag: str) -> str:
+    """``value`` when it is one of ``choices``, else OutcoreError naming them."""
+    if value not in choices:
+        others = f" (or {', '.join(choices[1:])})" if len(choices) > 1 else ""
+        raise OutcoreError(f"{flag} {value!r} is not one of {', '.join(choices)}.",
+                           f"use {flag} {choices[0]}{others}.")
+    return value
+
+
+def shape(values: Sequence[int], flag: str, ndim: int = 3) -> tuple[int, ...]:
+    """``ndim`` positive sizes, else OutcoreError with an example."""
+    sizes = tuple(int(n) for n in values)
+    if len(sizes) != ndim or min(sizes, default=0) < 1:
+        example = " ".join(["128"] * ndim)
+        raise OutcoreError(f"{flag} {' '.join(map(str, values))} is not a shape of {ndim}"
+                           " positive sizes.", f"give {ndim} positive sizes, e.g. {flag}"
+                           f" {example}.")
+    return sizes
+
+
+def path_component(name: str, flag: str) -> str:
+    """``name`` when it is one plain path component (no separator, not ``.`` or ``..``)."""
+    if not name or name in (".", "..") or PurePath(name).name != name or "\\" in name \
+            or "/" in name or "\0" in name:
+        raise OutcoreError(f"{flag} {name!r} is not a plain name: it must be one path"
+                           " component, without '/' and not '.' or '..'.",
+                           f"give {flag} a plain name such as run1; put the parent folder in"
+                           " --output-dir.")
+    return name
+
+
+def existing_path(path: str | PathLike[str], what: str = "input") -> Path:
+    """``path`` as a Path, or InputNotFoundError when nothing is there."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise InputNotFoundError(
+            f"The {what} {str(path)!r} does not exist.",
+            "check the path (relative paths start from the current directory "
+            f"{str(Path.cwd())!r}).",
+        )
+    return path

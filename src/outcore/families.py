@@ -1,0 +1,42 @@
+"""The family list: every command of ``outcore`` and the module that holds its verbs.
+
+A family is a package (or module) whose ``cli`` module has ``VERBS`` (a list of
+``outcore.verbs.Verb``), optionally ``DEMO`` (an ``outcore.verbs.DemoStage``), and whose
+``layouts`` module, when named here, registers its store layouts with
+``outcore.io.layouts.register``. Adding a family is its package plus one line below.
+
+This module imports nothing: ``outcore --help`` and ``outcore info`` read it without
+importing any family, and a family is imported only when one of its verbs runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Family:
+    """``command``: the first word on the command line (``tomo`` for ``tomo simulate``);
+    ``cli``: the module with ``VERBS``; ``layouts``: the module registering its layouts."""
+
+    command: str
+    help: str
+    cli: str
+    layouts: str | None = None
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store;"
+           " --beamline: a raw HDF5 tomography scan, normalised by its flats and darks",
+           "outcore.io.cli"),
+    Family("demo", "write a synthetic stack bigger than worker memory and stream its"
+           " statistics, then a small run of every family", "outcore.demo"),
+    Family("fit-dipoles", "fit a dipole model to every cutout of a catalog", "outcore.fit.cli",
+           "outcore.fit.layouts"),
+    Family("tomo", "tomography: simulate scans, reconstruct volumes (FBP/FDK, SIRT, CGLS)",
+           "outcore.tomo.cli", "outcore.tomo.layouts"),
+    Family("ptycho", "ptychography: simulate scans, preprocess stacks, reconstruct object and"
+           " probe", "outcore.ptycho.cli", "outcore.ptycho.layouts"),
+    Family("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score transients",
+           "outcore.diffim.cli"),
+)

@@ -1,0 +1,117 @@
+"""``outcore convert``: import a file (HDF5/NeXus, TIFF, FITS, NPZ, NPY, raw) or re-chunk a
+store into a new outcore store; ``--beamline`` normalises a raw HDF5 tomography scan by its
+flats and darks into the ``projections`` layout (``outcore.tomo.beamline``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from outcore import io, reduce
+from outcore.errors import OutcoreError, refuse_existing
+from outcore.io.convert import FORMATS
+from outcore.io.layouts import LAYOUTS
+from outcore.plan import Plan, Resources
+from outcore.runs import Run
+from outcore.verbs import Job, Verb
+
+
+def _convert_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="HDF5, TIFF (file, directory or glob), FITS, NPZ or zarr")
+    p.add_argument("output", help="the new outcore store (.zarr); refused if it exists")
+    p.add_argument("--format", default="auto", choices=("auto", *FORMATS))
+    p.add_argument("--layout", default=None, choices=sorted(LAYOUTS))
+    p.add_argument("--dataset", default=None, help="HDF5 internal path, e.g. /entry/data/data")
+    p.add_argument("--hdu", default=None, help="FITS HDU index or name")
+    p.add_argument("--dims", nargs="+", default=None, help="the input's axes in stored order")
+    p.add_argument("--attr", action="append", default=[], metavar="KEY=VALUE",
+                   help="root attribute, e.g. --attr wavelength=1e-10 (repeatable)")
+    p.add_argument("--array", action="append", default=[], metavar="NAME=SOURCE",
+                   help="companion array from .npy/.csv or an HDF5 path, e.g."
+                        " --array angles=/entry/angles (repeatable)")
+    p.add_argument("--chunk", action="append", default=[], metavar="DIM=SIZE",
+                   help="output chunk size of a dim (repeatable)")
+    p.add_argument("--frames-per-chunk", type=int, default=None, help="read block size")
+    p.add_argument("--dtype", default=None, help="raw only: element type, e.g. uint16, >u2")
+    p.add_argument("--shape", type=int, nargs="+", default=None, metavar="N",
+                   help="raw only: the array's shape in C order, e.g. --shape 4096 256 256")
+    b = p.add_argument_group(
+        "raw beamline scans (--beamline)",
+        "HDF5 frames, flats, darks and angles (Data Exchange paths by default) become the "
+        "projections layout: -log((raw - dark) / (flat - dark)), streamed block by block. "
+        "Give the geometry with --attr: detector_pixel_size (required, m at the sample), "
+        "geometry (default parallel), source_distance and detector_distance (cone), "
+        "detector_offset [v, u] (m; the rotation axis off the detector centre).")
+    b.add_argument("--beamline", action="store_true",
+                   help="normalise a raw HDF5 scan into the projections layout")
+    b.add_argument("--flats", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the flat (open-beam) frames (default /exchange/data_white)")
+    b.add_argument("--darks", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the dark frames (default /exchange/data_dark); "
+                        "'none' for a scan without darks")
+    b.add_argument("--angles", default=argparse.SUPPRESS, metavar="PATH",
+                   help="HDF5 path of the rotation angles (default /exchange/theta)")
+    b.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
+                   help="unit of --angles (default deg)")
+
+
+def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
+        pairs[key] = value
+    return pairs
+
+
+def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
+    chunks = {k: int(v) for k, v in _pairs(args.chunk, "--chunk").items()}
+    hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
+    options = dict(format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
+                   attrs=_pairs(args.attr, "--attr") or None, dims=args.dims,
+                   arrays=_pairs(args.array, "--array") or None,
+                   frames_per_chunk=args.frames_per_chunk)
+    # given only when typed (their defaults depend on --beamline, so argparse shows none)
+    beamline_options = {name: getattr(args, name, None)
+                        for name in ("flats", "darks", "angles", "angles_unit")}
+    if args.beamline:
+        from outcore.tomo import beamline
+
+        ds, layout = beamline.read_beamline_source(args.source, **options, **beamline_options,
+                                                   dtype=args.dtype, shape=args.shape)
+        stages = beamline.memory_model(ds)
+    else:
+        for name, value in beamline_options.items():
+            if value is not None:
+                flag = "--" + name.replace("_", "-")
+                raise OutcoreError(f"{flag} applies to raw beamline scans only.",
+                                   f"add --beamline, or drop {flag}.")
+        ds, layout = io.read_source(args.source, **options, dtype=args.dtype,
+                                    shape=args.shape)
+        main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
+        stages = reduce.memory_model(main_var)[:1]
+    output = refuse_existing(Path(args.output).expanduser().resolve())
+
+    def plan(resources: Resources) -> Plan:
+        return Plan.of(stages, resources)
+
+    def execute(run: Run, client: object) -> None:
+        run.add_output(output, verify=lambda p: io.open(p))
+        with run.timing("convert"):
+            io.save(ds, output, layout=layout, chunks=chunks or None)
+        run.metric(layout=layout, bytes=int(ds.nbytes))
+
+    config = {"source": str(args.source), "output": str(output), "layout": layout}
+    if args.beamline:
+        config["beamline"] = {key: value for key, value in beamline_options.items()
+                              if value is not None}
+    return Job("convert", config,
+               plan, execute, inputs=[args.source] if Path(args.source).exists() else [],
+               plan_fixes=["pass a smaller --frames-per-chunk"])
+
+
+VERBS = [Verb("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store; "
+              "--beamline: a raw HDF5 tomography scan, normalised by its flats and darks",
+              _convert_arguments, _convert_job)]

@@ -1,0 +1,34 @@
+"""The ``diffraction`` layout: a stack of diffraction patterns on a grid scan or a position
+list, registered with ``outcore.io.layouts`` (docs/formats.md)."""
+
+from __future__ import annotations
+
+from outcore.io.layouts import FLOAT, Attr, Dims, Layout, Need, Var, register
+
+GRID: Dims = ("scan_y", "scan_x", "k_y", "k_x")
+LIST: Dims = ("position", "k_y", "k_x")
+
+DIFFRACTION = register(Layout(
+    "diffraction",
+    "stack of diffraction patterns, on a grid scan or a list of probe positions",
+    Var("data", (GRID, LIST), (*FLOAT, "u"), "intensities (float) or counts (unsigned)",
+        finite=True),
+    companions=(
+        Var("positions", (("position", "xy"),), ("float64",), "probe positions [m]",
+            when=LIST, finite=True, labels={"xy": ("x", "y")}),
+    ),
+    attrs=(
+        Attr("wavelength", "m", "radiation wavelength"),
+        Attr("energy", "eV", "radiation energy"),
+        Attr("scan_step", "m", "scan step, scalar or [step_y, step_x]", sizes=(1, 2)),
+        Attr("reciprocal_pixel_size", "1/m", "detector pixel in reciprocal space, "
+             "scalar or [k_y, k_x]", sizes=(1, 2)),
+        Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [y, x]", sizes=(1, 2)),
+        Attr("detector_distance", "m", "sample to detector distance"),
+    ),
+    needs=(
+        Need((("wavelength",), ("energy",))),
+        Need((("scan_step",),), when=GRID),
+        Need((("reciprocal_pixel_size",), ("detector_pixel_size", "detector_distance"))),
+    ),
+))

@@ -1,0 +1,136 @@
+"""Optics of a ptychographic scan, shared by preprocessing and the simulation: wavelength
+and reciprocal pixel from a stack's attrs, the probe of a pupil and defocus, and the check
+that a probe fits its window. Lengths in metres, frequencies in 1/m."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from outcore.errors import LayoutError
+
+#: Planck constant times speed of light, eV m: wavelength = HC_EV_M / energy.
+HC_EV_M = 1.239841984e-6
+#: Width of the window's border band, as a fraction of ``K``, and the share of the probe's
+#: energy allowed in it before ``ProbeWindowWarning``.
+BORDER_FRACTION = 1 / 8
+BORDER_ENERGY = 0.05
+
+
+class ProbeWindowWarning(UserWarning):
+    """The probe does not fit its window: the far-field model would wrap it around."""
+
+
+def wavelength_of(attrs: dict[str, Any]) -> float:
+    """Wavelength [m] from the attrs ``wavelength`` [m] or ``energy`` [eV]."""
+    if "wavelength" in attrs:
+        return positive_attr(attrs["wavelength"], "wavelength", "m")
+    if "energy" in attrs:
+        return HC_EV_M / positive_attr(attrs["energy"], "energy", "eV")
+    raise LayoutError(
+        f"The stack has neither wavelength [m] nor energy [eV] in its attrs "
+        f"({sorted(attrs)}).",
+        "set one, e.g. ds.attrs['energy'] = 8000.0, or --attr energy=8000 in outcore convert.",
+    )
+
+
+def reciprocal_pixel_of(attrs: dict[str, Any], wavelength: float) -> float:
+    """Detector pixel in reciprocal space [1/m]: ``reciprocal_pixel_size``, or
+    ``detector_pixel_size / (wavelength * detector_distance)``; square pixels only."""
+    if "reciprocal_pixel_size" in attrs:
+        value = square_attr(attrs["reciprocal_pixel_size"], "reciprocal_pixel_size", "1/m")
+    elif "detector_pixel_size" in attrs and "detector_distance" in attrs:
+        pitch = square_attr(attrs["detector_pixel_size"], "detector_pixel_size", "m")
+        value = pitch / (wavelength * positive_attr(attrs["detector_distance"],
+                                                "detector_distance", "m"))
+    else:
+        raise LayoutError(
+            "The stack has no reciprocal_pixel_size [1/m] and not both detector_pixel_size "
+            f"[m] and detector_distance [m] in its attrs ({sorted(attrs)}).",
+            "set reciprocal_pixel_size, or the detector pixel pitch and the sample-detector "
+            "distance (--attr in outcore convert).",
+        )
+    return value
+
+
+def frequencies(k: int, reciprocal_pixel: float) -> np.ndarray:
+    """``|q|^2`` [1/m^2] of a centred ``(k, k)`` pattern (zero frequency at ``k // 2``)."""
+    q = (np.arange(k) - k // 2) * reciprocal_pixel
+    return q[:, None] ** 2 + q[None, :] ** 2
+
+
+def pupil_to_probe(pupil: np.ndarray, wavelength: float, reciprocal_pixel: float,
+                   defocus: float) -> np.ndarray:
+    """The real-space probe (K, K) complex128, centred at ``K // 2``, of a centred pupil.
+
+    The pupil (far-field amplitude) gets the defocus phase ``exp(-i pi wavelength defocus
+    |q|^2)`` (the focus propagated by ``defocus`` metres) and is carried to the window by
+    the unitary inverse FFT, so ``sum |probe|^2 = sum |pupil|^2``.
+    """
+    k = pupil.shape[-1]
+    phase = np.exp(-1j * np.pi * wavelength * defocus * frequencies(k, reciprocal_pixel))
+    field = np.fft.ifft2(np.fft.ifftshift(pupil * phase), norm="ortho")
+    return np.fft.fftshift(field)
+
+
+def border_energy(probe: np.ndarray, fraction: float = BORDER_FRACTION) -> float:
+    """Share of ``sum |probe|^2`` in the band of ``max(1, round(fraction K))`` pixels along
+    the window's edges."""
+    power = np.abs(probe) ** 2
+    k = power.shape[-1]
+    width = max(1, round(fraction * k))
+    inner = power[width:k - width, width:k - width].sum()
+    total = power.sum()
+    return float((total - inner) / total) if total > 0 else 0.0
+
+
+def check_probe_window(probe: np.ndarray, what: str, fix: str) -> float:
+    """``border_energy(probe)``; warns ``ProbeWindowWarning`` above ``BORDER_ENERGY``."""
+    share = border_energy(probe)
+    if share > BORDER_ENERGY:
+        k = probe.shape[-1]
+        width = max(1, round(BORDER_FRACTION * k))
+        warnings.warn(
+            f"{what} has {share:.0%} of its energy within {width} pixels of the edge of its "
+            f"{k}x{k} window (more than {BORDER_ENERGY:.0%}): the window is too small to "
+            f"hold the probe, so the far-field model wraps it around. Fix: {fix}",
+            ProbeWindowWarning, stacklevel=3,
+        )
+    return share
+
+
+# --- checks of a stack's physical attrs -----------------------------------------------------
+
+
+def positive_attr(value: Any, name: str, unit: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (np.isfinite(number) and number > 0):
+        raise LayoutError(f"The stack's {name} attr is {value!r}; it must be a finite, "
+                          f"positive number in {unit}.",
+                          f"set ds.attrs[{name!r}] to the value in {unit}.")
+    return number
+
+
+def finite_attr(value: Any, name: str) -> None:
+    values = value if isinstance(value, list | tuple | np.ndarray) else [value]
+    try:
+        bad = not all(np.isfinite(float(v)) for v in values)
+    except (TypeError, ValueError):
+        bad = True
+    if bad:
+        raise LayoutError(f"The stack's {name} attr is {value!r}, not a finite number.",
+                          f"set ds.attrs[{name!r}] to its true value (NaN is not allowed).")
+
+
+def square_attr(value: Any, name: str, unit: str) -> float:
+    values = value if isinstance(value, list | tuple | np.ndarray) else [value]
+    numbers = [positive_attr(v, name, unit) for v in values]
+    if max(numbers) > min(numbers) * (1 + 1e-9):
+        raise LayoutError(f"The stack's {name} is {value!r}: the pixels are not square.",
+                          "resample the frames to square pixels before preprocessing.")
+    return numbers[0]

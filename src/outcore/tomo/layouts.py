@@ -1,0 +1,66 @@
+"""The ``volume`` and ``projections`` layouts, registered with ``outcore.io.layouts``
+(docs/formats.md), and the datasets of the two layouts that the tomography verbs write."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from outcore.checks import shape as shape_of
+from outcore.io.layouts import FLOAT, Attr, Layout, Need, Var, register
+from outcore.tomo.geometry import Geometry
+
+VOLUME = register(Layout(
+    "volume",
+    "a 3-D volume",
+    Var("volume", (("z", "y", "x"),), FLOAT, "voxel values", finite=True),
+    attrs=(Attr("voxel_size", "m", "voxel edge, scalar or [z, y, x]", sizes=(1, 3)),),
+    needs=(Need((("voxel_size",),)),),
+))
+
+PROJECTIONS = register(Layout(
+    "projections",
+    "tomographic projections (line integrals) over rotation angles",
+    Var("projections", (("view", "v", "u"),), FLOAT, "projection values", finite=True),
+    companions=(
+        Var("angles", (("view",),), FLOAT, "rotation angle of each view [rad]", finite=True),
+    ),
+    attrs=(
+        Attr("geometry", "", "beam geometry",
+             choices={"parallel": (), "cone": ("source_distance", "detector_distance")}),
+        Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [v, u]", sizes=(1, 2)),
+        Attr("source_distance", "m", "source to rotation axis (cone)"),
+        Attr("detector_distance", "m", "rotation axis to detector (cone)"),
+    ),
+    needs=(Need((("geometry",),)), Need((("detector_pixel_size",),))),
+))
+
+
+def projections_dataset(projections: Any, geometry: Geometry, shape: tuple[int, int, int],
+                        phantom: str) -> xr.Dataset:
+    """The ``projections`` layout of a simulated scan (dask data, geometry in attrs)."""
+    attrs = {**geometry.to_attrs(), "volume_shape": list(shape), "phantom": phantom}
+    return xr.Dataset({"projections": (("view", "v", "u"), projections),
+                       "angles": ("view", np.asarray(geometry.angles))}, attrs=attrs)
+
+
+def volume_dataset(volume: Any, voxel_size: float, **attrs: Any) -> xr.Dataset:
+    """The ``volume`` layout of a reconstruction (dask data, voxel edge in metres); ``attrs``
+    that are None are left out."""
+    kept = {key: value for key, value in attrs.items() if value is not None}
+    return xr.Dataset({"volume": (("z", "y", "x"), volume)},
+                      attrs={"voxel_size": voxel_size, **kept})
+
+
+def default_volume_shape(ds: xr.Dataset, geometry: Geometry) -> tuple[int, ...]:
+    """The store's ``volume_shape`` attr, else the detector's field of view at the axis."""
+    if "volume_shape" in ds.attrs:
+        return shape_of(ds.attrs["volume_shape"], "the store's volume_shape attr")
+    nv, nu = geometry.detector_shape
+    dv, du = geometry.detector_pixel_size
+    scale = geometry.magnification * geometry.voxel_size
+    n = max(1, math.floor(nu * du / scale))
+    return (max(1, math.floor(nv * dv / scale)), n, n)

@@ -1,0 +1,258 @@
+"""The contract every command family implements, and the options every command shares.
+
+A family's ``cli`` module (named in ``outcore.families``) lists its ``VERBS``: each ``Verb``
+adds its arguments to a parser and turns the parsed arguments into a ``Job`` (checking its
+inputs lazily, before anything starts); ``runner.run_job`` runs it. A verb may carry a
+``Tunable`` (how ``outcore tune`` drives its chunk option) and the module a ``DEMO`` stage
+(a small run of the family inside ``outcore demo``). This module sits below the families and
+above the core (plan, runs, cluster); nothing here imports a family except ``load_verbs``,
+which imports the one asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from outcore import backend, cluster
+from outcore.checks import path_component, positive
+from outcore.errors import OutcoreError
+from outcore.families import FAMILIES, Family
+from outcore.plan import Plan, Resources
+
+if TYPE_CHECKING:
+    import distributed
+
+    from outcore.runs import Run
+
+
+@dataclass
+class Job:
+    """One command's work.
+
+    ``plan(resources)`` builds the memory plan (no compute); ``execute(run, client)`` computes
+    and writes the outputs into ``run.path``, declaring them with ``run.add_output`` and
+    recording metrics. ``inputs`` are hashed into the summary. ``plan_fixes`` and
+    ``device_fixes`` are the changes that shrink the host or device memory of the plan, named
+    when it does not fit. ``measure(client)``, when given, is the compute-only round repeated
+    by ``--warmup-rounds`` / ``--measure-rounds`` after ``execute`` (so it may read what
+    ``execute`` wrote).
+    """
+
+    command: str
+    config: dict[str, Any]
+    plan: Callable[[Resources], Plan]
+    execute: Callable[[Run, distributed.Client], None]
+    inputs: Sequence[str | Path] = field(default_factory=list)
+    plan_fixes: Sequence[str] = ()
+    measure: Callable[[distributed.Client], Any] | None = None
+    device_fixes: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """How ``outcore tune`` drives one verb.
+
+    ``option``: the verb's chunk-size argument (its argparse dest). ``work(args)``: the work
+    of one round, in ``work_units``; throughput is work / median seconds, in ``units``.
+    ``build(verb, args, backend, scratch)`` makes the job of one point (default: the verb's
+    own ``make_job``); ``stage(args, scratch)`` writes what ``measure`` reads, inside the
+    cluster, before the clock starts. ``arguments(parser)`` adds or changes options of
+    ``outcore tune VERB`` (after the verb's own).
+    """
+
+    option: str
+    units: str
+    work_units: str
+    work: Callable[[argparse.Namespace], float]
+    build: Callable[[Verb, argparse.Namespace, str, Path], Job] | None = None
+    stage: Callable[[argparse.Namespace, Path], None] | None = None
+    arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A job-running subcommand: its arguments and how it becomes a ``Job``.
+
+    ``defaults`` are parser defaults of the common options (e.g. ``{"cluster": "local"}``);
+    ``fill_defaults(args)`` sets defaults that depend on other options (e.g. the workers of
+    a local cluster); ``tunable`` lets ``outcore tune`` drive it.
+    """
+
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    make_job: Callable[[argparse.Namespace, str], Job]
+    defaults: dict | None = None
+    fill_defaults: Callable[[argparse.Namespace], None] | None = None
+    tunable: Tunable | None = None
+
+
+@dataclass(frozen=True)
+class DemoStage:
+    """A family's part of ``outcore demo``: ``run(run, client, size)`` runs a small job of the
+    family of ``size`` (0 skips it) on the demo's cluster, checks it against its truth and
+    records its metrics; ``option`` (e.g. ``--tomo-size``) sets the size."""
+
+    option: str
+    default: int
+    help: str
+    run: Callable[[Run, distributed.Client, int], None]
+
+
+# --- the families -----------------------------------------------------------------------------
+
+
+def family_of(command: str) -> Family | None:
+    """The family whose command is ``command`` (the first word of a verb), or None."""
+    return next((f for f in FAMILIES if f.command == command), None)
+
+
+def load_verbs(family: Family) -> dict[str, Verb]:
+    """The verbs of ``family`` by name (imports its ``cli`` module)."""
+    module = importlib.import_module(family.cli)
+    return {verb.name: verb for verb in module.VERBS}
+
+
+def all_verbs() -> dict[str, Verb]:
+    """Every verb of every family (imports them all)."""
+    return {name: verb for family in FAMILIES for name, verb in load_verbs(family).items()}
+
+
+def demo_stages() -> list[DemoStage]:
+    """The demo stages the families declare (``DEMO`` in their ``cli`` modules), in order."""
+    stages = []
+    for family in FAMILIES:
+        stage = getattr(importlib.import_module(family.cli), "DEMO", None)
+        if stage is not None:
+            stages.append(stage)
+    return stages
+
+
+# --- the common options -----------------------------------------------------------------------
+
+
+def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    """The options every job command takes (DESIGN.md: cluster, memory, backend, run dir)."""
+    g = parser.add_argument_group("cluster and run options")
+    g.add_argument("--cluster", default="auto",
+                   help="auto, local, threads, cuda, mpi, or a scheduler address")
+    g.add_argument("--workers", type=int, default=None, help="number of workers (one per GPU)")
+    g.add_argument("--threads-per-worker", type=int, default=1)
+    g.add_argument("--memory-limit", default=None, help="host memory per worker, e.g. 4GiB")
+    g.add_argument("--device-memory-limit", default=None,
+                   help="GPU memory per worker: the plan's device budget, and where dask-cuda"
+                        " starts spilling to host (default: the GPU's free memory)")
+    g.add_argument("--spill-dir", default=None, help="where workers spill to disk")
+    g.add_argument("--dashboard-address", default=cluster.LOOPBACK_DASHBOARD,
+                   help="host:port of the dashboard (default loopback, random port)")
+    g.add_argument("--interface", default=None, help="network interface for mpi (e.g. ib0, lo)")
+    g.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for every component")
+    g.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
+    g.add_argument("--tls-ca", default=None, help="CA certificate that signed --tls-cert (PEM)")
+    g.add_argument("--backend", default="auto", choices=backend.BACKENDS)
+    g.add_argument("--output-dir", default="runs", help="parent folder of run directories")
+    g.add_argument("--name", default=None, help="run directory name (default: command-time)")
+    g.add_argument("--warmup-rounds", type=int, default=0)
+    g.add_argument("--measure-rounds", type=int, default=1)
+    g.add_argument("--worker-timeout", type=float, default=None,
+                   help="seconds one task may run before the run is ended as failed")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                   help="print the traceback of an error (for a bug report)")
+    if defaults:
+        parser.set_defaults(**defaults)
+
+
+def add_checkpoint_options(parser: argparse.ArgumentParser, command: str, every: int,
+                           applies: str = "") -> None:
+    """``--checkpoint-every``, ``--resume`` and ``--resume-from`` of an iterative verb
+    (``applies``: a prefix for the help, e.g. ``"sirt/cgls: "``)."""
+    parser.add_argument("--checkpoint-every", type=int, default=every,
+                        help=f"{applies}iterations between checkpoints in work/")
+    parser.add_argument("--resume", action="store_true",
+                        help=f"{applies}go on from the newest checkpoint of --resume-from")
+    parser.add_argument("--resume-from", default=None, metavar="RUN_DIR",
+                        help=f"run directory of an earlier {command} (its work/ is reused)")
+
+
+def check_resume(args: argparse.Namespace) -> None:
+    """Refuse ``--resume`` without ``--resume-from`` and the other way round."""
+    if args.resume != (args.resume_from is not None):
+        raise OutcoreError("--resume and --resume-from go together.",
+                           "give both: --resume --resume-from RUN_DIR (the earlier run).")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The common options of every command (see ``add_common_options``)."""
+
+    cluster: cluster.ClusterOptions
+    backend: str = "auto"
+    output_dir: str = "runs"
+    name: str | None = None
+    warmup_rounds: int = 0
+    measure_rounds: int = 1
+    progress: bool = True
+    worker_timeout: float | None = None
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings as the effective config records them."""
+        return {
+            "cluster": vars(self.cluster),
+            "backend": self.backend,
+            "output_dir": str(self.output_dir),
+            "name": self.name,
+            "warmup_rounds": self.warmup_rounds,
+            "measure_rounds": self.measure_rounds,
+            "worker_timeout": self.worker_timeout,
+        }
+
+    def validate(self) -> None:
+        """Refuse a run name, round counts and timeouts that cannot work, before anything
+        starts."""
+        if self.name is not None:
+            path_component(self.name, "--name")
+        positive(self.worker_timeout, "--worker-timeout",
+                 "the seconds one task may run, e.g. --worker-timeout 600")
+        if self.warmup_rounds < 0 or self.measure_rounds < 1:
+            raise OutcoreError(
+                f"--warmup-rounds {self.warmup_rounds} / --measure-rounds {self.measure_rounds}"
+                " cannot be run.",
+                "give --warmup-rounds 0 or more and --measure-rounds 1 or more.",
+            )
+
+
+def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:
+    """The cluster options of parsed common options."""
+    return cluster.ClusterOptions(
+        kind=args.cluster,
+        workers=args.workers,
+        threads_per_worker=args.threads_per_worker,
+        memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit,
+        spill_dir=args.spill_dir,
+        dashboard_address=args.dashboard_address,
+        interface=args.interface,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+    )
+
+
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """The run settings of parsed common options."""
+    return RunSettings(
+        cluster=cluster_options(args),
+        backend=args.backend,
+        output_dir=args.output_dir,
+        name=args.name,
+        warmup_rounds=args.warmup_rounds,
+        measure_rounds=args.measure_rounds,
+        progress=not args.no_progress,
+        worker_timeout=args.worker_timeout,
+    )

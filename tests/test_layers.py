@@ -1,0 +1,176 @@
+"""outcore's layers: no import cycle, no module importing a higher layer, and commands that
+import only what they run (``outcore --help`` and ``outcore info`` import no family, nor
+numba or pyarrow)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import outcore
+from outcore.families import FAMILIES
+
+SRC = Path(outcore.__file__).parent
+#: Families: packages with a ``cli`` module named in the family list (io's cli is one too).
+FAMILY_PACKAGES = sorted({f.cli.rpartition(".")[0] for f in FAMILIES if f.cli.endswith(".cli")}
+                         - {"outcore.io"})
+#: The core's layers, lowest first; a module may import its own layer and those below.
+CORE_LAYERS: list[set[str]] = [
+    {"outcore", "outcore.errors", "outcore.lazy", "outcore.families"},
+    {"outcore.checks"},
+    {"outcore.backend", "outcore.io"},
+    {"outcore.cluster", "outcore.plan"},
+    {"outcore.runs", "outcore.progress", "outcore.reduce"},
+    {"outcore.verbs"},
+    {"outcore.runner"},
+]
+FAMILY_RANK = len(CORE_LAYERS)
+TOP = {"outcore.demo": FAMILY_RANK + 1, "outcore.tune": FAMILY_RANK + 1,
+       "outcore.cli": FAMILY_RANK + 2}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def rank(module: str) -> int:
+    """The layer of a module: the core's, the families' (with io's ``cli``), or the top."""
+    if module in TOP:
+        return TOP[module]
+    if module == "outcore.io.cli" or any(module == f or module.startswith(f + ".")
+                                         for f in FAMILY_PACKAGES):
+        return FAMILY_RANK
+    for index, layer in enumerate(CORE_LAYERS):
+        if module in layer or any(module.startswith(m + ".") for m in layer - {"outcore"}):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to CORE_LAYERS")
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(module: str) -> set[str]:
+    """The outcore modules ``module`` imports, at the top or inside functions (not under
+    ``if TYPE_CHECKING``): ``from a import b`` names the module ``a.b`` when it is one."""
+    tree = ast.parse(MODULES[module].read_text())
+    found: set[str] = set()
+    package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if _type_checking(node):
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("outcore"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([node.module] if node.module else []))
+            if base.startswith("outcore"):
+                for alias in node.names:
+                    child = f"{base}.{alias.name}"
+                    found.add(child if child in MODULES else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(module)
+    return found
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_module_is_in_a_layer():
+    for module in MODULES:
+        rank(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_a_higher_layer(module):
+    higher = sorted(m for m in GRAPH[module] if rank(m) > rank(module))
+    assert not higher, f"{module} (layer {rank(module)}) imports {higher}"
+
+
+def test_families_import_no_command_module():
+    for module, imported in GRAPH.items():
+        if rank(module) == FAMILY_RANK:
+            assert not imported & set(TOP), f"{module} imports {imported & set(TOP)}"
+
+
+def test_no_import_cycle():
+    """Tarjan's strongly connected components of the import graph are all single modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH.get(v, ()):
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in GRAPH:
+        if v not in index:
+            connect(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["info"]])
+def test_help_and_info_import_no_family(argv):
+    """A fresh interpreter: ``outcore --help`` / ``outcore info`` leave every family, numba
+    and pyarrow out of ``sys.modules``."""
+    probe = (
+        "import sys\n"
+        "from outcore.cli import main\n"
+        "try:\n"
+        f"    main({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"heavy = [m for m in sys.modules if m in ('numba', 'pyarrow') or m.startswith("
+        f"{tuple(FAMILY_PACKAGES)!r})]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert "HEAVY []" in out, out.splitlines()[-1]
+
+
+def test_a_verb_imports_only_its_family():
+    """Parsing ``outcore tomo simulate`` imports the tomo family and no other."""
+    probe = (
+        "import sys\n"
+        "from outcore.cli import build_parser\n"
+        "build_parser('tomo').parse_args(['tomo', 'simulate', '--output', 'x.zarr'])\n"
+        "print('LOADED', sorted({m.split('.')[1] for m in sys.modules if m.startswith("
+        f"{tuple(FAMILY_PACKAGES)!r})}}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert "LOADED ['tomo']" in out, out

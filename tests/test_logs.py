@@ -1,0 +1,44 @@
+"""Logs a person can read: when stdout is not a terminal (a batch job's log), progress is a
+plain line now and then, never carriage-return frames, and a run prints no warning the user
+cannot act on (zarr's unstable-specification warning for fixed-width strings)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from outcore import progress
+from outcore.fit import simulate_catalog
+
+
+def test_a_logged_run_has_progress_lines_and_no_frames_or_warnings(tmp_path):
+    catalog, _ = simulate_catalog(600, stamp=11, seed=2)
+    npz = tmp_path / "stamps.npz"
+    np.savez(npz, **{name: catalog[name].values for name in
+                     ("images", "variance", "candidate_id")})
+    done = subprocess.run(
+        [sys.executable, "-m", "outcore.cli", "fit-dipoles", "--input", str(npz),
+         "--chunk-size", "100", "--cluster", "local", "--workers", "1",
+         "--output-dir", str(tmp_path / "runs"), "--name", "logged"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stdout and "\r" not in done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("progress:")]
+    assert lines and lines[-1].startswith("progress: ") and "(100%)" in lines[-1]
+    assert "Warning" not in done.stderr, done.stderr
+
+
+def test_line_progress_prints_at_most_one_line_per_interval(capsys, monkeypatch):
+    """The first call, then nothing until the interval passes, and always the last one."""
+    bar = progress.LineProgress.__new__(progress.LineProgress)
+    bar._last = -float("inf")
+    bar._start_time = 0.0
+    clock = iter([100.0, 101.0, 105.0, 111.0, 112.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress.LineProgress, "elapsed", property(lambda self: 1.0))
+    for remaining in (10, 8, 5, 3, 0):
+        bar._draw_bar(remaining, 10)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(" ")[1] for line in out] == ["0/10", "7/10", "10/10"]
