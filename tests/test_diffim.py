@@ -262,7 +262,7 @@ def test_nothing_is_reported_near_edges_or_masked_pixels(tmp_path):
     assert near > 0  # the test placed sources where they must be dropped
 
 
-@pytest.mark.parametrize("tile", [128, 200])
+@pytest.mark.parametrize("tile", [152])
 def test_the_catalog_does_not_depend_on_the_tile_size(injected, tile, tmp_path):
     sims, _, _ = injected
     pairs = _pairs(tmp_path, sims[:2])

@@ -8,8 +8,8 @@ than a mode), the RMS divided by ``CLIPPED_RMS`` so that it estimates a Gaussian
 The boxes of the whole image form a small mesh; gaps (boxes with too few good pixels) are
 filled from their neighbours, a 3 x 3 median filter removes boxes spoiled by bright sources,
 and a bicubic spline through the box centres gives the background and RMS at any pixel.
-Evaluating the spline at a pixel does not depend on which tile asks, so every tile of an image sees the
-same background.
+Evaluating the spline at a pixel does not depend on which tile asks, so every tile of an
+image sees the same background.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import sep
 from astropy.stats import sigma_clip
+from astropy.utils.exceptions import AstropyUserWarning
 from scipy.interpolate import RectBivariateSpline
 from scipy.ndimage import binary_dilation, median_filter
 
@@ -73,7 +74,8 @@ def box_statistics(data: np.ndarray, bad: np.ndarray | None, box: int) -> tuple[
 
     pixels, area = rows(pixels), rows(area).sum(axis=-1)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # all-NaN boxes, and astropy's note on NaN input
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN boxes
+        warnings.simplefilter("ignore", AstropyUserWarning)  # bad pixels are NaN on purpose
         clipped = sigma_clip(pixels, sigma=3.0, maxiters=5, axis=-1, masked=False)
         back, rms = np.nanmean(clipped, axis=-1), np.nanstd(clipped, axis=-1) / CLIPPED_RMS
     few = np.isfinite(pixels).sum(axis=-1) < MIN_GOOD_FRACTION * area

@@ -15,6 +15,10 @@ import numpy as np
 from outcore.fit import STATUS, fit_chunk, unpack
 from outcore.fit.models import psf_evaluate
 
+#: Tolerances and iteration cap of the dipole fits (see ``fit_dipoles``).
+FIT_TOLERANCE = 1e-14
+FIT_ITERATIONS = 300
+
 
 def psf_photometry(images: np.ndarray, variance: np.ndarray, mask: np.ndarray,
                    offsets: np.ndarray, psf_d: np.ndarray, f_d: float) -> dict[str, np.ndarray]:
@@ -44,9 +48,15 @@ def psf_photometry(images: np.ndarray, variance: np.ndarray, mask: np.ndarray,
 def fit_dipoles(images: np.ndarray, variance: np.ndarray, mask: np.ndarray, model: str,
                 psf_d: np.ndarray, f_d: float) -> dict[str, np.ndarray]:
     """The dipole fit of each stamp (``outcore.fit.fit_chunk``), fluxes in reference units
-    and lobe positions from the stamp centres."""
+    and lobe positions from the stamp centres.
+
+    The fit runs to ``FIT_TOLERANCE`` (far tighter than the fitter's default): a stamp cut
+    from another tiling differs in its last bits (FFTs of other lengths), and a loosely
+    converged fit would end elsewhere within its tolerance, so the catalog would depend on
+    the tiling beyond rounding."""
     packed = fit_chunk(images, variance, mask, model=model,
-                       psf=psf_d if model == "psf" else None)
+                       psf=psf_d if model == "psf" else None, max_iterations=FIT_ITERATIONS,
+                       f_tol=FIT_TOLERANCE, x_tol=FIT_TOLERANCE, g_tol=FIT_TOLERANCE)
     out = unpack(packed, model)
     for name in ("flux_pos", "flux_neg", "flux_pos_err", "flux_neg_err"):
         out[name] = out[name] / f_d

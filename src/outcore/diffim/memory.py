@@ -39,7 +39,8 @@ def halo_bound(psf_sides: list[int], stamp: int) -> int:
     """The largest halo any pair with PSF stamps of these sides can need (pixels): the
     kernels' largest half width plus the largest detection margin."""
     grid = scipy.fft.next_fast_len(max(64, 4 * max(psf_sides)))
-    margin = max(math.ceil(2 * MAX_DIPOLE_RADIUS) + MAX_PEAK_RADIUS, stamp // 2) + 1
+    margin = max(math.ceil(2 * MAX_DIPOLE_RADIUS) + MAX_PEAK_RADIUS,
+                 math.ceil(MAX_DIPOLE_RADIUS) + stamp // 2) + 1
     return grid // 2 - 1 + margin
 
 

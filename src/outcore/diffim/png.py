@@ -32,7 +32,7 @@ def draw_item(path: str, item_id: str, shape: tuple[int, int], step: int,
     table = np.concatenate([t.table for t in tiles]) if tiles else np.empty((0, len(COLUMNS)))
     col = {name: table[:, j] for j, name in enumerate(COLUMNS)}
     dipole = col["is_dipole"] > 0
-    fig = Figure(figsize=(7, 7 * shape[0] / shape[1] + 0.6))
+    fig = Figure(figsize=(6, 6 * shape[0] / shape[1] + 0.5))
     ax = fig.add_subplot()
     ax.imshow(image, cmap="gray", vmin=-5, vmax=5, origin="lower",
               extent=(-0.5, image.shape[1] * step - 0.5, -0.5, image.shape[0] * step - 0.5))
@@ -48,6 +48,6 @@ def draw_item(path: str, item_id: str, shape: tuple[int, int], step: int,
     ax.set_xlabel("x (pixels)")
     ax.set_ylabel("y (pixels)")
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.08, top=0.94)
+    fig.savefig(path, dpi=80)
     return path

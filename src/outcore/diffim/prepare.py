@@ -228,7 +228,10 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
     fwhm_d = psfs.fwhm(kernels.psf_d)
     peak_radius = min(max(2, math.ceil(0.5 * fwhm_d)), MAX_PEAK_RADIUS)
     dipole_radius = min(DIPOLE_RADIUS_FWHM * fwhm_d, MAX_DIPOLE_RADIUS)
-    margin = max(math.ceil(2 * dipole_radius) + peak_radius, options.stamp // 2) + 1
+    # the region must hold a core peak's partner and that partner's partner (2 radii), and a
+    # whole cutout around a dipole's midpoint (within a radius of its owner peak)
+    margin = max(math.ceil(2 * dipole_radius) + peak_radius,
+                 math.ceil(dipole_radius) + options.stamp // 2) + 1
     return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
                      (psf[0], psf[1]), (source[0], source[1]),
                      (stars[0]["x"].size, stars[1]["x"].size), matched, kernels, fwhm_d,

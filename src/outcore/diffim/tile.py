@@ -125,9 +125,13 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
     half = options.stamp // 2
     kernels = model.kernels
     dipole = found["kind"] == detect.DIPOLE
-    centre_y = np.where(dipole, np.rint((found["pos_y"] + found["neg_y"]) / 2), found["y"])
-    centre_x = np.where(dipole, np.rint((found["pos_x"] + found["neg_x"]) / 2), found["x"])
-    centre_y, centre_x = centre_y.astype(np.int64), centre_x.astype(np.int64)
+    oy, ox = origin
+    # a dipole's cutout is centred on its lobes' midpoint, rounded half up in image pixels
+    # (so the same pixel whatever the region's origin)
+    centre_y = np.where(dipole, np.floor((found["pos_y"] + found["neg_y"] + 2 * oy) / 2 + 0.5)
+                        - oy, found["y"]).astype(np.int64)
+    centre_x = np.where(dipole, np.floor((found["pos_x"] + found["neg_x"] + 2 * ox) / 2 + 0.5)
+                        - ox, found["x"]).astype(np.int64)
     cutouts = np.empty((n, 3, options.stamp, options.stamp), dtype=np.float32)
     for k in range(n):
         cy, cx = int(centre_y[k]), int(centre_x[k])
@@ -152,6 +156,7 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
     if dipole.any():
         fits = measure.fit_dipoles(images[dipole], variance[dipole], mask[dipole],
                                    options.fit_model, kernels.psf_d, kernels.f_d)
+        fits = {name: np.asarray(values) for name, values in fits.items()}
         for name in ("x_pos", "x_neg"):
             fits[name] = fits[name] + centre_x[dipole]
         for name in ("y_pos", "y_neg"):
@@ -165,7 +170,6 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
         col["y"][dipole] = 0.5 * (fits["y_pos"] + fits["y_neg"])
         col["flux"][dipole] = fits["flux_pos"] + fits["flux_neg"]
         col["flux_err"][dipole] = np.hypot(fits["flux_pos_err"], fits["flux_neg_err"])
-    oy, ox = origin
     for name in ("x", "x_pos", "x_neg"):
         col[name] = col[name] + ox
     for name in ("y", "y_pos", "y_neg"):
