@@ -10,9 +10,9 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-python3}"
 
-make_venv() {  # make_venv NAME IMPORT SPEC...
-    local venv="$HERE/.venv-$1" module="$2"
-    shift 2
+make_venv() {  # make_venv NAME IMPORT PRE SPEC...: PRE is installed first, unisolated
+    local venv="$HERE/.venv-$1" module="$2" pre="$3"
+    shift 3
     if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import $module" 2>/dev/null; then
         echo "$venv: $module imports"
         return 0
@@ -20,10 +20,15 @@ make_venv() {  # make_venv NAME IMPORT SPEC...
     echo "making $venv with $PY, installing $*"
     rm -rf "$venv"
     "$PY" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q --upgrade pip "setuptools<70" wheel numpy
+    if [ -n "$pre" ]; then
+        "$venv/bin/python" -m pip install -q --no-build-isolation $pre
+    fi
     "$venv/bin/python" -m pip install -q "$@"
     "$venv/bin/python" -c "import $module; print('$module imports')"
 }
 
-make_venv properimage properimage.operations "${PROPERIMAGE_SPEC:-properimage==0.7.2}"
-make_venv sfft sfft.CustomizedPacket "${SFFT_SPEC:-sfft==1.7.3}"
+# properimage needs tinynpydb, whose setup.py fetches an old setuptools from the network
+# unless one with pkg_resources is already there: build it against the venv's own.
+make_venv properimage properimage.operations tinynpydb "${PROPERIMAGE_SPEC:-properimage==0.7.2}"
+make_venv sfft sfft.CustomizedPacket "" "${SFFT_SPEC:-sfft==1.7.3}"

@@ -4,44 +4,18 @@
 ``PairModel``s (backgrounds, noise, PSFs, flux ratio, kernels); ``tile_graph`` gives one lazy
 task per tile, from which ``difference`` (lazy xarray images) and ``sources`` / ``cutouts``
 (the catalog, once the counts are known) are built; ``catalog`` runs it all and returns the
-sources as a pandas DataFrame. ``simulate_pair`` makes pairs with a known truth.
+sources as a pandas DataFrame. ``simulate_pair`` makes pairs with a known truth. Names are
+imported on first use (``outcore.lazy``), so a worker running a tile loads the tile's
+modules only.
 """
 
-from outcore.diffim.manifest import Pair, one_pair, read_manifest
-from outcore.diffim.operator import (
-    catalog,
-    compute_models,
-    cutouts,
-    difference,
-    sources,
-    tile_graph,
-)
-from outcore.diffim.prepare import Options, PairModel
-from outcore.diffim.simulate import (
-    PsfShape,
-    expected_snr,
-    simulate_pair,
-    write_manifest,
-    write_pair,
-)
-from outcore.diffim.tile import COLUMNS
+from outcore.lazy import lazy_exports
 
-__all__ = [
-    "COLUMNS",
-    "Options",
-    "Pair",
-    "PairModel",
-    "PsfShape",
-    "catalog",
-    "compute_models",
-    "cutouts",
-    "difference",
-    "expected_snr",
-    "one_pair",
-    "read_manifest",
-    "simulate_pair",
-    "sources",
-    "tile_graph",
-    "write_manifest",
-    "write_pair",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "manifest": ("Pair", "one_pair", "read_manifest"),
+    "operator": ("catalog", "compute_models", "cutouts", "difference", "sources",
+                 "tile_graph"),
+    "prepare": ("Options", "PairModel"),
+    "simulate": ("PsfShape", "expected_snr", "simulate_pair", "write_manifest", "write_pair"),
+    "tile": ("COLUMNS",),
+})

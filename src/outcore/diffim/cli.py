@@ -32,6 +32,7 @@ from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, Pair, one_pair, read_manifest
 from outcore.diffim.png import draw_item
 from outcore.diffim.prepare import Options
+from outcore.diffim.tile import preview_step
 from outcore.errors import LayoutError, OutcoreError
 from outcore.io.store import COMPRESSOR, write_new, zarr_strings
 from outcore.plan import Plan, Resources
@@ -242,7 +243,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
                     by_item.setdefault(index, []).append(future)
                 client.gather([client.submit(draw_item, str(png_partial / f"{pairs[i].item_id}"
                                                             ".png"), pairs[i].item_id,
-                                             pairs[i].shape, operator.preview_step(
+                                             pairs[i].shape, preview_step(
                                                  pairs[i].shape), fs, options.threshold,
                                              pure=False)
                                for i, fs in by_item.items()])

@@ -20,7 +20,6 @@ Python, computed by the same tile tasks.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,13 +49,10 @@ from outcore.diffim.tile import (
     IMAGES_OUT,
     INTEGER_COLUMNS,
     TileResult,
-    process_tile,
+    run_tile,
 )
 from outcore.errors import OutcoreError
 from outcore.io.store import COMPRESSOR
-
-#: Longest side of an item's preview (the PNG), pixels.
-PREVIEW_SIDE = 1024
 
 
 def _key(prefix: str, *args: object) -> str:
@@ -93,25 +89,6 @@ def compute_models(client: distributed.Client | None, pairs: Sequence[Pair],
             else ""
         raise OutcoreError(problem + more, fix)
     return models
-
-
-def preview_step(shape: tuple[int, int]) -> int:
-    """The pixel step of an item's preview, so its longest side is at most PREVIEW_SIDE."""
-    return max(1, math.ceil(max(shape) / PREVIEW_SIDE))
-
-
-def run_tile(pair: Pair, model: PairModel, item_index: int, core: tuple[int, int, int, int],
-             options: Options, store: str | None) -> TileResult:
-    """``process_tile``; with ``store`` (a zarr group holding one group per item) the core's
-    images are written there and dropped from the result."""
-    result = process_tile(pair, model, item_index, core, options, preview_step(pair.shape))
-    if store is not None:
-        y0, y1, x0, x1 = core
-        group = zarr.open_group(store, mode="r+", path=pair.item_id)
-        for name in IMAGES_OUT:
-            group[name][y0:y1, x0:x1] = result.images[name]
-        result.images = {}
-    return result
 
 
 def tile_graph(pairs: Sequence[Pair], models: Sequence[PairModel], options: Options,

@@ -11,6 +11,7 @@ cutouts and a preview (every ``step``-th pixel of ``D`` on the image's own grid)
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ INTEGER_COLUMNS = ("item_index", "source_id", "dof", "fit_status", "flags", "sco
                    "center_x", "center_y")
 BOOL_COLUMNS = ("is_dipole",)
 IMAGES_OUT = ("difference", "variance", "score")
+#: Longest side of an item's preview (the PNG), pixels.
+PREVIEW_SIDE = 1024
 
 
 @dataclass
@@ -115,6 +118,27 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
     first_x = -(-cx0 // preview_step) * preview_step - cx0
     preview = core_images["difference"][first_y::preview_step, first_x::preview_step].copy()
     return TileResult(core, core_images, table, cutouts, preview)
+
+
+def preview_step(shape: tuple[int, int]) -> int:
+    """The pixel step of an item's preview, so its longest side is at most PREVIEW_SIDE."""
+    return max(1, math.ceil(max(shape) / PREVIEW_SIDE))
+
+
+def run_tile(pair: Pair, model: PairModel, item_index: int, core: tuple[int, int, int, int],
+             options: Options, store: str | None) -> TileResult:
+    """``process_tile`` (the task of the graph); with ``store`` (a zarr group holding one
+    group per item) the core's images are written there and dropped from the result."""
+    result = process_tile(pair, model, item_index, core, options, preview_step(pair.shape))
+    if store is not None:
+        import zarr
+
+        y0, y1, x0, x1 = core
+        group = zarr.open_group(store, mode="r+", path=pair.item_id)
+        for name in IMAGES_OUT:
+            group[name][y0:y1, x0:x1] = result.images[name]
+        result.images = {}
+    return result
 
 
 def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded: np.ndarray,
