@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
+from common import line, sample_memory
 
-from benchmarks.common import line, sample_memory
 from outcore.diffim import PsfShape, simulate_pair, write_manifest, write_pair
 
 HERE = Path(__file__).resolve().parent

@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
 
-from outcore import io
 from outcore.checks import at_least, positive
 from outcore.diffim import memory, operator
 from outcore.diffim.demo import demo_stage
@@ -37,7 +36,7 @@ from outcore.errors import LayoutError, OutcoreError
 from outcore.io.store import COMPRESSOR, write_new, zarr_strings
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
-from outcore.runs import Run, size_of
+from outcore.runs import Run, check_png, size_of
 from outcore.verbs import DemoStage, Job, Verb
 
 FIT_MODELS = ("psf", "gaussian")
@@ -209,9 +208,11 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
         p, group=item_ids[0], consolidated=False))
     table_zarr = run.add_output("sources.zarr", verify=lambda p: xr.open_zarr(
         p, consolidated=False))
-    cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: io.open(p, layout="cutouts"))
+    cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: store.open(
+        p, layout="cutouts"))
     draw = importlib.util.find_spec("matplotlib") is not None
-    pngs = run.add_output("png") if draw else None
+    pngs = run.add_output("png", verify=lambda p: [check_png(f) for f in p.iterdir()]) \
+        if draw else None
     partial = _partial(store)
     operator.create_store(partial, pairs, models, options)
     tiles = operator.tile_graph(pairs, models, options, str(partial))
@@ -228,7 +229,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
             written = xr.open_zarr(table_zarr, consolidated=False)
             stamps = operator.cutouts(futures, counts, written, options.stamp,
                                       min(memory.CUTOUT_CHUNK, max(sum(counts), 1)))
-            io.save(stamps, cutouts_zarr, layout="cutouts")
+            store.save(stamps, cutouts_zarr, layout="cutouts")
         os.rename(partial, store)
         parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
             p, int(sum(counts))))
