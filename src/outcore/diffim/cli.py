@@ -33,6 +33,7 @@ from outcore.diffim.png import draw_item
 from outcore.diffim.prepare import Options
 from outcore.diffim.tile import preview_step
 from outcore.errors import LayoutError, OutcoreError
+from outcore.io import store as stores
 from outcore.io.store import COMPRESSOR, write_new, zarr_strings
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
@@ -208,7 +209,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
         p, group=item_ids[0], consolidated=False))
     table_zarr = run.add_output("sources.zarr", verify=lambda p: xr.open_zarr(
         p, consolidated=False))
-    cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: store.open(
+    cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: stores.open(
         p, layout="cutouts"))
     draw = importlib.util.find_spec("matplotlib") is not None
     pngs = run.add_output("png", verify=lambda p: [check_png(f) for f in p.iterdir()]) \
@@ -229,7 +230,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
             written = xr.open_zarr(table_zarr, consolidated=False)
             stamps = operator.cutouts(futures, counts, written, options.stamp,
                                       min(memory.CUTOUT_CHUNK, max(sum(counts), 1)))
-            store.save(stamps, cutouts_zarr, layout="cutouts")
+            stores.save(stamps, cutouts_zarr, layout="cutouts")
         os.rename(partial, store)
         parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
             p, int(sum(counts))))
