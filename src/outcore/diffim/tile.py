@@ -35,7 +35,7 @@ INTEGER_COLUMNS = ("item_index", "source_id", "dof", "fit_status", "flags", "sco
 BOOL_COLUMNS = ("is_dipole",)
 IMAGES_OUT = ("difference", "variance", "score")
 #: Longest side of an item's preview (the PNG), pixels.
-PREVIEW_SIDE = 1024
+PREVIEW_SIDE = 512
 
 
 @dataclass
