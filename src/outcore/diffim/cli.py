@@ -176,7 +176,8 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         stages = memory.memory_model(shapes, options, halo, variance)
         notes = [f"pairs: {len(pairs)}; halo {halo} px a side"
                  + (" (the bound before the PSFs are known)" if halo == bound else "")]
-        return Plan.of(stages, resources, notes=notes)
+        return Plan.of(stages, resources, notes=notes,
+                       baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
 
     def execute(run: Run, client: distributed.Client) -> None:
         run.set("inputs", run.record["inputs"] + [
