@@ -276,3 +276,17 @@ def test_the_catalog_does_not_depend_on_the_tile_size(injected, tile, tmp_path):
     numeric = [c for c in whole.columns if c != "item_id"]
     np.testing.assert_allclose(tiled[numeric].to_numpy(float), whole[numeric].to_numpy(float),
                                rtol=1e-6, atol=1e-8)
+
+
+def test_gaussian_dipole_model_finds_the_lobes(bright_pair):
+    sim, directory = bright_pair
+    pairs = _pairs(directory / "gauss", [sim], ratio=True)
+    _, table = catalog(pairs, Options(tile=256, fit_model="gaussian"))
+    mv = sim.moved
+    j = _match(table, (mv["x"] + mv["x_new"]) / 2, (mv["y"] + mv["y_new"]) / 2, radius=2.0)
+    assert (j >= 0).all()
+    row = table.iloc[j[0]]
+    assert row["is_dipole"] and row["fit_status"] <= 2
+    # Gaussian lobes are not the PSF, so only near the truth, not within its errors
+    assert abs(row["x_pos"] - mv["x_new"][0]) < 0.3 and abs(row["y_neg"] - mv["y"][0]) < 0.3
+    assert row["flux_pos"] == pytest.approx(mv["flux"][0], rel=0.15)
