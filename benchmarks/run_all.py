@@ -16,6 +16,7 @@ SMALL = {
     "bench_fit.py": [],
     "bench_tomo.py": [],
     "bench_ptycho.py": ["--scan", "16", "--iterations", "3", "--quantem-ranks", "0"],
+    "bench_diffim.py": ["--size", "512", "--runs", "1", "--peers", "properimage"],
 }
 
 

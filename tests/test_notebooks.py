@@ -29,3 +29,7 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     if path.stem == "cutout-fits":  # the errors the notebook reports describe the scatter
         spread = float(re.search(r"pull spread of x_pos: ([0-9.]+)", text).group(1))
         assert 0.8 < spread < 1.2
+    if path.stem == "difference-imaging":  # the catalog against the simulation's truth
+        found, total = map(int, re.search(r"transients found: (\d+)/(\d+)", text).groups())
+        assert found >= 0.8 * total
+        assert 0.6 < float(re.search(r"pull spread of the fluxes: ([0-9.]+)", text).group(1)) < 1.5

@@ -37,4 +37,6 @@ FAMILIES: tuple[Family, ...] = (
            "outcore.tomo.cli", "outcore.tomo.layouts"),
     Family("ptycho", "ptychography: simulate scans, preprocess stacks, reconstruct object and"
            " probe", "outcore.ptycho.cli", "outcore.ptycho.layouts"),
+    Family("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score transients",
+           "outcore.diffim.cli"),
 )

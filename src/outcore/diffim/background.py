@@ -1,0 +1,160 @@
+"""Sky background and its noise on a fixed mesh of boxes, the same whatever the tiling.
+
+Each box of ``box x box`` pixels, aligned on the image's own grid (box ``(i, j)`` covers rows
+``i * box ...`` and columns ``j * box ...``), gets its level and RMS: the 3-sigma clipped mean
+and standard deviation (astropy) of its pixels, with masked pixels and the pixels of the
+sources sep detects left out (so the mean is not biased by their light, and is less noisy
+than a mode), the RMS divided by ``CLIPPED_RMS`` so that it estimates a Gaussian's sigma.
+The boxes of the whole image form a small mesh; gaps (boxes with too few good pixels) are
+filled from their neighbours, a 3 x 3 median filter removes boxes spoiled by bright sources,
+and a bicubic spline through the box centres gives the background and RMS at any pixel.
+Evaluating the spline at a pixel does not depend on which tile asks, so every tile of an
+image sees the same background.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import sep
+from astropy.stats import sigma_clip
+from astropy.utils.exceptions import AstropyUserWarning
+from scipy.interpolate import RectBivariateSpline
+from scipy.ndimage import binary_dilation, median_filter
+
+#: Box edge (pixels) of the background mesh when none is given.
+DEFAULT_BOX = 64
+#: A box whose good pixels are fewer than this fraction of its area gets its neighbours' level.
+MIN_GOOD_FRACTION = 0.5
+#: The clipped RMS is the standard deviation of the pixels within 3 sigma of the level, which
+#: for Gaussian noise is this fraction of sigma (a normal truncated at +-3); the mesh divides
+#: by it.
+CLIPPED_RMS = math.sqrt(1 - 6 * math.exp(-4.5) / math.sqrt(2 * math.pi)
+                        / math.erf(3 / math.sqrt(2)))
+#: Sources are found at this many sigma (sep, 3 x 3 filter) and masked, grown by SOURCE_GROW
+#: pixels, before the boxes are measured: their light would bias the level upwards.
+SOURCE_SIGMA = 3.0
+SOURCE_GROW = 4
+
+
+def source_mask(data: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    """Pixels of ``data`` covered by a source that sep detects at ``SOURCE_SIGMA`` (after its
+    own local background), grown by ``SOURCE_GROW`` pixels; ``bad`` pixels are left out."""
+    data = np.ascontiguousarray(np.where(bad, 0.0, data), dtype=np.float64)
+    bad = np.ascontiguousarray(bad)
+    if bad.all():
+        return np.zeros(data.shape, dtype=bool)
+    sky = sep.Background(data, mask=bad, bw=DEFAULT_BOX, bh=DEFAULT_BOX, fw=3, fh=3)
+    try:
+        _, segments = sep.extract(data - sky.back(), SOURCE_SIGMA, err=sky.globalrms, mask=bad,
+                                  minarea=5, segmentation_map=True)
+    except Exception:  # sep's pixel stack overflows: a block of sources; keep every pixel
+        return np.zeros(data.shape, dtype=bool)
+    return binary_dilation(segments > 0, iterations=SOURCE_GROW)
+
+
+def box_statistics(data: np.ndarray, bad: np.ndarray | None, box: int) -> tuple[np.ndarray,
+                                                                                 np.ndarray]:
+    """The 3-sigma clipped mean and RMS (astropy) of every box of ``data`` (a block whose
+    origin lies on the box grid): two ``(ceil(ny / box), ceil(nx / box))`` float64 arrays,
+    NaN where a box has too few good pixels (``bad`` True = ignored). The boxes are clipped
+    all at once, as rows of one array (partial boxes at the far edges padded as bad)."""
+    ny, nx = data.shape
+    nby, nbx = -(-ny // box), -(-nx // box)
+    pixels = np.full((nby * box, nbx * box), np.nan)
+    pixels[:ny, :nx] = data if bad is None else np.where(bad, np.nan, data)
+    area = np.zeros(pixels.shape)
+    area[:ny, :nx] = 1.0
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return a.reshape(nby, box, nbx, box).transpose(0, 2, 1, 3).reshape(nby, nbx, box * box)
+
+    pixels, area = rows(pixels), rows(area).sum(axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN boxes
+        warnings.simplefilter("ignore", AstropyUserWarning)  # bad pixels are NaN on purpose
+        clipped = sigma_clip(pixels, sigma=3.0, maxiters=5, axis=-1, masked=False)
+        back, rms = np.nanmean(clipped, axis=-1), np.nanstd(clipped, axis=-1) / CLIPPED_RMS
+    few = np.isfinite(pixels).sum(axis=-1) < MIN_GOOD_FRACTION * area
+    return np.where(few, np.nan, back), np.where(few, np.nan, rms)
+
+
+def fill_gaps(mesh: np.ndarray) -> np.ndarray:
+    """``mesh`` with NaN boxes set to the median of their nearest good boxes (growing rings);
+    an all-NaN mesh stays NaN."""
+    out = mesh.copy()
+    if np.isnan(out).all():
+        return out
+    while np.isnan(out).any():
+        padded = np.pad(out, 1, constant_values=np.nan)
+        rings = np.stack([padded[1 + dy: padded.shape[0] - 1 + dy,
+                                 1 + dx: padded.shape[1] - 1 + dx]
+                          for dy in (-1, 0, 1) for dx in (-1, 0, 1)])
+        with np.errstate(all="ignore"), _quiet():
+            grown = np.nanmedian(rings, axis=0)
+        out = np.where(np.isnan(out), grown, out)
+    return out
+
+
+class _quiet:
+    """Silence numpy's all-NaN slice warning inside ``fill_gaps``."""
+
+    def __enter__(self) -> None:
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *exc: object) -> None:
+        self._catch.__exit__(*exc)
+
+
+@dataclass(frozen=True)
+class BackgroundMesh:
+    """The background and RMS mesh of one image of ``shape``, boxes of ``box`` pixels."""
+
+    shape: tuple[int, int]
+    box: int
+    back: np.ndarray
+    rms: np.ndarray
+
+    @classmethod
+    def from_boxes(cls, shape: tuple[int, int], box: int, back: np.ndarray,
+                   rms: np.ndarray) -> BackgroundMesh:
+        """Fill gaps and median-filter (3 x 3) the raw box estimates of a whole image."""
+        back = median_filter(fill_gaps(back), size=3, mode="nearest")
+        rms = median_filter(fill_gaps(rms), size=3, mode="nearest")
+        return cls(shape, box, back, rms)
+
+    @property
+    def sigma(self) -> float:
+        """The image's typical background noise: the median RMS of its boxes."""
+        return float(np.median(self.rms))
+
+    def _centres(self, axis: int) -> np.ndarray:
+        n = self.shape[axis]
+        start = np.arange(0, n, self.box)
+        return start + (np.minimum(start + self.box, n) - start - 1) / 2
+
+    def evaluate(self, y0: int, y1: int, x0: int, x1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Background and RMS at pixels ``[y0:y1, x0:x1]`` (inside the image), float64: a
+        bicubic spline through the box centres, constant beyond the outermost centres."""
+        yc, xc = self._centres(0), self._centres(1)
+        y = np.clip(np.arange(y0, y1, dtype=np.float64), yc[0], yc[-1])
+        x = np.clip(np.arange(x0, x1, dtype=np.float64), xc[0], xc[-1])
+        return (_spline(yc, xc, self.back)(y, x), _spline(yc, xc, self.rms)(y, x))
+
+
+def _spline(yc: np.ndarray, xc: np.ndarray, mesh: np.ndarray):  # noqa: ANN202
+    """A bicubic (or lower, with few boxes) interpolating spline of ``mesh``; an axis with one
+    box is made constant along it."""
+    if yc.size == 1:
+        yc, mesh = np.array([yc[0], yc[0] + 1.0]), np.vstack([mesh, mesh])
+    if xc.size == 1:
+        xc, mesh = np.array([xc[0], xc[0] + 1.0]), np.hstack([mesh, mesh])
+    spline = RectBivariateSpline(yc, xc, mesh, kx=min(3, yc.size - 1), ky=min(3, xc.size - 1))
+    return lambda y, x: spline(y, x, grid=True)

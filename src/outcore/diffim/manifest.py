@@ -1,0 +1,354 @@
+"""The pairs of a difference-imaging run: the ``outcore.diffim-manifest/v1`` file, checked.
+
+A manifest is JSON::
+
+    {"schema": "outcore.diffim-manifest/v1",
+     "items": [{"item_id": "field1",
+                "reference": {"path": "ref.fits", "sha256": "...", "hdu": 0},
+                "target": {"path": "new.fits", "sha256": "..."},
+                "reference_variance": {...}, "target_variance": {...}, "mask": {...},
+                "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0}]}
+
+Paths are relative to the manifest's folder. Images, variances and the mask (nonzero = bad)
+are FITS image HDUs (``hdu``: index or EXTNAME, default the first 2-D image); PSF stamps are
+FITS or ``.npy``. ``flux_ratio`` is the target's flux scale over the reference's (measured
+from matched stars when absent). ``read_manifest`` checks everything that can be checked
+without reading pixels, and every file's SHA-256, before anything is computed; each problem
+is one ``OutcoreError`` naming the item, the file and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from outcore.errors import InputNotFoundError, LayoutError, OutcoreError
+
+SCHEMA = "outcore.diffim-manifest/v1"
+FILE_KEYS = ("reference", "target", "reference_variance", "target_variance", "mask",
+             "reference_psf", "target_psf")
+IMAGE_KEYS = FILE_KEYS[:5]
+PSF_KEYS = FILE_KEYS[5:]
+ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio")
+ITEM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+FITS_SUFFIXES = (".fits", ".fit", ".fts", ".fits.gz", ".fz")
+#: Smallest image edge (pixels) a pair may have.
+MIN_IMAGE_EDGE = 32
+#: WCS agreement needed between reference and target, in pixels (at the corners and centre).
+WCS_TOLERANCE_PX = 0.01
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """One 2-D FITS image HDU: where it is and what it holds (picklable; read per tile)."""
+
+    path: str
+    hdu: int
+    shape: tuple[int, int]
+    sha256: str
+
+    def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Pixels ``[y0:y1, x0:x1]`` (inside the image) as float64, scaled by BSCALE/BZERO.
+
+        Plain images are sliced from the memory-mapped data (only those pages are read);
+        scaled or tile-compressed ones through astropy's ``section``."""
+        from astropy.io import fits
+
+        with fits.open(self.path, memmap=True, do_not_scale_image_data=True) as hdul:
+            hdu = hdul[self.hdu]
+            plain = (isinstance(hdu, (fits.PrimaryHDU, fits.ImageHDU))
+                     and "BSCALE" not in hdu.header and "BZERO" not in hdu.header)
+            if plain:
+                return np.array(hdu.data[y0:y1, x0:x1], dtype=np.float64)
+        with fits.open(self.path, memmap=True) as hdul:
+            return np.asarray(hdul[self.hdu].section[y0:y1, x0:x1], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One checked item of a manifest: its images, optional companions and PSFs.
+
+    ``shape`` is the common ``(ny, nx)`` of every image; ``wcs_header`` the reference's
+    celestial WCS as a header string (None without one); PSFs are unit-sum float64 stamps.
+    """
+
+    item_id: str
+    reference: ImageFile
+    target: ImageFile
+    shape: tuple[int, int]
+    reference_variance: ImageFile | None = None
+    target_variance: ImageFile | None = None
+    mask: ImageFile | None = None
+    reference_psf: np.ndarray | None = None
+    target_psf: np.ndarray | None = None
+    flux_ratio: float | None = None
+    wcs_header: str | None = None
+
+
+def _fail(where: str, problem: str, fix: str, cls: type[OutcoreError] = LayoutError) -> None:
+    raise cls(f"{where}: {problem}", fix)
+
+
+def read_manifest(path: str | Path, *, check_hashes: bool = True) -> tuple[list[Pair], list]:
+    """The checked pairs of the manifest at ``path`` and the ``(role, path, sha256)`` of every
+    file they name (PSF stamps included), after every hash was compared with the file."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise InputNotFoundError(f"The manifest {str(path)!r} does not exist.",
+                                 "check --manifest (paths start from the current directory).")
+    try:
+        record = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise LayoutError(f"The manifest {str(path)!r} is not valid JSON ({err}).",
+                          "fix the file; docs/operators/diffim.md shows the format.") from None
+    if not isinstance(record, dict) or record.get("schema") != SCHEMA:
+        found = record.get("schema") if isinstance(record, dict) else type(record).__name__
+        raise LayoutError(f"The manifest {str(path)!r} has schema {found!r}, not {SCHEMA!r}.",
+                          f'start the file with {{"schema": "{SCHEMA}", "items": [...]}}.')
+    items = record.get("items")
+    if not isinstance(items, list) or not items:
+        raise LayoutError(f"The manifest {str(path)!r} has no items.",
+                          "list at least one pair under \"items\".")
+    base = path.resolve().parent
+    seen: set[str] = set()
+    pairs, files = [], []
+    for index, item in enumerate(items):
+        pair, item_files = _read_item(item, index, base)
+        if pair.item_id in seen:
+            _fail(f"item {index}", f"item_id {pair.item_id!r} is used twice.",
+                  "give every item its own item_id.")
+        seen.add(pair.item_id)
+        pairs.append(pair)
+        files.extend(item_files)
+    if check_hashes:
+        check_hashes_of(files)
+    return pairs, files
+
+
+def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
+    where = f"manifest item {index}"
+    if not isinstance(item, dict):
+        _fail(where, f"is a {type(item).__name__}, not an object.",
+              'write each item as {"item_id": ..., "reference": {...}, "target": {...}}.')
+    item_id = item.get("item_id")
+    if not isinstance(item_id, str) or not ITEM_ID.match(item_id):
+        _fail(where, f"item_id {item_id!r} is missing or not a plain name.",
+              "use letters, digits, '.', '_' or '-' (up to 128), starting with a letter or "
+              "digit.")
+    where = f"item {item_id!r}"
+    unknown = sorted(set(item) - set(ITEM_KEYS))
+    if unknown:
+        _fail(where, f"has unknown keys {unknown}.", f"use only {list(ITEM_KEYS)}.")
+    for key in ("reference", "target"):
+        if key not in item:
+            _fail(where, f"has no {key!r}.", f'add "{key}": {{"path": ..., "sha256": ...}}.')
+    files = []
+    images: dict[str, ImageFile] = {}
+    for key in IMAGE_KEYS:
+        if key in item:
+            ref = _file_entry(item[key], f"{where} {key}", base)
+            images[key] = _image_file(ref, f"{where} {key}")
+            files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
+    psfs: dict[str, np.ndarray] = {}
+    for key in PSF_KEYS:
+        if key in item:
+            ref = _file_entry(item[key], f"{where} {key}", base)
+            psfs[key] = read_psf(ref["path"], f"{where} {key}")
+            files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
+    shape = images["reference"].shape
+    for key, image in images.items():
+        if image.shape != shape:
+            _fail(where, f"{key} is {image.shape[0]} x {image.shape[1]} pixels but the "
+                  f"reference is {shape[0]} x {shape[1]}; the images of a pair must be on the "
+                  "same pixel grid.",
+                  "resample every image of the pair onto the reference's grid first (e.g. "
+                  "with reproject or SWarp).")
+    if min(shape) < MIN_IMAGE_EDGE:
+        _fail(where, f"the images are {shape[0]} x {shape[1]} pixels, smaller than "
+              f"{MIN_IMAGE_EDGE} on a side.", "give larger images.")
+    header = _check_wcs(images["reference"], images["target"], where)
+    ratio = item.get("flux_ratio")
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+                              or not math.isfinite(ratio) or ratio <= 0):
+        _fail(where, f"flux_ratio {ratio!r} is not a positive number.",
+              "give the target's flux scale over the reference's, e.g. 1.0, or leave it out "
+              "to measure it from stars.")
+    pair = Pair(item_id, images["reference"], images["target"], shape,
+                images.get("reference_variance"), images.get("target_variance"),
+                images.get("mask"), psfs.get("reference_psf"), psfs.get("target_psf"),
+                None if ratio is None else float(ratio), header)
+    return pair, files
+
+
+def _file_entry(entry: Any, where: str, base: Path) -> dict[str, Any]:
+    """``{"path": absolute, "sha256": lower hex, "hdu": ...}`` of a manifest file entry."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        _fail(where, f"is {entry!r}, not an object with a \"path\".",
+              'write {"path": "file.fits", "sha256": "<64 hex digits>"}.')
+    digest = entry.get("sha256")
+    if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", digest):
+        _fail(where, f"has sha256 {digest!r}, not 64 hex digits.",
+              f"add the file's hash: sha256sum {entry['path']}.")
+    unknown = sorted(set(entry) - {"path", "sha256", "hdu"})
+    if unknown:
+        _fail(where, f"has unknown keys {unknown}.", 'use only "path", "sha256" and "hdu".')
+    path = (base / entry["path"]).resolve()
+    if not path.is_file():
+        _fail(where, f"the file {str(path)!r} does not exist.",
+              "check the path; it is relative to the manifest's folder.", InputNotFoundError)
+    return {"path": str(path), "sha256": digest.lower(), "hdu": entry.get("hdu")}
+
+
+def _image_file(ref: dict[str, Any], where: str) -> ImageFile:
+    fits = _astropy_fits()
+    path = ref["path"]
+    if not path.lower().endswith(FITS_SUFFIXES):
+        _fail(where, f"{Path(path).name!r} is not a FITS file.",
+              "give images, variances and masks as FITS (convert other formats first).")
+    try:
+        with fits.open(path, memmap=True) as hdul:
+            index = _hdu_index(hdul, ref["hdu"], where, path)
+            shape = tuple(int(n) for n in hdul[index].shape)
+    except OSError as err:
+        _fail(where, f"{path!r} cannot be read as FITS ({err}).", "check the file.")
+    return ImageFile(path, index, shape, ref["sha256"])  # type: ignore[arg-type]
+
+
+def _hdu_index(hdul: Any, hdu: int | str | None, where: str, path: str) -> int:
+    images = [i for i, h in enumerate(hdul) if h.is_image and len(h.shape or ()) == 2]
+    if hdu is None and images:
+        return images[0]
+    if hdu is not None:
+        try:
+            index = hdul.index_of(hdu)
+        except (KeyError, IndexError):
+            index = None
+        if index in images:
+            return int(index)
+    listing = ", ".join(f"{i} {h.name!r} {tuple(h.shape or ())}" for i, h in enumerate(hdul))
+    asked = "" if hdu is None else f" {hdu!r}"
+    _fail(where, f"{Path(path).name!r} has no 2-D image HDU{asked}; its HDUs are {listing}.",
+          'set "hdu" to the index or EXTNAME of a 2-D image HDU.')
+    raise AssertionError  # unreachable
+
+
+def _astropy_fits() -> Any:
+    try:
+        from astropy.io import fits
+    except ImportError as err:
+        raise OutcoreError("outcore diffim reads FITS with astropy, which is not installed.",
+                           "install outcore's io extra: pip install 'outcore[io]'.") from err
+    return fits
+
+
+def _celestial(image: ImageFile) -> Any:
+    """The celestial WCS of an image's header, or None."""
+    import warnings
+
+    from astropy.io import fits
+    from astropy.wcs import WCS, FITSFixedWarning
+
+    header = fits.getheader(image.path, image.hdu)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FITSFixedWarning)
+        wcs = WCS(header).celestial
+    return wcs if wcs.has_celestial else None
+
+
+def _check_wcs(reference: ImageFile, target: ImageFile, where: str) -> str | None:
+    """The reference's WCS header string; refuse a target whose WCS maps pixels elsewhere."""
+    ref, tgt = _celestial(reference), _celestial(target)
+    if ref is None:
+        return None
+    if tgt is not None:
+        ny, nx = reference.shape
+        x = np.array([0, nx - 1, 0, nx - 1, (nx - 1) / 2])
+        y = np.array([0, 0, ny - 1, ny - 1, (ny - 1) / 2])
+        ra, dec = ref.pixel_to_world_values(x, y)
+        tx, ty = tgt.world_to_pixel_values(ra, dec)
+        offset = float(np.max(np.hypot(tx - x, ty - y)))
+        if not offset <= WCS_TOLERANCE_PX:
+            _fail(where, f"the target's WCS puts the reference's pixels up to {offset:.3g} "
+                  "pixels away; the images must be on the same pixel grid.",
+                  "resample the target onto the reference's grid (e.g. with reproject or "
+                  "SWarp), or fix its WCS header.")
+    return ref.to_header().tostring()
+
+
+def read_psf(path: str | Path, where: str) -> np.ndarray:
+    """A PSF stamp from ``.npy`` or FITS: 2-D, odd sides of 3 or more, finite, positive sum;
+    returned as float64 of unit sum, centred on its middle pixel."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        try:
+            psf = np.load(path, allow_pickle=False)
+        except ValueError as err:
+            _fail(where, f"{path.name!r} is not a numeric .npy array ({err}).",
+                  "save the stamp with numpy.save.")
+    elif path.name.lower().endswith(FITS_SUFFIXES):
+        fits = _astropy_fits()
+        with fits.open(path) as hdul:
+            psf = next((h.data for h in hdul if h.data is not None), None)
+        if psf is None:
+            _fail(where, f"{path.name!r} holds no data.", "give a FITS file with the stamp.")
+    else:
+        _fail(where, f"{path.name!r} is neither .npy nor FITS.", "give the PSF as .npy or FITS.")
+    psf = np.asarray(psf)
+    if psf.ndim != 2 or min(psf.shape) < 3 or psf.shape[0] % 2 == 0 or psf.shape[1] % 2 == 0:
+        _fail(where, f"the PSF stamp has shape {psf.shape}; it must be 2-D with odd sides of 3 "
+              "or more, centred on its middle pixel.", "crop or pad the stamp to odd sides.")
+    if psf.dtype.kind not in "fiu" or not np.isfinite(psf).all() or not psf.sum() > 0:
+        _fail(where, "the PSF stamp is not finite and real with a positive sum.",
+              "give a PSF stamp of finite values (its sum is normalised to 1).")
+    psf = psf.astype(np.float64)
+    return psf / psf.sum()
+
+
+def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
+             item_id: str = "pair") -> tuple[list[Pair], list]:
+    """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
+    file keys to paths (None: not given); each file is hashed here and checked as in a
+    manifest."""
+    item: dict[str, Any] = {"item_id": item_id}
+    for key, name in files.items():
+        if name is None:
+            continue
+        path = Path(name).expanduser().resolve()
+        if not path.is_file():
+            flag = "--" + key.replace("_", "-")
+            raise InputNotFoundError(f"{flag} {name!r}: the file does not exist.",
+                                     "check the path (relative to the current directory).")
+        item[key] = {"path": str(path), "sha256": sha256_file(path)}
+    if flux_ratio is not None:
+        item["flux_ratio"] = flux_ratio
+    pair, found = _read_item(item, 0, Path.cwd())
+    return [pair], found
+
+
+def sha256_file(path: str | Path) -> str:
+    """SHA-256 of a file, hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(2**23):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
+    """Hash every file (a few at a time) and refuse the first whose SHA-256 differs."""
+    with ThreadPoolExecutor(4) as pool:
+        found = list(pool.map(lambda f: sha256_file(Path(f[1])), files))
+    for (role, path, expected), digest in zip(files, found, strict=True):
+        if digest != expected:
+            raise OutcoreError(
+                f"{role}: {path} has SHA-256 {digest}, not {expected} as the manifest says.",
+                "check that the file is the one meant (it may have changed), then update its "
+                "sha256 in the manifest.")

@@ -1,0 +1,92 @@
+"""Memory model of a difference-imaging run for ``outcore.plan``: bytes held by each task.
+
+Three kinds of task hold real memory:
+
+- ``diffim-survey``: one survey block of one image with its halo, read as float64 with its
+  variance and bad pixels, sep's background maps and the background-subtracted copy;
+- ``diffim-tile``: one tile's window (core plus ``halo`` a side): four float64 inputs
+  (images and variances) and the bad pixels, then inside ``zogy.apply`` two input spectra,
+  a kernel spectrum and a product (complex, at the FFT length) and the four real results;
+  then the region's exclusion, score and float32 core copies. ``tests/test_diffim_memory.py``
+  checks the count against ``tracemalloc``'s peak of a real tile;
+- ``diffim-write``: one chunk of the cutouts or of the table as it is stored.
+
+The halo is known exactly only once the PSFs are (``PairModel.halo``); before that the plan
+uses ``halo_bound``, which no pair exceeds, and the operator checks the exact plan again
+before the first tile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import scipy.fft
+
+from outcore.diffim.prepare import MAX_DIPOLE_RADIUS, MAX_PEAK_RADIUS, SURVEY_BOXES, Options
+from outcore.diffim.tile import COLUMNS
+from outcore.plan import TaskMemory
+
+_F64 = 8
+_C128 = 16
+#: Resident memory of a worker that has run diffim tasks (numpy, dask, distributed, zarr,
+#: xarray as any worker, plus astropy's FITS and stats, sep, scipy's interpolate, ndimage
+#: and optimize, matplotlib for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
+#: peaked at 458 MiB (VmHWM) with tiles of 1024 whose model is about 200 MiB.
+DIFFIM_WORKER_BASELINE_BYTES = 300 * 2**20
+#: Rows of a table chunk in sources.zarr (and of a parquet row group: ``ROW_GROUP``).
+TABLE_CHUNK = 2**18
+ROW_GROUP = 2**20
+#: Cutouts per chunk of cutouts.zarr.
+CUTOUT_CHUNK = 4096
+
+
+def halo_bound(psf_sides: list[int], stamp: int) -> int:
+    """The largest halo any pair with PSF stamps of these sides can need (pixels): the
+    kernels' largest half width plus the largest detection margin."""
+    grid = scipy.fft.next_fast_len(max(64, 4 * max(psf_sides)))
+    margin = max(math.ceil(2 * MAX_DIPOLE_RADIUS) + MAX_PEAK_RADIUS,
+                 math.ceil(MAX_DIPOLE_RADIUS) + stamp // 2) + 1
+    return grid // 2 - 1 + margin
+
+
+def tile_bytes(tile: int, halo: int, backend: str = "numpy") -> tuple[int, int]:
+    """``(input_bytes, transient_bytes)`` of one tile task (``tile`` core side, ``halo``).
+
+    With ``backend="cupy"`` the FFT part is device memory; it is counted the same way.
+    """
+    window = tile + 2 * halo
+    fft_len = scipy.fft.next_fast_len(window, real=True)
+    spectrum = fft_len * (fft_len // 2 + 1) * _C128
+    inputs = 4 * _F64 * window**2 + window**2
+    transient = 4 * spectrum + 4 * _F64 * window**2 + 6 * _F64 * (tile + 2 * halo) ** 2
+    return inputs, transient
+
+
+def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
+                 variance: bool = False, survey_halo: int | None = None) -> list[TaskMemory]:
+    """The stages of a run over pairs of ``shapes`` with tiles of ``options.tile`` and a halo
+    of ``halo`` pixels (``halo_bound`` before the PSFs are known)."""
+    block = SURVEY_BOXES * options.box
+    survey_side = min(block, max(max(s) for s in shapes)) + 2 * (
+        options.psf_size // 2 + 2 if survey_halo is None else survey_halo)
+    survey_blocks = sum(2 * math.ceil(s[0] / block) * math.ceil(s[1] / block) for s in shapes)
+    survey_inputs = (2 + variance) * _F64 * survey_side**2
+    tiles = sum(math.ceil(s[0] / options.tile) * math.ceil(s[1] / options.tile) for s in shapes)
+    tile = min(options.tile, max(max(s) for s in shapes))
+    inputs, transient = tile_bytes(tile, halo, options.backend)
+    core_out = 3 * 4 * tile**2
+    # on a GPU the FFTs run there: the window's four inputs and the FFT scratch
+    device = inputs + transient if options.backend == "cupy" else 0
+    stamp_bytes = 3 * 4 * options.stamp**2
+    return [
+        TaskMemory("diffim-survey", survey_blocks, input_bytes=survey_inputs,
+                   output_bytes=block**2 // options.box**2 * 2 * _F64,
+                   transient_bytes=4 * _F64 * survey_side**2,
+                   read_bytes=survey_inputs // 2),
+        TaskMemory("diffim-tile", tiles, input_bytes=inputs, output_bytes=core_out,
+                   transient_bytes=transient, read_bytes=(2 + 2 * variance) * 4 * tile**2,
+                   write_bytes=core_out, device_bytes=device),
+        TaskMemory("diffim-write", max(1, tiles), input_bytes=CUTOUT_CHUNK * stamp_bytes,
+                   output_bytes=TABLE_CHUNK * len(COLUMNS) * _F64,
+                   write_bytes=CUTOUT_CHUNK * stamp_bytes),
+    ]

@@ -1,0 +1,238 @@
+"""From a pair's files to its model: the survey of each image, then backgrounds, noise, PSFs,
+flux ratio and ZOGY kernels, before any tile is subtracted.
+
+The survey reads each image in blocks of ``SURVEY_BOXES`` background boxes a side, on a grid
+fixed by the image alone (never by the tile size): each block gives its boxes' background
+and RMS and, when the pair needs them, its isolated bright stars. ``build_model`` gathers the
+blocks of one pair (a few kilobytes each) into a ``PairModel``; a pair that cannot be
+modelled (too few stars for a PSF or a flux ratio) gets ``error`` instead, which the operator
+raises before any tile runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from outcore.diffim import psf as psfs
+from outcore.diffim.background import BackgroundMesh, box_statistics, source_mask
+from outcore.diffim.manifest import ImageFile, Pair
+from outcore.diffim.zogy import ZogyKernels, pair_kernels
+
+#: Background boxes along each side of a survey block.
+SURVEY_BOXES = 16
+#: Matched stars the flux ratio needs at least.
+MIN_RATIO_STARS = 3
+#: A dipole's lobes lie within this many FWHM of the difference's PSF of each other.
+DIPOLE_RADIUS_FWHM = 2.5
+#: Caps of the dipole radius and the peak footprint's radius (pixels), whatever the PSFs.
+MAX_DIPOLE_RADIUS = 20.0
+MAX_PEAK_RADIUS = 8
+IMAGES = ("reference", "target")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The choices of a run that shape every pair's model and tiles (see the CLI)."""
+
+    threshold: float = 5.0
+    stamp: int = 21
+    fit_model: str = "psf"
+    tile: int = 1024
+    box: int = 64
+    psf_size: int = 25
+    star_snr: float = 50.0
+    backend: str = "numpy"
+
+
+def blocks(shape: tuple[int, int], step: int) -> list[tuple[int, int, int, int]]:
+    """``(y0, y1, x0, x1)`` of the ``step``-sized blocks covering ``shape``, row by row."""
+    return [(y0, min(y0 + step, shape[0]), x0, min(x0 + step, shape[1]))
+            for y0 in range(0, shape[0], step) for x0 in range(0, shape[1], step)]
+
+
+def read_window(image: ImageFile, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    """Pixels ``[y0:y1, x0:x1]`` of an image, float64, 0 outside it."""
+    ny, nx = image.shape
+    out = np.zeros((y1 - y0, x1 - x0))
+    iy0, iy1, ix0, ix1 = max(y0, 0), min(y1, ny), max(x0, 0), min(x1, nx)
+    if iy0 < iy1 and ix0 < ix1:
+        out[iy0 - y0: iy1 - y0, ix0 - x0: ix1 - x0] = image.read(iy0, iy1, ix0, ix1)
+    return out
+
+
+def bad_window(pair: Pair, images: list[np.ndarray], variances: list[np.ndarray | None],
+               y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+    """Bad pixels of a window (True): outside the image, flagged by the mask, not finite in
+    an image, or with a variance that is not finite and positive."""
+    ny, nx = pair.shape
+    yy = np.arange(y0, y1)[:, None]
+    xx = np.arange(x0, x1)[None, :]
+    bad = (yy < 0) | (yy >= ny) | (xx < 0) | (xx >= nx)
+    if pair.mask is not None:
+        bad = bad | (read_window(pair.mask, y0, y1, x0, x1) != 0)
+    for data in images:
+        bad = bad | ~np.isfinite(data)
+    for var in variances:
+        if var is not None:
+            bad = bad | ~(np.isfinite(var) & (var > 0))
+    return bad
+
+
+def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Options,
+           want_stars: bool) -> dict:
+    """One survey block of image ``which`` (0 reference, 1 target) of ``pair``: its boxes'
+    ``back`` and ``rms``, the median of its boxes' given variance (``var``, or None) and,
+    with ``want_stars``, its isolated stars (``psf.find_stars``)."""
+    image = (pair.reference, pair.target)[which]
+    variance = (pair.reference_variance, pair.target_variance)[which]
+    y0, y1, x0, x1 = block
+    halo = options.psf_size // 2 + 2 if want_stars else 0
+    wy0, wy1, wx0, wx1 = y0 - halo, y1 + halo, x0 - halo, x1 + halo
+    data = read_window(image, wy0, wy1, wx0, wx1)
+    var = None if variance is None else read_window(variance, wy0, wy1, wx0, wx1)
+    bad = bad_window(pair, [data], [var], wy0, wy1, wx0, wx1)
+    core = np.s_[halo: halo + y1 - y0, halo: halo + x1 - x0]
+    sources = source_mask(data, bad)
+    back, rms = box_statistics(data[core], (bad | sources)[core], options.box)
+    out = {"block": block, "back": back, "rms": rms, "var": None, "stars": None}
+    if var is not None:
+        out["var"] = float(np.median(var[core][~bad[core]])) if (~bad[core]).any() else np.nan
+    if want_stars:
+        out["stars"] = psfs.find_stars(data, bad, (wy0, wx0), block, pair.shape,
+                                       options.psf_size, options.star_snr)
+    return out
+
+
+@dataclass(frozen=True)
+class PairModel:
+    """What every tile of a pair needs: backgrounds, noise, PSFs, flux ratio, ZOGY kernels
+    and the radii of detection. ``error`` is ``(problem, fix)`` when the pair cannot be
+    modelled (then only ``item_id`` and the counts are meaningful)."""
+
+    item_id: str
+    shape: tuple[int, int]
+    backgrounds: tuple[BackgroundMesh, BackgroundMesh] | None = None
+    sigma: tuple[float, float] = (math.nan, math.nan)
+    flux_ratio: float = math.nan
+    flux_ratio_source: str = ""
+    psf: tuple[np.ndarray, np.ndarray] | None = None
+    psf_source: tuple[str, str] = ("", "")
+    stars: tuple[int, int] = (0, 0)
+    matched_stars: int = 0
+    kernels: ZogyKernels | None = None
+    fwhm_d: float = math.nan
+    peak_radius: int = 2
+    dipole_radius: float = math.nan
+    margin: int = 0
+    error: tuple[str, str] | None = field(default=None)
+
+    @property
+    def halo(self) -> int:
+        """Pixels a tile reads beyond its core: the detection margin plus the kernels'."""
+        return self.margin + self.kernels.half_width
+
+    def summary(self) -> dict:
+        """JSON-ready facts of the model for summary.json."""
+        return {"sigma_reference": round(self.sigma[0], 6),
+                "sigma_target": round(self.sigma[1], 6),
+                "flux_ratio": round(self.flux_ratio, 6),
+                "flux_ratio_source": self.flux_ratio_source,
+                "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
+                "matched_stars": self.matched_stars,
+                "kernel_half_width": self.kernels.half_width if self.kernels else None,
+                "fwhm_difference_psf": round(self.fwhm_d, 4), "f_d": (
+                    round(self.kernels.f_d, 8) if self.kernels else None)}
+
+
+def _concat_stars(parts: list[dict]) -> dict[str, np.ndarray]:
+    stars = [p["stars"] for p in parts if p["stars"] is not None]
+    keys = ("x", "y", "snr", "stamps")
+    if not stars:
+        return {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
+                "stamps": np.empty((0, 1, 1))}
+    return {key: np.concatenate([s[key] for s in stars]) for key in keys}
+
+
+def _mesh(shape: tuple[int, int], box: int, parts: list[dict]) -> BackgroundMesh:
+    nby, nbx = -(-shape[0] // box), -(-shape[1] // box)
+    back, rms = np.full((nby, nbx), np.nan), np.full((nby, nbx), np.nan)
+    for part in parts:
+        y0, _, x0, _ = part["block"]
+        by, bx = y0 // box, x0 // box
+        h, w = part["back"].shape
+        back[by: by + h, bx: bx + w] = part["back"]
+        rms[by: by + h, bx: bx + w] = part["rms"]
+    return BackgroundMesh.from_boxes(shape, box, back, rms)
+
+
+def needs_stars(pair: Pair) -> tuple[bool, bool]:
+    """Whether the survey must find stars in the reference and the target: for a PSF that
+    is not given, or for the flux ratio when it is not given."""
+    ratio = pair.flux_ratio is None
+    return (ratio or pair.reference_psf is None, ratio or pair.target_psf is None)
+
+
+def build_model(pair: Pair, reference: list[dict], target: list[dict],
+                options: Options) -> PairModel:
+    """The ``PairModel`` of ``pair`` from the survey blocks of its two images."""
+    where = f"item {pair.item_id!r}"
+    shape = pair.shape
+    meshes = (_mesh(shape, options.box, reference), _mesh(shape, options.box, target))
+    sigma = []
+    for name, mesh, parts in zip(IMAGES, meshes, (reference, target), strict=True):
+        given = [p["var"] for p in parts if p["var"] is not None and np.isfinite(p["var"])]
+        value = math.sqrt(float(np.median(given))) if given else mesh.sigma
+        if not (math.isfinite(value) and value > 0):
+            return PairModel(pair.item_id, shape, error=(
+                f"{where}: the {name} has no usable background (every box is masked or flat).",
+                "check the image and its mask."))
+        sigma.append(value)
+    stars = (_concat_stars(reference), _concat_stars(target))
+    psf, source = [], []
+    for name, given, found in zip(IMAGES, (pair.reference_psf, pair.target_psf), stars,
+                                  strict=True):
+        if given is not None:
+            psf.append(given)
+            source.append("given")
+            continue
+        count = found["x"].size
+        if count < psfs.MIN_PSF_STARS:
+            return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
+                             error=(f"{where}: only {count} isolated stars with S/N >= "
+                                    f"{options.star_snr:g} were found in the {name}, too few "
+                                    f"to measure its PSF (at least {psfs.MIN_PSF_STARS}).",
+                                    f'give "{name}_psf" (a FITS or .npy stamp) in the manifest'
+                                    f" (--{name}-psf), or lower --star-snr."))
+        psf.append(psfs.stack_psf(found))
+        source.append("measured")
+    matched = 0
+    if pair.flux_ratio is not None:
+        ratio, ratio_source = pair.flux_ratio, "given"
+    else:
+        i, j = psfs.match_stars(stars[0], stars[1])
+        matched = int(i.size)
+        if matched < MIN_RATIO_STARS:
+            return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
+                             error=(f"{where}: only {matched} stars with S/N >= "
+                                    f"{options.star_snr:g} were found in both images, too few "
+                                    f"to measure the flux ratio (at least {MIN_RATIO_STARS}).",
+                                    'give "flux_ratio" in the manifest (--flux-ratio), or '
+                                    "lower --star-snr."))
+        fr = psfs.star_flux({k: v[i] for k, v in stars[0].items()}, psf[0])
+        fn = psfs.star_flux({k: v[j] for k, v in stars[1].items()}, psf[1])
+        ratio, ratio_source = float(np.median(fn / fr)), "measured"
+    kernels = pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio)
+    fwhm_d = psfs.fwhm(kernels.psf_d)
+    peak_radius = min(max(2, math.ceil(0.5 * fwhm_d)), MAX_PEAK_RADIUS)
+    dipole_radius = min(DIPOLE_RADIUS_FWHM * fwhm_d, MAX_DIPOLE_RADIUS)
+    # the region must hold a core peak's partner and that partner's partner (2 radii), and a
+    # whole cutout around a dipole's midpoint (within a radius of its owner peak)
+    margin = max(math.ceil(2 * dipole_radius) + peak_radius,
+                 math.ceil(dipole_radius) + options.stamp // 2) + 1
+    return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
+                     (psf[0], psf[1]), (source[0], source[1]),
+                     (stars[0]["x"].size, stars[1]["x"].size), matched, kernels, fwhm_d,
+                     peak_radius, dipole_radius, margin)

@@ -1,0 +1,173 @@
+"""PSFs of the images of a pair: isolated stars found by sep, stacked into a stamp.
+
+``find_stars`` runs on one survey block (any block of an image, plus a halo of half a stamp):
+sep's background and detection, then the stars that are unblended, away from edges and bad
+pixels, alone within a stamp's width and bright (aperture S/N of at least ``min_snr``), each
+with its windowed centroid and a stamp around it. ``stack_psf`` re-centres the stamps of a
+whole image by cubic-spline shifts, normalises them to unit sum, takes their median and fits
+an elliptical Moffat to it (scipy's least squares), whose samples are the PSF.
+``star_flux`` is the PSF photometry of a star stamp (the fit family's PSF model shifts the
+PSF), used to measure the flux ratio of the two images.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import sep
+from scipy.ndimage import shift as spline_shift
+
+from outcore.fit.models import psf_evaluate
+
+#: Stars a PSF needs at least.
+MIN_PSF_STARS = 5
+#: Stars kept per survey block (the brightest that pass every cut).
+MAX_STARS_PER_BLOCK = 40
+
+
+def find_stars(data: np.ndarray, bad: np.ndarray, origin: tuple[int, int],
+               core: tuple[int, int, int, int], image_shape: tuple[int, int], size: int,
+               min_snr: float) -> dict[str, np.ndarray]:
+    """Isolated bright stars of one survey window, for PSF stacking and photometry.
+
+    ``data`` and ``bad`` (True = ignored) are the window, whose pixel ``[0, 0]`` is image
+    pixel ``origin`` (y, x); only stars whose centroid lies in ``core`` (y0, y1, x0, x1,
+    image pixels) are kept, so each star belongs to one block. Returns ``x``, ``y`` (image
+    pixels, windowed centroids), ``snr`` (aperture S/N) and ``stamps`` (n, size, size) of
+    the background-subtracted data around each star's nearest pixel.
+    """
+    empty = {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
+             "stamps": np.empty((0, size, size))}
+    data = np.ascontiguousarray(np.where(bad, 0.0, data), dtype=np.float64)
+    bad = np.ascontiguousarray(bad)
+    if bad.all():
+        return empty
+    sky = sep.Background(data, mask=bad, bw=64, bh=64, fw=3, fh=3)
+    sub = data - sky.back()
+    rms = sky.globalrms
+    try:
+        objects = sep.extract(sub, 5.0, err=rms, mask=bad, minarea=5)
+    except Exception:  # sep's pixel stack overflows on a crowded block: no stars there
+        return empty
+    if len(objects) == 0:
+        return empty
+    half = size // 2
+    x, y = objects["x"], objects["y"]
+    radius = np.maximum(2.0, 2.0 * np.sqrt(objects["a"] * objects["b"]))
+    flux, flux_err, _ = sep.sum_circle(sub, x, y, radius, err=rms, mask=bad)
+    snr = flux / np.maximum(flux_err, 1e-30)
+    half_light, _ = sep.flux_radius(sub, x, y, 6.0 * objects["a"], 0.5, normflux=flux,
+                                    mask=bad)
+    xw, yw, _ = sep.winpos(sub, x, y, np.maximum(half_light, 0.5) * 2 / 2.35, mask=bad)
+    gx, gy = xw + origin[1], yw + origin[0]
+    distance = np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :])
+    np.fill_diagonal(distance, np.inf)
+    keep = ((objects["flag"] == 0) & (snr >= min_snr) & (distance.min(axis=1) > size)
+            & np.isfinite(gx) & np.isfinite(gy)
+            & (gy >= core[0]) & (gy < core[1]) & (gx >= core[2]) & (gx < core[3])
+            & (gy - half >= 1) & (gy + half < image_shape[0] - 1)
+            & (gx - half >= 1) & (gx + half < image_shape[1] - 1))
+    stamps, chosen = [], []
+    for k in np.argsort(-snr):
+        if not keep[k] or len(chosen) == MAX_STARS_PER_BLOCK:
+            continue
+        cy, cx = int(round(yw[k])), int(round(xw[k]))
+        cut = np.s_[cy - half: cy + half + 1, cx - half: cx + half + 1]
+        if cy - half < 0 or cx - half < 0 or cy + half >= sub.shape[0] \
+                or cx + half >= sub.shape[1] or bad[cut].any():
+            continue
+        stamps.append(sub[cut])
+        chosen.append(k)
+    if not chosen:
+        return empty
+    chosen = np.array(chosen)
+    return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps)}
+
+
+def stack_psf(stars: dict[str, np.ndarray]) -> np.ndarray:
+    """The PSF of an image from its star stamps: the median of the stamps, each moved so that
+    its centroid falls on the middle pixel (cubic spline) and scaled to unit sum, then an
+    elliptical Moffat fitted to that median (``moffat_fit``) and sampled on the stamp.
+
+    The fit keeps the PSF free of the stack's pixel noise, whose random high frequencies
+    would otherwise spread the ZOGY kernels over the whole grid."""
+    offsets_x = stars["x"] - np.round(stars["x"])
+    offsets_y = stars["y"] - np.round(stars["y"])
+    moved = []
+    for stamp, dx, dy in zip(stars["stamps"], offsets_x, offsets_y, strict=True):
+        centred = spline_shift(stamp, (-dy, -dx), order=3, mode="nearest")
+        moved.append(centred / centred.sum())
+    stack = np.median(np.stack(moved), axis=0)
+    return moffat_stamp(moffat_fit(stack / stack.sum()), stack.shape[0])
+
+
+def _moffat(params: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """An elliptical Moffat ``amp (1 + q / alpha^2)^-beta`` at pixel offsets (y, x), where
+    ``q`` is the squared distance in the frame rotated by ``theta``, the minor axis scaled by
+    ``1 / axis_ratio``; ``params = (amp, x0, y0, alpha, axis_ratio, theta, beta)``."""
+    amp, x0, y0, alpha, ratio, theta, beta = params
+    c, s = math.cos(theta), math.sin(theta)
+    u = (x - x0) * c + (y - y0) * s
+    v = (-(x - x0) * s + (y - y0) * c) / ratio
+    return amp * (1 + (u * u + v * v) / alpha**2) ** -beta
+
+
+def moffat_fit(stack: np.ndarray) -> np.ndarray:
+    """The elliptical Moffat parameters (see ``_moffat``) that best fit a unit-sum stamp
+    (scipy's least squares, uniform weights)."""
+    from scipy.optimize import least_squares
+
+    c = stack.shape[0] // 2
+    y, x = np.indices(stack.shape, dtype=np.float64) - c
+    sigma = 1 / math.sqrt(4 * math.pi * float((stack**2).sum()))
+    start = np.array([stack.max(), 0.0, 0.0, 2.0 * sigma, 1.0, 0.0, 3.0])
+    lower = [0.0, -2.0, -2.0, 0.1, 0.3, -math.pi, 1.01]
+    upper = [np.inf, 2.0, 2.0, 10.0 * c, 1.0, math.pi, 30.0]
+    fit = least_squares(lambda p: (_moffat(p, y, x) - stack).ravel(), start,
+                        bounds=(lower, upper), x_scale="jac")
+    return fit.x
+
+
+def moffat_stamp(params: np.ndarray, size: int) -> np.ndarray:
+    """The fitted Moffat (re-centred on the middle pixel) sampled on a ``size^2`` stamp, unit
+    sum."""
+    c = size // 2
+    y, x = np.indices((size, size), dtype=np.float64) - c
+    centred = params.copy()
+    centred[1:3] = 0.0
+    stamp = _moffat(centred, y, x)
+    return stamp / stamp.sum()
+
+
+def star_flux(stars: dict[str, np.ndarray], psf: np.ndarray) -> np.ndarray:
+    """PSF photometry of each star stamp: the least-squares flux of ``psf`` shifted onto the
+    star's centroid (uniform weights; the stamps are background-subtracted)."""
+    n, size, _ = stars["stamps"].shape
+    if n == 0:
+        return np.empty(0)
+    params = np.zeros((n, 7))
+    params[:, 0] = stars["x"] - np.round(stars["x"])
+    params[:, 1] = stars["y"] - np.round(stars["y"])
+    params[:, 4] = 1.0
+    model = psf_evaluate(params, (size, size), psf)
+    return (model * stars["stamps"]).sum(axis=(1, 2)) / (model * model).sum(axis=(1, 2))
+
+
+def match_stars(a: dict[str, np.ndarray], b: dict[str, np.ndarray],
+                radius: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(i, j)`` of the stars of ``a`` and ``b`` that are each other's nearest,
+    within ``radius`` pixels."""
+    if a["x"].size == 0 or b["x"].size == 0:
+        return np.empty(0, int), np.empty(0, int)
+    d = np.hypot(a["x"][:, None] - b["x"][None, :], a["y"][:, None] - b["y"][None, :])
+    j = d.argmin(axis=1)
+    i = np.arange(a["x"].size)
+    mutual = (d.argmin(axis=0)[j] == i) & (d[i, j] <= radius)
+    return i[mutual], j[mutual]
+
+
+def fwhm(psf: np.ndarray) -> float:
+    """The FWHM (pixels) of the Gaussian with the same noise-equivalent area as ``psf``
+    (unit sum): ``sigma = 1 / sqrt(4 pi sum(psf^2))``."""
+    return 2 * math.sqrt(2 * math.log(2)) / math.sqrt(4 * math.pi * float((psf**2).sum()))

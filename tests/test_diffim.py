@@ -1,0 +1,292 @@
+"""Difference imaging against truths the code did not make: Gaussian noise statistics, the
+injected sources of simulated pairs, the algebra's symmetries, exclusions and tiling."""
+
+from __future__ import annotations
+
+import math
+
+import dask
+import numpy as np
+import pytest
+from scipy import stats
+
+from outcore.diffim import (
+    COLUMNS,
+    Options,
+    PsfShape,
+    catalog,
+    compute_models,
+    difference,
+    read_manifest,
+    simulate_pair,
+    tile_graph,
+    write_manifest,
+    write_pair,
+)
+from outcore.diffim.simulate import PairSimulator
+
+G3, G4 = PsfShape("gaussian", 3.0), PsfShape("gaussian", 4.0)
+OPTIONS = Options(tile=256)
+INJECTED = Options(tile=256, box=128)
+
+
+def _pairs(directory, sims: list[PairSimulator], ratio: bool = False, **write) -> list:
+    items = [write_pair(sim, directory, f"p{k}", **write) for k, sim in enumerate(sims)]
+    for item, sim in zip(items, sims, strict=True):
+        if ratio:
+            item["flux_ratio"] = sim.flux_ratio
+    pairs, _ = read_manifest(write_manifest(items, directory / "pairs.json"))
+    return pairs
+
+
+def _match(table, x, y, radius=1.5):
+    """Index of the nearest source of ``table`` within ``radius`` px of each (x, y), or -1."""
+    if len(table) == 0:
+        return np.full(len(x), -1)
+    d = np.hypot(table["x"].values[None, :] - x[:, None], table["y"].values[None, :] - y[:, None])
+    j = d.argmin(axis=1)
+    return np.where(d[np.arange(len(x)), j] <= radius, j, -1)
+
+
+def _scores_and_table(pairs, options):
+    """The models, the S_corr images and the candidate table, from one pass of tile tasks."""
+    models = compute_models(None, pairs, options)
+    tiles = tile_graph(pairs, models, options)
+    results = dask.compute(*[task for _, _, task in tiles])
+    scores = [np.full(p.shape, np.nan, dtype=np.float32) for p in pairs]
+    for (index, (y0, y1, x0, x1), _), result in zip(tiles, results, strict=True):
+        scores[index][y0:y1, x0:x1] = result.images["score"]
+    table = np.concatenate([r.table for r in results])
+    return models, scores, {name: table[:, j] for j, name in enumerate(COLUMNS)}
+
+
+@pytest.fixture(scope="module")
+def null_pairs(tmp_path_factory):
+    """Four null pairs: the same stars in both images, two noise draws, true PSFs given."""
+    sims = [simulate_pair((512, 512), seed=100 + k, stars=25, psf_reference=G3,
+                          psf_target=G4) for k in range(4)]
+    pairs = _pairs(tmp_path_factory.mktemp("null"), sims)
+    # a flat sky: boxes of 256 px keep the background's own estimation noise (about
+    # 0.02 in S_corr) below what the KS test resolves
+    options = Options(tile=256, threshold=4.0, box=256)
+    return (sims, pairs, options, *_scores_and_table(pairs, options))
+
+
+def test_null_pair_score_is_unit_normal(null_pairs):
+    _, _, _, _, scores, _ = null_pairs
+    # every 10th pixel: the score's correlation length is about 2 px, so these are nearly
+    # independent draws
+    values = np.concatenate([s[::10, ::10][np.isfinite(s[::10, ::10])] for s in scores])
+    assert values.size > 8000
+    assert stats.kstest(values, "norm").pvalue > 0.01
+    assert abs(values.mean()) < 0.05 and abs(values.std() - 1) < 0.03
+
+
+def _expected_peaks(sim: PairSimulator, area: float, u: float) -> float:
+    """Expected peaks above ``u`` of a unit-variance Gaussian field (both signs) over
+    ``area`` pixels, from the Euler characteristic of its excursion set:
+    ``area * lambda2 / (2 pi)^(3/2) * u * exp(-u^2 / 2)`` a sign, with ``lambda2`` the
+    variance of the field's x-derivative, computed from the continuous PSF transforms: the
+    score's power spectrum is ``|P_r|^2 |P_n|^2 / den``."""
+    k1 = (np.arange(801) + 0.5) / 801 - 0.5
+    kx, ky = np.meshgrid(k1, k1)
+    k = np.hypot(kx, ky)
+    pr2, pn2 = sim.psf[0].transform(k) ** 2, sim.psf[1].transform(k) ** 2
+    q = sim.flux_ratio
+    power = pr2 * pn2 / (sim.sigma[1] ** 2 * pr2 + sim.sigma[0] ** 2 * q**2 * pn2)
+    lambda2 = float(((2 * math.pi * kx) ** 2 * power).sum() / power.sum())
+    return 2 * area * lambda2 / (2 * math.pi) ** 1.5 * u * math.exp(-u * u / 2)
+
+
+def test_null_pair_peaks_follow_the_gaussian_tail(null_pairs):
+    sims, pairs, options, models, _, table = null_pairs
+    area = sum((p.shape[0] - 2 * m.kernels.half_width) * (p.shape[1] - 2 * m.kernels.half_width)
+               for p, m in zip(pairs, models, strict=True))
+    expected = _expected_peaks(sims[0], area, options.threshold)
+    found = table["snr"].size
+    assert abs(found - expected) < 3 * math.sqrt(expected) + 1, (found, expected)
+    above5 = int((np.abs(table["snr"]) >= 5).sum())
+    expected5 = _expected_peaks(sims[0], area, 5.0)
+    assert above5 <= stats.poisson.ppf(0.999, expected5), (above5, expected5)
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory):
+    """Six pairs with 30 faint transients (S/N 3 to 7) and 40 bright ones (S/N 8 to 30)
+    each, plus 4 moved stars; true PSFs given."""
+    rng = np.random.default_rng(7)
+    faint = np.repeat([3.0, 4.0, 5.0, 6.0, 7.0], 6)
+    sims = [simulate_pair((512, 512), seed=200 + k, stars=20, psf_reference=G3,
+                          psf_target=G4, transient_snr=np.concatenate(
+                              [faint, rng.uniform(8, 30, 40)]), moved=4, margin=45.0)
+            for k in range(6)]
+    pairs = _pairs(tmp_path_factory.mktemp("injected"), sims, ratio=True)
+    models, table = catalog(pairs, INJECTED)
+    return sims, models, table
+
+
+def _per_pair(sims, table, kind):
+    for k, sim in enumerate(sims):
+        yield sim, table[table["item_id"] == f"p{k}"].reset_index(drop=True), getattr(sim, kind)
+
+
+def test_completeness_follows_the_normal_tail(injected):
+    sims, _, table = injected
+    truth, found = [], []
+    for _, mine, tr in _per_pair(sims, table, "transients"):
+        j = _match(mine, tr["x"], tr["y"])
+        truth.append(tr["snr"])
+        found.append((j >= 0) & (mine["snr"].values[np.maximum(j, 0)] > 0)
+                     & ~mine["is_dipole"].values[np.maximum(j, 0)])
+    truth, found = np.concatenate(truth), np.concatenate(found)
+    for level in (3.0, 4.0, 5.0, 6.0, 7.0):
+        mine = truth == level
+        p = stats.norm.cdf(level - OPTIONS.threshold)
+        error = math.sqrt(max(p * (1 - p), 1 / mine.sum()) / mine.sum())
+        assert abs(found[mine].mean() - p) <= 3 * error + 0.02, (level, found[mine].mean(), p)
+    assert found[truth >= 8].all()
+
+
+def test_flux_pulls_have_unit_spread(injected):
+    sims, _, table = injected
+    pulls = []
+    for _sim, mine, tr in _per_pair(sims, table, "transients"):
+        bright = tr["snr"] >= 8
+        j = _match(mine, tr["x"][bright], tr["y"][bright])
+        assert (j >= 0).all()
+        rows = mine.iloc[j]
+        pulls.append((rows["flux"].values - tr["flux"][bright]) / rows["flux_err"].values)
+        assert (rows["flags"] == 0).all()
+    pulls = np.concatenate(pulls)
+    assert pulls.size == 240
+    assert 0.9 < pulls.std() < 1.1 and abs(pulls.mean()) < 0.25
+
+
+def test_moved_stars_are_dipoles_with_their_lobes(injected):
+    sims, models, table = injected
+    pos_pulls, flux_pulls = [], []
+    for _sim, mine, mv in _per_pair(sims, table, "moved"):
+        mid_x, mid_y = (mv["x"] + mv["x_new"]) / 2, (mv["y"] + mv["y_new"]) / 2
+        j = _match(mine, mid_x, mid_y, radius=2.0)
+        assert (j >= 0).all()
+        rows = mine.iloc[j]
+        assert rows["is_dipole"].all() and (rows["fit_status"] <= 2).all()
+        pos_pulls += [(rows["x_pos"].values - mv["x_new"]) / rows["x_pos_err"].values,
+                      (rows["y_neg"].values - mv["y"]) / rows["y_neg_err"].values]
+        flux_pulls += [(rows["flux_pos"].values - mv["flux"]) / rows["flux_pos_err"].values,
+                       (rows["flux_neg"].values + mv["flux"]) / rows["flux_neg_err"].values]
+    pos_pulls, flux_pulls = np.concatenate(pos_pulls), np.concatenate(flux_pulls)
+    assert np.abs(pos_pulls).max() < 4.5 and np.abs(flux_pulls).max() < 4.5
+    assert 0.6 < pos_pulls.std() < 1.5 and 0.6 < flux_pulls.std() < 1.5
+
+
+def test_false_positives_are_rare_in_injected_pairs(injected):
+    sims, _, table = injected
+    spurious = 0
+    for sim, mine, tr in _per_pair(sims, table, "transients"):
+        mv = sim.moved
+        known_x = np.concatenate([tr["x"], (mv["x"] + mv["x_new"]) / 2])
+        known_y = np.concatenate([tr["y"], (mv["y"] + mv["y_new"]) / 2])
+        d = np.hypot(mine["x"].values[:, None] - known_x[None], mine["y"].values[:, None]
+                     - known_y[None])
+        spurious += int((d.min(axis=1) > 3).sum())
+    assert spurious <= 3  # the Gaussian tail above 5 gives about 0.1 a pair
+
+
+@pytest.fixture(scope="module")
+def bright_pair(tmp_path_factory):
+    sim = simulate_pair((256, 256), seed=11, stars=30, psf_reference=G3, psf_target=G4,
+                        transient_snr=[12.0, 20.0], moved=1, margin=45.0)
+    return sim, tmp_path_factory.mktemp("bright")
+
+
+def test_swapping_the_images_negates_the_difference(bright_pair, tmp_path):
+    sim, directory = bright_pair
+    item = write_pair(sim, directory, "a")
+    swapped = {"item_id": "b", "reference": item["target"], "target": item["reference"],
+               "reference_psf": item["target_psf"], "target_psf": item["reference_psf"],
+               "flux_ratio": 1 / sim.flux_ratio}
+    item["flux_ratio"] = sim.flux_ratio
+    pairs, _ = read_manifest(write_manifest([item, swapped], directory / "swap.json"))
+    models = compute_models(None, pairs, OPTIONS)
+    one, two = (difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
+    scale = float(np.abs(one["difference"]).max())
+    np.testing.assert_allclose(two["difference"], -one["difference"], atol=1e-5 * scale)
+    np.testing.assert_allclose(two["score"], -one["score"], atol=1e-4)
+
+
+def test_scaling_one_image_leaves_the_score_unchanged(bright_pair):
+    sim, directory = bright_pair
+    scaled = PairSimulator(sim.shape, sim.seed, sim.psf, (sim.sky[0], 3.7 * sim.sky[1]),
+                           (sim.sigma[0], 3.7 * sim.sigma[1]), 3.7 * sim.flux_ratio, sim.noise,
+                           sim.stars, sim.transients, sim.moved)
+    # measured PSFs and flux ratio: everything the model estimates must follow the scale
+    pairs = _pairs(directory / "scaled", [sim, scaled], psf=False)
+    models = compute_models(None, pairs, OPTIONS)
+    assert models[0].flux_ratio == pytest.approx(sim.flux_ratio, rel=0.02)
+    assert models[1].flux_ratio == pytest.approx(3.7 * models[0].flux_ratio, rel=1e-4)
+    one, two = (difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
+    np.testing.assert_allclose(two["score"], one["score"], atol=2e-3)
+    np.testing.assert_allclose(two["difference"], one["difference"], atol=2e-3)
+
+
+def test_nothing_is_reported_near_edges_or_masked_pixels(tmp_path):
+    sims = [simulate_pair((256, 256), seed=40 + k, stars=8, psf_reference=G3, psf_target=G4,
+                          transient_snr=[25.0] * 6, margin=4.0, mask_boxes=3)
+            for k in range(4)]
+    pairs = _pairs(tmp_path, sims, ratio=True)
+    models, table = catalog(pairs, OPTIONS)
+    near = 0
+    for k, (sim, model) in enumerate(zip(sims, models, strict=True)):
+        half = model.kernels.half_width
+        mine = table[table["item_id"] == f"p{k}"]
+        bad = sim.mask_rows(0, 256)
+        ys, xs = np.nonzero(bad)
+        for _, row in mine.iterrows():
+            for px, py in ((row["x"], row["y"]), (row["x_pos"], row["y_pos"]),
+                           (row["x_neg"], row["y_neg"])):
+                if not np.isfinite(px):
+                    continue
+                cy, cx = round(py), round(px)
+                assert half <= cx < 256 - half and half <= cy < 256 - half
+                if ys.size:
+                    assert np.maximum(np.abs(ys - cy), np.abs(xs - cx)).min() > half
+        tr = sim.transients
+        inside = ((tr["x"] >= half + 3) & (tr["x"] < 256 - half - 3)
+                  & (tr["y"] >= half + 3) & (tr["y"] < 256 - half - 3))
+        for by, bx, h, w in sim.mask_boxes:
+            inside &= ~((tr["x"] > bx - half - 3) & (tr["x"] < bx + w + half + 3)
+                        & (tr["y"] > by - half - 3) & (tr["y"] < by + h + half + 3))
+        near += int((~inside).sum())
+        assert (_match(mine, tr["x"][inside], tr["y"][inside]) >= 0).all()
+    assert near > 0  # the test placed sources where they must be dropped
+
+
+@pytest.mark.parametrize("tile", [152])
+def test_the_catalog_does_not_depend_on_the_tile_size(injected, tile, tmp_path):
+    sims, _, _ = injected
+    pairs = _pairs(tmp_path, sims[:2])
+    _, whole = catalog(pairs, Options(tile=512))
+    _, tiled = catalog(pairs, Options(tile=tile))
+    keys = ["item_id", "source_id"]
+    whole = whole.sort_values(keys).reset_index(drop=True)
+    tiled = tiled.sort_values(keys).reset_index(drop=True)
+    assert len(whole) > 10
+    np.testing.assert_array_equal(whole["source_id"], tiled["source_id"])
+    numeric = [c for c in whole.columns if c != "item_id"]
+    np.testing.assert_allclose(tiled[numeric].to_numpy(float), whole[numeric].to_numpy(float),
+                               rtol=1e-6, atol=1e-8)
+
+
+def test_gaussian_dipole_model_finds_the_lobes(bright_pair):
+    sim, directory = bright_pair
+    pairs = _pairs(directory / "gauss", [sim], ratio=True)
+    _, table = catalog(pairs, Options(tile=256, fit_model="gaussian"))
+    mv = sim.moved
+    j = _match(table, (mv["x"] + mv["x_new"]) / 2, (mv["y"] + mv["y_new"]) / 2, radius=2.0)
+    assert (j >= 0).all()
+    row = table.iloc[j[0]]
+    assert row["is_dipole"] and row["fit_status"] <= 2
+    # Gaussian lobes are not the PSF, so only near the truth, not within its errors
+    assert abs(row["x_pos"] - mv["x_new"][0]) < 0.3 and abs(row["y_neg"] - mv["y"][0]) < 0.3
+    assert row["flux_pos"] == pytest.approx(mv["flux"][0], rel=0.15)

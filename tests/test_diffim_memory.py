@@ -1,0 +1,65 @@
+"""The diffim memory model against a measured peak, and ZOGY's cupy path against numpy."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from outcore.diffim import (
+    Options,
+    PsfShape,
+    compute_models,
+    read_manifest,
+    simulate_pair,
+    write_manifest,
+    write_pair,
+)
+from outcore.diffim.memory import halo_bound, tile_bytes
+from outcore.diffim.tile import process_tile
+from outcore.diffim.zogy import apply, pair_kernels
+
+
+@pytest.fixture(scope="module")
+def pair_and_model(tmp_path_factory):
+    sim = simulate_pair((512, 512), seed=9, stars=30, transient_snr=[10.0, 20.0], moved=1)
+    folder = tmp_path_factory.mktemp("mem")
+    pairs, _ = read_manifest(write_manifest([write_pair(sim, folder, "m")],
+                                            folder / "pairs.json"))
+    options = Options(tile=256)
+    return pairs[0], compute_models(None, pairs, options)[0], options
+
+
+def test_tile_memory_model_bounds_the_measured_peak(pair_and_model):
+    pair, model, options = pair_and_model
+    core = (128, 384, 128, 384)  # an inner tile: its window is whole
+    tracemalloc.start()
+    process_tile(pair, model, 0, core, options, 4)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    inputs, transient = tile_bytes(256, model.halo)
+    modelled = inputs + transient + 3 * 4 * 256**2
+    assert peak <= modelled, (peak, modelled)
+    assert peak > 0.5 * modelled, (peak, modelled)  # the model is not a loose bound
+
+
+def test_halo_bound_covers_the_pairs_halo(pair_and_model):
+    pair, model, options = pair_and_model
+    assert model.halo <= halo_bound([model.psf[0].shape[0], model.psf[1].shape[0]],
+                                    options.stamp)
+
+
+@pytest.mark.gpu
+def test_zogy_on_cupy_matches_numpy():
+    import cupy
+
+    rng = np.random.default_rng(1)
+    kernels = pair_kernels(PsfShape("gaussian", 3.0).stamp(), PsfShape("moffat", 4.0).stamp(),
+                           5.0, 8.0, 1.0, 1.3)
+    inputs = [rng.normal(0, s, (300, 280)) for s in (5.0, 8.0)]
+    inputs += [np.full((300, 280), s**2) for s in (5.0, 8.0)]
+    host = apply(*inputs, kernels)
+    device = apply(*[cupy.asarray(a) for a in inputs], kernels)
+    for name, values in host.items():
+        np.testing.assert_allclose(cupy.asnumpy(device[name]), values, atol=1e-9)
