@@ -16,6 +16,8 @@ SMALL = {
     "bench_fit.py": [],
     "bench_tomo.py": [],
     "bench_ptycho.py": ["--scan", "16", "--iterations", "3", "--quantem-ranks", "0"],
+    "bench_cli.py": ["--cases", "startup", "fit-dipoles", "tomo", "--fit-n", "2000",
+                     "--fit-inputs", "npz", "--tomo-n", "64", "--tomo-methods", "fbp"],
 }
 
 
