@@ -835,6 +835,62 @@ def case_startup(args: argparse.Namespace, work: Path) -> None:
              run=RUN, load_avg=load_avg())
 
 
+# --- the tables of docs/performance.md ----------------------------------------------------------
+
+
+def quality_text(bench: str, quality: dict | None) -> str:
+    if not quality:
+        return ""
+    if bench == "fit-dipoles":
+        return (f"median \\|dx\\| {quality['x_pos_abs_err_median_px']:.4f} px, "
+                f"{100 * quality['x_pos_lost_fraction']:.2f} % > 0.5 px, "
+                f"x pull spread {quality['x_pos_pull_spread']:.2f}")
+    if bench == "tomo":
+        return f"PSNR {quality['psnr_db']:.2f} dB"
+    if bench == "ptycho":
+        return f"object error {quality['object_error']:.4f}"
+    if bench == "demo":
+        return (f"tomo {quality.get('tomo_psnr_db')} dB, "
+                f"ptycho error {quality.get('ptycho_object_error')}")
+    return ""
+
+
+def case_text(record: dict) -> str:
+    case = {k: v for k, v in record["case"].items() if k != "path" and v is not None}
+    return ", ".join(f"{k} {v}" for k, v in case.items())
+
+
+def tables(path: Path) -> str:
+    """Markdown tables of a results file: every line, then outcore's breakdowns."""
+    records = [json.loads(row) for row in path.read_text().splitlines() if row.startswith("{")]
+    rows = ["| bench | case | tool | median s [min-max] | CPU s | peak RSS | quality | "
+            "outcore speedup |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r.get("value") is None:
+            rows.append(f"| {r['bench']} | {case_text(r)} | {r['tool']} | not run: "
+                        f"{r.get('note', '')[:120]} | | | | |")
+            continue
+        rss = r.get("peak_rss_bytes")
+        rows.append(
+            f"| {r['bench']} | {case_text(r)} | {r['tool']} | {r['median_s']:.1f} "
+            f"[{r['min_s']:.1f}-{r['max_s']:.1f}] | {r.get('cpu_s', '')} | "
+            f"{'' if rss is None else f'{rss / 2**20:.0f} MiB'} | "
+            f"{quality_text(r['bench'], r.get('quality'))} | {r.get('outcore_speedup', '')} |")
+    rows += ["", "| bench | case | wall s | until `cluster:` line | timings_s | outside "
+             "`total` |", "|---|---|---|---|---|---|"]
+    for r in records:
+        split = r.get("breakdown_s")
+        if r.get("value") is None or not split:
+            continue
+        inner = ", ".join(f"{k} {v}" for k, v in split.items()
+                          if k not in ("until_cluster_line", "outside_total",
+                                       "stdout_carriage_returns"))
+        rows.append(f"| {r['bench']} | {case_text(r)} | {r['median_s']:.1f} | "
+                    f"{split.get('until_cluster_line', '')} | {inner} | "
+                    f"{split.get('outside_total', '')} |")
+    return "\n".join(rows)
+
+
 # --- main ----------------------------------------------------------------------------------------
 
 
@@ -873,7 +929,12 @@ def main() -> None:
                         default=["epie"])
     parser.add_argument("--cluster-workers", type=int, default=2,
                         help="workers of the cluster start-up timing")
+    parser.add_argument("--table", type=Path, default=None, metavar="RESULTS.jsonl",
+                        help="print the markdown tables of a results file and exit")
     args = parser.parse_args()
+    if args.table is not None:
+        print(tables(args.table))
+        return
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
     temporary = args.work is None
