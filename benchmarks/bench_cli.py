@@ -53,7 +53,9 @@ children, from ``getrusage(RUSAGE_CHILDREN)``) and ``cpu_utilisation`` (CPU over
 ``peak_rss_bytes`` the largest summed resident memory of the process tree (polled every 50 ms,
 shared pages counted in each process) and ``peak_process_rss_bytes`` its largest single
 process; ``max_threads`` the most threads its processes had at once; ``quality``; on a peer's
-line ``outcore_speedup`` (its median over outcore's: above 1, outcore is faster) and
+line ``outcore_speedup`` (its median over outcore's: above 1, outcore is faster),
+``outcore_cpu_speedup`` (the same of CPU seconds, which a machine shared with other work does
+not skew: there a tool of more processes gets a larger share of the cores) and
 ``speedup_by_outcore_case`` where several outcore variants ran; on outcore's lines
 ``breakdown_s``: the medians of ``summary.json``'s ``timings_s``, the time until the
 ``cluster:`` line was printed (imports, checks, cluster start), and the wall time outside
@@ -241,6 +243,7 @@ class Contender:
     env: dict[str, str] = field(default_factory=dict)
     note: str | None = None  # set: the contender cannot run, and why
     runs: list[Measured] = field(default_factory=list)
+    timings: list[dict] = field(default_factory=list)  # summary.json timings_s of each run
     judged: dict | None = None
     failure: str | None = None
 
@@ -266,6 +269,9 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
                                      f"exit {found.returncode}: {found.stderr_tail}")
                 continue
             contender.runs.append(found)
+            summary = folder / "out" / "summary.json"
+            if contender.tool == "outcore" and summary.exists():
+                contender.timings.append(json.loads(summary.read_text()).get("timings_s", {}))
             if contender.judged is None:
                 try:
                     contender.judged = contender.judge(folder, found)
@@ -279,6 +285,7 @@ def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None)
     """The lines of one case: outcore's first, then each peer with its ratio to them."""
     outcore = [c for c in contenders if c.tool == "outcore" and c.runs and not c.failure]
     reference = {c.label: statistics.median(r.wall_s for r in c.runs) for c in outcore}
+    reference_cpu = {c.label: statistics.median(r.cpu_s for r in c.runs) for c in outcore}
     for contender in sorted(contenders, key=lambda c: c.tool != "outcore"):
         case = {**contender.case, "path": "cli"}
         if contender.note or contender.failure or not contender.runs:
@@ -290,14 +297,18 @@ def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None)
         median = statistics.median(walls)
         judged = dict(contender.judged or {})
         extra: dict[str, Any] = {}
+        cpu = statistics.median(r.cpu_s for r in contender.runs)
         if contender.tool != "outcore" and reference:
             ratios = {label: round(median / ref, 4) for label, ref in reference.items()}
             extra["outcore_speedup"] = next(iter(ratios.values()))
+            # CPU seconds over outcore's: the ratio a machine shared by others does not skew
+            # (there a tool of more processes gets a larger share of the cores)
+            extra["outcore_cpu_speedup"] = round(cpu / next(iter(reference_cpu.values())), 4)
             if len(ratios) > 1:
                 extra["speedup_by_outcore_case"] = ratios
+        judged.pop("timings", None)
         if contender.tool == "outcore":
-            extra["breakdown_s"] = breakdown(contender.runs, judged.pop("timings", []))
-        cpu = statistics.median(r.cpu_s for r in contender.runs)
+            extra["breakdown_s"] = breakdown(contender.runs, contender.timings)
         line(bench, contender.tool, case, "wall_s", median, walls, path="cli",
              walls_s=[round(w, 3) for w in walls], cpu_s=round(cpu, 3),
              cpu_utilisation=round(cpu / median, 3),
@@ -320,9 +331,9 @@ def breakdown(runs: list[Measured], timings: list[dict]) -> dict:
     if cluster:
         out["until_cluster_line"] = round(statistics.median(cluster), 3)
     totals = [t.get("total") for t in timings]
-    if totals and all(isinstance(v, int | float) for v in totals):
+    if len(totals) == len(runs) and all(isinstance(v, int | float) for v in totals):
         out["outside_total"] = round(statistics.median(
-            r.wall_s - v for r, v in zip(runs, totals, strict=False)), 3)
+            r.wall_s - v for r, v in zip(runs, totals, strict=True)), 3)
     frames = [r.carriage_returns for r in runs]
     out["stdout_carriage_returns"] = max(frames)
     return out
@@ -433,8 +444,7 @@ def fit_size(args: argparse.Namespace, work: Path, n: int) -> None:
                               cols["flux_pos_err"], converged, truth["x_pos"][at],
                               truth["flux_pos"][at])
         metrics = summary.get("metrics", {})
-        return {"quality": quality, "timings": [summary.get("timings_s", {})],
-                "status_counts": metrics.get("status_counts"),
+        return {"quality": quality, "status_counts": metrics.get("status_counts"),
                 "peak_worker_bytes": peak_worker(metrics)}
 
     if "cutouts" in args.fit_inputs and not (folder / "cutouts.zarr").exists():
@@ -577,7 +587,6 @@ def tomo_method(args: argparse.Namespace, work: Path, folder: Path, n: int, meth
         volume = zarr.open_group(run / "out" / "volume.zarr", mode="r")["volume"][:]
         metrics = summary.get("metrics", {})
         return {"quality": {"psnr_db": psnr_db(volume, truth)},
-                "timings": [summary.get("timings_s", {})],
                 "gups": metrics.get("gups"), "solve_s": metrics.get("seconds"),
                 "peak_worker_bytes": peak_worker(metrics)}
 
@@ -689,7 +698,6 @@ def case_ptycho(args: argparse.Namespace, work: Path) -> None:
         obj = zarr.open_group(run / "out" / "reconstruction.zarr", mode="r")["object"][:]
         metrics = summary.get("metrics", {})
         return {"quality": {"object_error": error_of(obj)},
-                "timings": [summary.get("timings_s", {})],
                 "seconds_per_iteration": metrics.get("seconds_per_iteration"),
                 "final_loss": metrics.get("final_loss"),
                 "peak_worker_bytes": peak_worker(metrics)}
@@ -747,8 +755,7 @@ def case_demo(args: argparse.Namespace, work: Path) -> None:
                    "tomo_psnr_db": (metrics.get("tomo_fbp") or {}).get("psnr_db"),
                    "ptycho_object_error": (metrics.get("ptycho_reconstruct") or {})
                    .get("object_error")}
-        return {"quality": quality, "timings": [summary.get("timings_s", {})],
-                "peak_worker_bytes": peak_worker(metrics)}
+        return {"quality": quality, "peak_worker_bytes": peak_worker(metrics)}
 
     contenders = [Contender("outcore", "outcore", {"command": "demo"},
                             lambda run: [*outcore_command(), "demo", "--output-dir", str(run),
@@ -864,18 +871,25 @@ def tables(path: Path) -> str:
     """Markdown tables of a results file: every line, then outcore's breakdowns."""
     records = [json.loads(row) for row in path.read_text().splitlines() if row.startswith("{")]
     rows = ["| bench | case | tool | median s [min-max] | CPU s | peak RSS | quality | "
-            "outcore speedup |", "|---|---|---|---|---|---|---|---|"]
+            "outcore speedup: wall, CPU |", "|---|---|---|---|---|---|---|---|"]
+    reference, previous = None, None  # the first outcore line of the current case
     for r in records:
+        if r["tool"] == "outcore" and previous != "outcore":
+            reference = r
+        previous = r["tool"]
         if r.get("value") is None:
             rows.append(f"| {r['bench']} | {case_text(r)} | {r['tool']} | not run: "
                         f"{r.get('note', '')[:120]} | | | | |")
             continue
         rss = r.get("peak_rss_bytes")
+        ratios = ""
+        if "outcore_speedup" in r and reference and reference.get("cpu_s"):
+            ratios = f"{r['outcore_speedup']:.2f}, {r['cpu_s'] / reference['cpu_s']:.2f}"
         rows.append(
             f"| {r['bench']} | {case_text(r)} | {r['tool']} | {r['median_s']:.1f} "
             f"[{r['min_s']:.1f}-{r['max_s']:.1f}] | {r.get('cpu_s', '')} | "
             f"{'' if rss is None else f'{rss / 2**20:.0f} MiB'} | "
-            f"{quality_text(r['bench'], r.get('quality'))} | {r.get('outcore_speedup', '')} |")
+            f"{quality_text(r['bench'], r.get('quality'))} | {ratios} |")
     rows += ["", "| bench | case | wall s | until `cluster:` line | timings_s | outside "
              "`total` |", "|---|---|---|---|---|---|"]
     for r in records:
