@@ -98,3 +98,13 @@ def line(bench: str, tool: str, case: dict, metric: str, value: float, walls: li
     }
     print(json.dumps(record), flush=True)
     return record
+
+
+def skipped(bench: str, tool: str, case: dict, metric: str, note: str,
+            **extra: Any) -> dict[str, Any]:
+    """Print and return the line of a tool that could not run: ``value`` null and why."""
+    record = {"bench": bench, "tool": tool, "case": case, "metric": metric, "value": None,
+              "note": note, **extra, "machine": machine(),
+              "versions": {"outcore": outcore.__version__, **versions()}}
+    print(json.dumps(record), flush=True)
+    return record

@@ -143,8 +143,10 @@ def build(data: dict, seed: int, obj: np.ndarray | None = None, probe: np.ndarra
                       force_com_rotation=0.0, force_com_transpose=False, plot_rotation=False,
                       plot_com=False)
     shape = tuple(int(s) for s in ptycho.obj_shape_full[-2:])
-    if shape != tuple(data["truth"].shape):
-        raise SystemExit(f"quantEM's object is {shape}, outcore's {data['truth'].shape}: "
+    expected = tuple(int(s) for s in data["object_shape"]) if "object_shape" in data \
+        else tuple(data["truth"].shape)
+    if shape != expected:
+        raise SystemExit(f"quantEM's object is {shape}, outcore's {expected}: "
                          "the mapping of the scan is off")
     ptycho.__class__ = Timed
     if obj is not None:
