@@ -27,6 +27,7 @@ from outcore.errors import OutcoreError, translate
 from outcore.families import FAMILIES
 from outcore.plan import Resources
 from outcore.verbs import (
+    Parser,
     Verb,
     add_common_options,
     cluster_options,
@@ -42,13 +43,6 @@ CORE_COMMANDS = {
     "tune": "time a command over chunk sizes and worker counts",
     "runs": "list run directories with their status (marks interrupted runs as such)",
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one line with a fix, like outcore's."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}. Fix: see {self.prog} --help.\n")
 
 
 def _info(args: argparse.Namespace) -> int:

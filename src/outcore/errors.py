@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import traceback
+import uuid
 from collections.abc import Iterator, Sequence
 from os import PathLike
 from pathlib import Path
@@ -141,3 +142,11 @@ def refuse_existing(path: str | PathLike[str]) -> Path:
             "choose another --name, --output-dir or output path, or move the old one away.",
         )
     return path
+
+
+def partial_path(path: str | PathLike[str], token: str | None = None) -> Path:
+    """Where ``path`` is written until it is complete: ``<name>.partial-<token>`` beside it
+    (a new 12-hex token by default), renamed to ``path`` when done, so that nothing half
+    written stands under the name of a finished output."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.partial-{token or uuid.uuid4().hex[:12]}")

@@ -39,8 +39,13 @@ from typing import Any
 import yaml
 
 from outcore.checks import existing_path
-from outcore.errors import InputNotFoundError, OutcoreError, RunExistsError, refuse_existing
-from outcore.io.store import partial_path
+from outcore.errors import (
+    InputNotFoundError,
+    OutcoreError,
+    RunExistsError,
+    partial_path,
+    refuse_existing,
+)
 
 SCHEMA_VERSION = 2
 SUMMARY = "summary.json"
@@ -253,7 +258,7 @@ class Run:
         ``verify(path)`` raises if the output on disk is bad; ``finish`` calls it on the
         partial path.
         """
-        final = refuse_existing(self.path / name)
+        final = refuse_existing((self.path / name).absolute())
         output = _Output(final, partial_path(final, self.token), verify)
         self._outputs.append(output)
         self.record["outputs"].append(output.pending())

@@ -30,13 +30,13 @@ import xarray as xr
 from dask.utils import format_bytes
 
 from outcore import backend, cluster, runner
-from outcore.cli import Parser
 from outcore.errors import OutcoreError, PlanError, refuse_existing
 from outcore.plan import Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, check_png
 from outcore.verbs import (
     Job,
+    Parser,
     RunSettings,
     Tunable,
     Verb,

@@ -18,7 +18,6 @@ import functools
 import math
 import shutil
 import time
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
@@ -37,7 +36,7 @@ from dask.system import CPU_COUNT
 from zarr.codecs import BloscCodec
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError, reading, refuse_existing, unreadable
+from outcore.errors import LayoutError, partial_path, reading, refuse_existing, unreadable
 from outcore.io.layouts import LAYOUT_ATTR, finite_variables, validate
 
 #: Target size of one block (one dask chunk, one zarr chunk) when none is given, bytes.
@@ -169,13 +168,6 @@ def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return path
-
-
-def partial_path(path: str | PathLike[str], token: str | None = None) -> Path:
-    """Where ``path`` is written until it is complete: ``<name>.partial-<token>`` beside it
-    (a new 12-hex token by default), renamed to ``path`` when done."""
-    path = Path(path)
-    return path.with_name(f"{path.name}.partial-{token or uuid.uuid4().hex[:12]}")
 
 
 def _run(write: Delayed) -> None:
