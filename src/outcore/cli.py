@@ -238,10 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
         print_summary(summary)
         return 0
-    except Exception as err:
+    except (Exception, KeyboardInterrupt) as err:
         if args.debug:
             raise
         name = args.verb.name if isinstance(getattr(args, "verb", None), Verb) else args.command
+        if isinstance(err, KeyboardInterrupt):
+            print(f"outcore {name}: interrupted (Ctrl-C); a run that had started is recorded"
+                  " as failed.", file=sys.stderr)
+            return 130
         print(error_line(name, err), file=sys.stderr)
         return 1
 

@@ -89,11 +89,17 @@ def translate(error: BaseException, inputs: Sequence[str | PathLike[str]] = ()
               ) -> OutcoreError | None:
     """The user error that ``error`` stands for, or None when it is not one (a bug): an
     ``OutcoreError`` itself; an ``OSError`` of a failed write (ENOSPC, EDQUOT, EFBIG, EROFS,
-    EACCES) as ``OutputWriteError`` naming the file; a chunk that a zarr codec failed to
-    decode, read outside ``outcore.open`` (which names the chunk itself), as the
-    ``InputDamagedError`` of the job's ``inputs``."""
+    EACCES) as ``OutputWriteError`` naming the file; dask's ``KilledWorker`` (a task whose
+    workers all died, mostly for memory); a chunk that a zarr codec failed to decode, read
+    outside ``outcore.open`` (which names the chunk itself), as the ``InputDamagedError`` of
+    the job's ``inputs``."""
     if isinstance(error, OutcoreError):
         return error
+    if type(error).__name__ == "KilledWorker":  # distributed's, known by name: no import here
+        return OutcoreError(f"Every worker that ran a task died ({error}); usually the task"
+                            " needs more memory than a worker has.", "use a smaller chunk size"
+                            " or a higher --memory-limit, and compare the summary's"
+                            " peak_worker_rss_bytes with the plan.")
     if isinstance(error, OSError) and error.errno in _WRITE_ERRNOS:
         problem, fix = _WRITE_ERRNOS[error.errno]
         where = f"{error.filename!r}: " if error.filename else ""
