@@ -112,7 +112,10 @@ def inputs(tmp_path_factory) -> Path:
 
     sim = simulate_stack((4, 4), detector=16, step=4, seed=0)
     stack, _ = sim.save(d / "stack.zarr")
-    save_preprocessed(preprocess(outcore.open(stack), source=str(stack)), d / "pre.zarr")
+    pre = preprocess(outcore.open(stack), source=str(stack))
+    save_preprocessed(pre, d / "pre.zarr")
+    save_preprocessed(pre, d / "pre-zstd.zarr", compression="zstd")
+    _corrupt_chunk(d / "pre-zstd.zarr", "amplitudes")  # read by the engine, not outcore.open
     (_copy(d / "pre.zarr", d / "pre-badmeta.zarr") / "zarr.json").write_text("")
     _corrupt_chunk(_copy(d / "stack.zarr", d / "stack-badchunk.zarr"), "data")
     np.save(d / "probe3x3.npy", np.ones((3, 3), np.complex64))
@@ -128,8 +131,9 @@ def digest(inputs) -> str:
 
 @dataclass(frozen=True)
 class Case:
-    """``argv(inputs)`` must fail with a line holding ``says``; ``computes``: it may start a
-    cluster (the failure is met in the compute), so a failed run may be left."""
+    """``argv(inputs)`` must fail with a line holding ``says`` (``{d}``: the inputs folder);
+    ``computes``: the failure is met in the compute, so a failed run is left, with that
+    reason."""
 
     id: str
     argv: Callable[[Path], list[str]]
@@ -140,6 +144,10 @@ class Case:
 def _c(id_: str, says: str, *words: str, computes: bool = False) -> Case:
     """A case whose words name inputs as ``{d}/...``."""
     return Case(id_, lambda d: [w.replace("{d}", str(d)) for w in words], says, computes)
+
+
+def _says(case: Case, inputs: Path) -> str:
+    return case.says.replace("{d}", str(inputs))
 
 
 FIT = ("fit-dipoles", "--input")
@@ -269,6 +277,9 @@ CASES = [
        "--input", "{d}/stack.zarr"),
     _c("ptycho-reconstruct-bad-metadata", "metadata of the store", "ptycho", "reconstruct",
        "--input", "{d}/pre-badmeta.zarr"),
+    _c("ptycho-reconstruct-corrupted-chunk", "A chunk of '{d}/pre-zstd.zarr' cannot be read",
+       "ptycho", "reconstruct", "--input", "{d}/pre-zstd.zarr", "--iterations", "2", *THREADS,
+       computes=True),
     _c("ptycho-reconstruct-zero-iterations", "--iterations 0", *PTY, "--iterations", "0"),
     _c("ptycho-reconstruct-batch-too-big", "--batch-size", *PTY, "--batch-size", "100000"),
     _c("ptycho-reconstruct-bad-residency", "--residency", *PTY, "--residency", "gpu"),
@@ -308,7 +319,7 @@ def test_bad_input_fails_in_one_line_and_changes_nothing(case, inputs, digest, t
     assert code != 0
     assert len(lines) == 1, stderr
     assert lines[0].startswith("outcore ") and "Fix:" in lines[0], lines[0]
-    assert case.says in lines[0], lines[0]
+    assert _says(case, inputs) in lines[0], lines[0]
     assert "Traceback" not in stdout + stderr and "internal error" not in lines[0]
     assert sha256_path(inputs) == digest, "the inputs changed"
     assert not (inputs / "new.zarr").exists() and not (inputs / "o.zarr").exists()
@@ -316,6 +327,8 @@ def test_bad_input_fails_in_one_line_and_changes_nothing(case, inputs, digest, t
     if not case.computes:
         assert not out.exists(), "a run directory was made before the input was refused"
     assert all(s["status"] == "failed" for s in summaries), summaries
+    if case.computes:  # the run records the same reason
+        assert summaries and _says(case, inputs) in summaries[0]["reason"], summaries
     assert not [p for p in inputs.iterdir() if ".partial-" in p.name]
 
 

@@ -47,6 +47,13 @@ def test_run_records_inputs_outputs_and_success_last(tmp_path):
     assert summary["versions"]["dask"]
 
 
+@pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "", "a/b", ".", ".."])
+def test_a_run_name_must_be_one_plain_path_component(tmp_path, name):
+    with pytest.raises(OutcoreError, match="is not a plain name"):
+        Run.create(tmp_path / "runs", name, "demo", {})
+    assert not (tmp_path / "runs").exists() and list(tmp_path.iterdir()) == []
+
+
 def test_existing_run_directory_is_refused_and_untouched(tmp_path):
     (tmp_path / "r1").mkdir()
     (tmp_path / "r1" / "keep.txt").write_text("mine")

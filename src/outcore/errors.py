@@ -109,8 +109,8 @@ def translate(error: BaseException, inputs: Sequence[str | PathLike[str]] = ()
     if not isinstance(error, MemoryError) and any(
             decoder in frame.filename for frame in frames for decoder in _DECODERS):
         stores = ", ".join(repr(str(path)) for path in inputs) or "an input store"
-        return unreadable(f"a chunk of {stores}", error, "the store is damaged: restore it from"
-                          " a good copy, or write it again from its source.")
+        return unreadable(f"a chunk of {stores}", error, "restore the store from a good copy,"
+                          " or write it again from its source.")
     return None
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from outcore.checks import existing_path
+from outcore.checks import existing_path, path_component
 from outcore.errors import (
     InputNotFoundError,
     OutcoreError,
@@ -217,8 +217,10 @@ class Run:
     def create(
         cls, output_dir: str | Path, name: str | None, command: str, config: dict[str, Any]
     ) -> Run:
-        """Make ``output_dir/name`` (default name: command and UTC time); refuse one that exists."""
-        name = name or f"{command}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
+        """Make ``output_dir/name`` (default name: command and UTC time); refuse one that
+        exists, and a name that is not one plain path component."""
+        name = path_component(name, "name") if name is not None else \
+            f"{command}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
         path = refuse_existing(Path(output_dir) / name)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -109,9 +109,9 @@ def read_block(array: object, key: tuple, asarray: bool = True, lock: object = N
 
 
 def _chunk_of(array: object, key: tuple) -> str:
-    """Words naming the zarr chunk(s) that the block ``key`` of ``array`` (xarray's lazy
-    wrapper of a zarr array) covers: ``chunk (1, 0, 0) of variable 'volume' (file
-    volume/c/1/0/0)``; less when the wrapper does not show its zarr array."""
+    """Words naming the (first) zarr chunk that the block ``key`` of ``array`` (xarray's
+    lazy wrapper of a zarr array) covers: ``chunk (1, 0, 0) of variable 'volume' (file
+    volume/c/1/0/0)``; only the block's start when the wrapper does not show its zarr array."""
     inner = array
     for _ in range(8):  # xarray's adapters, down to its ZarrArrayWrapper
         if hasattr(inner, "_array"):
