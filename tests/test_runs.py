@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -193,3 +195,27 @@ def test_the_renames_of_a_success_cut_short_are_finished(tmp_path):
     assert done["status"] == "success" and "committing" not in done
     assert (run.path / "b.txt").read_text() == "b" and not second.exists()
     assert [p.name for p in run_directories(tmp_path)] == ["r"]
+
+
+def test_a_full_disk_still_records_the_failure_in_place(tmp_path, monkeypatch):
+    """When the summary cannot go through its temporary file (no space left), it is
+    rewritten in place, compact, if it fits in the bytes the file holds; else the old one
+    stays whole and the error propagates."""
+    run = Run.create(tmp_path, "r", "demo", {"padding": "x" * 2000})
+    real_write = Path.write_text
+
+    def no_room(self: Path, text: str) -> int:
+        if self.suffix == ".tmp":
+            real_write(self, text[:10])  # a partial temporary file, to be removed
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, text)
+
+    monkeypatch.setattr(Path, "write_text", no_room)
+    run.fail(RuntimeError("boom"))
+    summary = load_summary(run.path)
+    assert summary["status"] == "failed" and "boom" in summary["reason"]
+    assert not (run.path / "summary.json.tmp").exists()
+    run.record["metrics"] = {"long": "y" * 10_000}
+    with pytest.raises(OSError, match="No space left"):
+        run.fail(RuntimeError("again"))
+    assert load_summary(run.path)["reason"] == "RuntimeError: boom"

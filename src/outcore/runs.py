@@ -109,8 +109,11 @@ def _write_json_atomic(path: Path, record: dict) -> None:
         shorter = {k: v for k, v in record.items() if k != "traceback"}
         texts = [json.dumps(r, separators=(",", ":"), default=str).encode()
                  for r in (record, shorter)]
+        fitting = [t for t in texts if len(t) <= room]
+        if not fitting:  # a longer record could be cut off half written: keep the old one
+            raise
         with open(path, "r+b") as fh:
-            fh.write(next((t for t in texts if len(t) <= room), texts[-1]))
+            fh.write(fitting[0])
             fh.truncate()
 
 
