@@ -31,7 +31,9 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     assert all(w["memory_limit_bytes"] == 640 * 2**20 for w in summary["cluster"]["workers"])
     assert summary["plan"]["fits"] and summary["rounds"]["measure"] == 2
     names = {o["name"] for o in summary["outputs"]}
-    assert names == {"stack.zarr", "statistics.zarr"}
+    assert names == {"stack.zarr", "statistics.zarr", "ptycho-stack.zarr",
+                     "ptycho-stack.truth.zarr", "ptycho-preprocessed.zarr"}
+    assert not [p.name for p in run.iterdir() if ".partial-" in p.name]
     assert all(len(o["sha256"]) == 64 and o["bytes"] > 0 for o in summary["outputs"])
     assert (run / "dask-report.html").stat().st_size > 0
     assert "cluster" in (run / "effective-config.yaml").read_text()

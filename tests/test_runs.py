@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from outcore.errors import OutcoreError, RunExistsError
-from outcore.runs import Run, load_summary, resumed_run, sha256_path
+from outcore.runs import (
+    Run,
+    check_run,
+    load_summary,
+    process_alive,
+    process_record,
+    resumed_run,
+    run_directories,
+    sha256_path,
+)
 
 
 def test_run_records_inputs_outputs_and_success_last(tmp_path):
@@ -26,12 +41,19 @@ def test_run_records_inputs_outputs_and_success_last(tmp_path):
     run.metric(answer=42)
     run.finish()
     summary = json.loads((run.path / "summary.json").read_text())
-    assert summary["status"] == "success" and summary["schema_version"] == 1
+    assert summary["status"] == "success" and summary["schema_version"] == 2
     assert summary["inputs"][0]["sha256"] == hashlib.sha256(b"x" * 1000).hexdigest()
     assert summary["inputs"][0]["bytes"] == 1000
     assert summary["outputs"][0]["sha256"] == hashlib.sha256(b"hello").hexdigest()
     assert summary["metrics"]["answer"] == 42 and "stage" in summary["timings_s"]
     assert summary["versions"]["dask"]
+
+
+@pytest.mark.parametrize("name", ["../escape", "/tmp/abs", "", "a/b", ".", ".."])
+def test_a_run_name_must_be_one_plain_path_component(tmp_path, name):
+    with pytest.raises(OutcoreError, match="is not a plain name"):
+        Run.create(tmp_path / "runs", name, "demo", {})
+    assert not (tmp_path / "runs").exists() and list(tmp_path.iterdir()) == []
 
 
 def test_existing_run_directory_is_refused_and_untouched(tmp_path):
@@ -91,3 +113,109 @@ def test_resumed_run_is_checked_before_use(tmp_path):
         resumed_run(tmp_path / "empty", "tomo reconstruct")
     with pytest.raises(OutcoreError, match="does not exist"):
         resumed_run(tmp_path / "missing", "tomo reconstruct")
+
+
+def _dead_process() -> dict:
+    """The process record of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    record = process_record(child.pid)
+    child.wait()
+    return record
+
+
+def test_outputs_stay_partial_until_the_success_is_recorded(tmp_path):
+    run = Run.create(tmp_path, "r", "demo", {})
+    out = run.add_output("result.txt", verify=lambda p: None)
+    assert out.parent == run.path and out.name == f"result.txt.partial-{run.token}"
+    out.write_text("hello")
+    listed = load_summary(run.path)["outputs"]
+    assert listed == [{"name": "result.txt", "path": str(out),
+                       "final_path": str(run.path / "result.txt"), "partial": True}]
+    assert not (run.path / "result.txt").exists()
+    run.finish()
+    assert (run.path / "result.txt").read_text() == "hello" and not out.exists()
+    summary = load_summary(run.path)
+    assert summary["status"] == "success" and "committing" not in summary
+    assert summary["outputs"][0]["path"] == str(run.path / "result.txt")
+
+
+def test_a_failed_run_keeps_its_outputs_under_their_partial_names(tmp_path):
+    run = Run.create(tmp_path, "r", "demo", {})
+    written = run.add_output("a.zarr")
+    written.mkdir()
+    run.add_output("never.zarr")
+    run.fail(RuntimeError("boom"))
+    summary = load_summary(run.path)
+    assert summary["status"] == "failed"
+    assert [o["path"] for o in summary["outputs"]] == [str(written)]
+    assert written.is_dir() and not (run.path / "a.zarr").exists()
+
+
+def test_the_process_of_a_run_is_recorded_and_checked(tmp_path):
+    here = load_summary(Run.create(tmp_path, "r", "demo", {}).path)["process"]
+    assert here["pid"] == os.getpid() and here["host"] == socket.gethostname()
+    assert process_alive(here) is True
+    assert process_alive(_dead_process()) is False
+    assert process_alive({**here, "start_ticks": here["start_ticks"] + 1}) is False  # PID reused
+    assert process_alive({**here, "host": "elsewhere"}) is None
+
+
+def test_a_run_whose_process_is_gone_is_recorded_as_interrupted(tmp_path):
+    run = Run.create(tmp_path, "r", "fit-dipoles", {})
+    partial = run.add_output("fits.zarr")
+    partial.mkdir()
+    run.add_output("fits.parquet")
+    run.set("process", _dead_process())
+    record = check_run(run.path)
+    assert record == load_summary(run.path) and record["status"] == "interrupted"
+    assert "was killed" in record["reason"] and record["interrupted"]["detected_at"]
+    assert [o["path"] for o in record["outputs"]] == [str(partial)]
+    assert partial.is_dir() and not (run.path / "fits.zarr").exists()  # nothing deleted or named
+    alive = Run.create(tmp_path, "alive", "fit-dipoles", {})
+    assert check_run(alive.path)["status"] == "running"
+    with pytest.raises(OutcoreError, match="is still running"):
+        resumed_run(alive.path, "fit-dipoles")
+
+
+def test_the_renames_of_a_success_cut_short_are_finished(tmp_path):
+    """A kill between the success and the last rename: the outputs were verified and hashed,
+    so check_run finishes the renames (and only for a process that has ended)."""
+    run = Run.create(tmp_path, "r", "demo", {})
+    first, second = run.add_output("a.txt"), run.add_output("b.txt")
+    first.write_text("a")
+    second.write_text("b")
+    run.finish()
+    (run.path / "b.txt").rename(second)  # as if killed after the first rename
+    record = load_summary(run.path)
+    record["committing"] = [{"from": str(p), "to": str(run.path / n)}
+                            for p, n in ((first, "a.txt"), (second, "b.txt"))]
+    record["process"] = _dead_process()
+    (run.path / "summary.json").write_text(json.dumps(record))
+    done = check_run(run.path)
+    assert done["status"] == "success" and "committing" not in done
+    assert (run.path / "b.txt").read_text() == "b" and not second.exists()
+    assert [p.name for p in run_directories(tmp_path)] == ["r"]
+
+
+def test_a_full_disk_still_records_the_failure_in_place(tmp_path, monkeypatch):
+    """When the summary cannot go through its temporary file (no space left), it is
+    rewritten in place, compact, if it fits in the bytes the file holds; else the old one
+    stays whole and the error propagates."""
+    run = Run.create(tmp_path, "r", "demo", {"padding": "x" * 2000})
+    real_write = Path.write_text
+
+    def no_room(self: Path, text: str) -> int:
+        if self.suffix == ".tmp":
+            real_write(self, text[:10])  # a partial temporary file, to be removed
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real_write(self, text)
+
+    monkeypatch.setattr(Path, "write_text", no_room)
+    run.fail(RuntimeError("boom"))
+    summary = load_summary(run.path)
+    assert summary["status"] == "failed" and "boom" in summary["reason"]
+    assert not (run.path / "summary.json.tmp").exists()
+    run.record["metrics"] = {"long": "y" * 10_000}
+    with pytest.raises(OSError, match="No space left"):
+        run.fail(RuntimeError("again"))
+    assert load_summary(run.path)["reason"] == "RuntimeError: boom"

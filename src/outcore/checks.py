@@ -6,10 +6,13 @@ the problem and the fix, before anything starts.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path, PurePath
+
+from dask.utils import parse_bytes
 
 from outcore.errors import InputNotFoundError, OutcoreError
 
@@ -32,6 +35,27 @@ def positive(value: float | None, flag: str, example: str) -> float | None:
     """``value`` when it is None or above 0 (NaN is refused), else OutcoreError."""
     if value is not None and not value > 0:
         raise OutcoreError(f"{flag} {value} must be positive.", f"give {example}.")
+    return value
+
+
+def size(value: int | str | None, flag: str, error: type[OutcoreError] = OutcoreError
+         ) -> int | str | None:
+    """``value`` when dask reads it as a positive memory size: ``auto``, a number of bytes, a
+    fraction of the machine's memory (a number up to 1) or a size such as ``4GiB``; else
+    ``error`` (dask would start no worker with ``-5``, and reads ``0`` as no limit at all)."""
+    if value is None or value == "auto":
+        return value
+    fix = ("write it like 4GiB or 500MB, a fraction of the machine's memory such as 0.25, or"
+           " auto.")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        try:
+            number = float(parse_bytes(value))
+        except (TypeError, ValueError) as err:
+            raise error(f"{flag} {value!r} is not a size.", fix) from err
+    if not (math.isfinite(number) and number > 0):
+        raise error(f"{flag} {value!r} is not a positive size.", fix)
     return value
 
 

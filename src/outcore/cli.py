@@ -5,6 +5,10 @@ list (``outcore.families``); a family's module is imported only when one of its 
 chosen, so ``outcore --help`` and ``outcore info`` import no family. A verb that runs a job
 gives ``make_job(args, backend) -> Job`` (``outcore.verbs``); the same function serves
 ``outcore plan VERB ...``, which prints the memory plan without starting anything.
+
+Every error a user can cause ends in one line on stderr, ``outcore VERB: error: PROBLEM
+Fix: WHAT TO DO``, and exit code 1 (2 for a usage error of the parser); an unexpected
+exception, a bug, in one line saying so. ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from collections.abc import Sequence
 from dask.utils import format_bytes
 
 from outcore import __version__, backend, cluster, runs
-from outcore.errors import OutcoreError
+from outcore.errors import OutcoreError, translate
 from outcore.families import FAMILIES
 from outcore.plan import Resources
 from outcore.verbs import (
+    Parser,
     Verb,
     add_common_options,
     cluster_options,
@@ -36,6 +41,7 @@ CORE_COMMANDS = {
     "info": "versions, devices and backends",
     "plan": "print the memory plan of a command without running it",
     "tune": "time a command over chunk sizes and worker counts",
+    "runs": "list run directories with their status (marks interrupted runs as such)",
 }
 
 
@@ -78,7 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
     started. ``--backend cupy`` plans for GPU workers even on a machine without one (give
     ``--device-memory-limit`` for their device memory)."""
     verb, rest = _verb_named([args.verb, *args.rest])
-    parser = argparse.ArgumentParser(prog=f"outcore plan {verb.name}")
+    parser = Parser(prog=f"outcore plan {verb.name}")
     verb.add_arguments(parser)
     add_common_options(parser, verb.defaults)
     vargs = parser.parse_args(rest)
@@ -127,8 +133,8 @@ def _add_verb(p: argparse.ArgumentParser, verb: Verb) -> None:
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """The ``outcore`` parser; only the family of the command ``chosen`` gets its verbs
     (the others are listed by name and help, their modules not imported)."""
-    parser = argparse.ArgumentParser(prog="outcore", description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = Parser(prog="outcore", description=__doc__.splitlines()[0],
+                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--version", action="version", version=f"outcore {__version__}")
     parser.add_argument("--debug", action="store_true",
                         help="print the traceback of an error (for a bug report)")
@@ -145,10 +151,63 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
                                    " two words)")
     tune.add_argument("rest", nargs=argparse.REMAINDER,
                       help="--chunk-size ..., --workers ..., the verb's own and common options")
+    listing = sub.add_parser("runs", help=CORE_COMMANDS["runs"],
+                             description="List the run directories under DIR with their"
+                                         " status. A running run whose process has ended"
+                                         " (killed) is recorded as interrupted; nothing is"
+                                         " deleted.")
+    listing.add_argument("dir", nargs="?", default="runs",
+                         help="a folder of run directories (--output-dir), or one run directory")
+    listing.add_argument("--json", action="store_true", help="one JSON object per run")
     for family in FAMILIES:
         verbs = load_verbs(family) if family.command == chosen else None
         _add_family(sub, family.command, family.help, verbs)
     return parser
+
+
+def _runs(args: argparse.Namespace) -> int:
+    """``outcore runs [DIR]``: one line (or JSON object) per run directory, each brought up
+    to date with ``runs.check_run``."""
+    rows = []
+    for path in runs.run_directories(args.dir):
+        try:
+            record = runs.check_run(path)
+        except (OSError, ValueError) as err:  # a summary.json that cannot be read
+            record = {"status": "unreadable", "reason": f"{type(err).__name__}: {err}"}
+        process = record.get("process") or {}
+        note = record.get("reason") or ""
+        if record.get("status") == "running":
+            alive = runs.process_alive(process)
+            note = (f"process {process.get('pid')} on {process.get('host')}"
+                    + ("" if alive else " (cannot be checked from this host)"))
+        rows.append({"run_dir": str(path.resolve()), "name": path.name,
+                     "status": record.get("status"), "command": record.get("command"),
+                     "started_at": record.get("started_at"),
+                     "finished_at": record.get("finished_at"), "note": note,
+                     "process": process or None})
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    print(f"{'run':<32} {'status':<12} {'command':<20} {'started (UTC)':<26} note")
+    for row in rows:
+        note = " ".join(row["note"].split())
+        print(f"{row['name']:<32} {row['status']:<12} {row['command'] or '?':<20}"
+              f" {row['started_at'] or '?':<26} {note[:100]}")
+    return 0
+
+
+def error_line(name: str, error: BaseException) -> str:
+    """The one line that reports ``error`` of ``outcore NAME``: a user's error with its fix,
+    or an unexpected exception said to be a bug, with how to see its traceback."""
+    user = translate(error)
+    if user is not None:
+        text = f"outcore {name}: error: {user}"
+    else:
+        text = (f"outcore {name}: internal error (a bug in outcore): {type(error).__name__}:"
+                f" {error} Fix: run the command again with --debug to see the traceback,"
+                " and report it with that output.")
+    return " ".join(text.split())
 
 
 def _command_word(argv: Sequence[str]) -> str | None:
@@ -166,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _info(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "runs":
+            return _runs(args)
         if args.command == "tune":
             from outcore import tune
 
@@ -178,11 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
         print_summary(summary)
         return 0
-    except OutcoreError as err:
+    except (Exception, KeyboardInterrupt) as err:
         if args.debug:
             raise
         name = args.verb.name if isinstance(getattr(args, "verb", None), Verb) else args.command
-        print(f"outcore {name}: error: {err}", file=sys.stderr)
+        if isinstance(err, KeyboardInterrupt):
+            print(f"outcore {name}: interrupted (Ctrl-C); a run that had started is recorded"
+                  " as failed.", file=sys.stderr)
+            return 130
+        print(error_line(name, err), file=sys.stderr)
         return 1
 
 

@@ -26,10 +26,9 @@ from typing import Any
 
 import dask
 import distributed
-from dask.utils import parse_bytes
 
 from outcore import backend
-from outcore.checks import at_least
+from outcore.checks import at_least, size
 from outcore.errors import ClusterError
 
 log = logging.getLogger(__name__)
@@ -105,15 +104,7 @@ class ClusterOptions:
         at_least(self.threads_per_worker, "--threads-per-worker",
                  what="a positive number of threads", error=ClusterError)
         for name in ("memory_limit", "device_memory_limit"):
-            value = getattr(self, name)
-            if isinstance(value, str) and value != "auto":
-                try:
-                    parse_bytes(value)
-                except ValueError as err:
-                    raise ClusterError(
-                        f"--{name.replace('_', '-')} {value!r} is not a size.",
-                        "write it like 4GiB, 500MB or a number of bytes.",
-                    ) from err
+            size(getattr(self, name), f"--{name.replace('_', '-')}", error=ClusterError)
         if self.device_memory_limit is not None and kind not in ("cuda", "mpi"):
             raise ClusterError(
                 f"--device-memory-limit does not apply to the {kind!r} cluster: only dask-cuda"
@@ -238,8 +229,31 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
         client = _start_cuda(opts)
     else:
         client = _start_local(opts, processes=resolved == "local")
+    if resolved != "address":  # a joined cluster's workers log where their owner looks
+        client.register_plugin(QuietTaskErrors())
     client.outcore_kind = resolved  # type: ignore[attr-defined]
     return client
+
+
+class _NoComputeFailed(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Compute Failed")
+
+
+class QuietTaskErrors(distributed.WorkerPlugin):
+    """Keeps the workers of the clusters outcore starts from logging every failed task with
+    its traceback ("Compute Failed"): the client raises the same error, which outcore reports
+    in one line (and with ``--debug`` with that traceback). ``OUTCORE_LOG_LEVEL=INFO`` or
+    ``DEBUG`` keeps these logs."""
+
+    name = "outcore-quiet-task-errors"
+
+    def setup(self, worker: distributed.Worker) -> None:
+        if os.environ.get("OUTCORE_LOG_LEVEL", "WARNING").upper() in ("INFO", "DEBUG"):
+            return
+        log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, _NoComputeFailed) for f in log.filters):
+            log.addFilter(_NoComputeFailed())
 
 
 #: Seconds a joined cluster may have no worker before ``start`` gives up.

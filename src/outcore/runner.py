@@ -23,7 +23,7 @@ import distributed
 from dask.utils import format_bytes
 
 from outcore import backend, cluster
-from outcore.errors import OutcoreError, refuse_existing
+from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run
@@ -122,6 +122,13 @@ def _execute(
                 raise
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
         return run.finish()
+    except Exception as err:
+        user = translate(err, job.inputs)  # a full disk, a damaged input: the user's error
+        if user is None or user is err:
+            run.fail(err)
+            raise
+        run.fail(user)
+        raise user from err
     except BaseException as err:
         run.fail(err)
         raise

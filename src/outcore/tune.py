@@ -36,6 +36,7 @@ from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, check_png
 from outcore.verbs import (
     Job,
+    Parser,
     RunSettings,
     Tunable,
     Verb,
@@ -66,8 +67,8 @@ def tune_parser(verb: Verb) -> argparse.ArgumentParser:
     """The options of ``outcore tune VERB``: the verb's, the common ones and the grid's."""
     spec = verb.tunable
     assert spec is not None
-    p = argparse.ArgumentParser(prog=f"outcore tune {verb.name}", conflict_handler="resolve",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(prog=f"outcore tune {verb.name}", conflict_handler="resolve",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     verb.add_arguments(p)
     if spec.arguments is not None:
         spec.arguments(p)
@@ -414,7 +415,7 @@ def _write(run: Run, ds: xr.Dataset, spec: Tunable) -> None:
     zarr_path = run.add_output("tune.zarr", verify=lambda p: xr.open_zarr(p, consolidated=False))
     png_path = run.add_output("tune.png", verify=check_png)
     ds.to_zarr(zarr_path, mode="w-", zarr_format=3, consolidated=False)
-    plot(ds).savefig(png_path, dpi=110)
+    plot(ds).savefig(png_path, format="png", dpi=110)
     best = best_point(ds)
     run.metric(
         units=spec.units,

@@ -136,6 +136,15 @@ def demo_stages() -> list[DemoStage]:
 # --- the common options -----------------------------------------------------------------------
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line with a fix, like outcore's own
+    errors (exit code 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}. Fix: see {self.prog} --help.\n")
+
+
+
 def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     """The options every job command takes (DESIGN.md: cluster, memory, backend, run dir)."""
     g = parser.add_argument_group("cluster and run options")

@@ -12,6 +12,7 @@ from outcore import io, reduce
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.convert import FORMATS
 from outcore.io.layouts import LAYOUTS
+from outcore.io.store import check_chunks
 from outcore.plan import Plan, Resources
 from outcore.runs import Run
 from outcore.verbs import Job, Verb
@@ -92,15 +93,16 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
                                     shape=args.shape)
         main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
         stages = reduce.memory_model(main_var)[:1]
+    check_chunks(ds, chunks)
     output = refuse_existing(Path(args.output).expanduser().resolve())
 
     def plan(resources: Resources) -> Plan:
         return Plan.of(stages, resources)
 
     def execute(run: Run, client: object) -> None:
-        run.add_output(output, verify=lambda p: io.open(p))
+        partial = run.add_output(output, verify=lambda p: io.open(p))
         with run.timing("convert"):
-            io.save(ds, output, layout=layout, chunks=chunks or None)
+            io.save(ds, partial, layout=layout, chunks=chunks or None)
         run.metric(layout=layout, bytes=int(ds.nbytes))
 
     config = {"source": str(args.source), "output": str(output), "layout": layout}

@@ -1,18 +1,23 @@
 """Open and save outcore stores: zarr v3 groups, lazy on read, written chunk by chunk.
 
 ``save`` never overwrites and never leaves half a store: it writes into a sibling
-``<name>.partial-<id>`` directory and renames it to the target only once every chunk is on
-disk. The finite-value check of the layouts that refuse NaN/Inf runs inside the write tasks
-(each block is checked between its read and its write), so it costs no extra read pass and
-fails the save at the first bad block.
+``<name>.partial-<id>`` directory (``partial_path``) and renames it to the target only once
+every chunk is on disk. The finite-value check of the layouts that refuse NaN/Inf runs inside
+the write tasks (each block is checked between its read and its write), so it costs no extra
+read pass and fails the save at the first bad block.
+
+``open`` refuses a store whose metadata cannot be read, and reads every chunk through
+``read_block``, so that a chunk that fails to decode during compute names the store, the
+variable and the chunk (``InputDamagedError``) instead of a codec's bare error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import shutil
 import time
-import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
@@ -24,19 +29,23 @@ import dask.threaded
 import distributed
 import numpy as np
 import xarray as xr
+from dask.array.core import getter
 from dask.base import get_scheduler
 from dask.delayed import Delayed
 from dask.system import CPU_COUNT
 from zarr.codecs import BloscCodec
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError, refuse_existing
+from outcore.errors import LayoutError, partial_path, reading, refuse_existing, unreadable
 from outcore.io.layouts import LAYOUT_ATTR, finite_variables, validate
 
 #: Target size of one block (one dask chunk, one zarr chunk) when none is given, bytes.
 BLOCK_BYTES = 64 * 2**20
 
 STRING = np.dtypes.StringDType()
+
+_RESTORE = ("restore the store from a good copy, or write it again from its source (e.g."
+            " outcore convert).")
 
 #: The codec of numeric arrays: Blosc's zstd at level 1 on bit-shuffled bytes. Decodes at
 #: about the speed of an uncompressed zarr read and packs detector counts 5-6x (measured on
@@ -78,9 +87,47 @@ def open_unchecked(path: str | PathLike[str], chunks: Mapping[str, int] | None =
             "point at the store's top directory, or import the file with "
             "outcore.io.convert(source, output).",
         )
-    return xr.open_zarr(
-        path, chunks={} if chunks is None else dict(chunks), consolidated=False if v3 else None
-    )
+    with reading(f"the metadata of the store {str(path)!r}", _RESTORE):
+        return xr.open_zarr(
+            path, chunks={} if chunks is None else dict(chunks),
+            consolidated=False if v3 else None,
+            from_array_kwargs={"getitem": functools.partial(read_block, store=str(path))},
+        )
+
+
+def read_block(array: object, key: tuple, asarray: bool = True, lock: object = None, *,
+               store: str) -> np.ndarray:
+    """dask's ``getter`` for the chunks of ``store``: a chunk that cannot be read or decoded
+    becomes an ``InputDamagedError`` naming the store, the variable, the chunk and its file."""
+    try:
+        return getter(array, key, asarray=asarray, lock=lock)
+    except MemoryError:
+        raise
+    except Exception as err:
+        raise unreadable(f"{_chunk_of(array, key)} of the store {store!r}", err, _RESTORE
+                         ) from err
+
+
+def _chunk_of(array: object, key: tuple) -> str:
+    """Words naming the (first) zarr chunk that the block ``key`` of ``array`` (xarray's
+    lazy wrapper of a zarr array) covers: ``chunk (1, 0, 0) of variable 'volume' (file
+    volume/c/1/0/0)``; only the block's start when the wrapper does not show its zarr array."""
+    inner = array
+    for _ in range(8):  # xarray's adapters, down to its ZarrArrayWrapper
+        if hasattr(inner, "_array"):
+            inner = inner._array
+            break
+        inner = getattr(inner, "array", None)
+    name = str(getattr(inner, "name", "") or "").strip("/")
+    shape = getattr(inner, "chunks", None)
+    starts = [k.start or 0 for k in key if isinstance(k, slice)]
+    if not name or not shape or len(starts) != len(shape):
+        return f"the block at {tuple(starts)}"
+    first = tuple(int(s // c) for s, c in zip(starts, shape, strict=True))
+    words = f"chunk {first} of variable {name!r}"
+    with contextlib.suppress(Exception):
+        words += f" (file {name}/{inner.metadata.encode_chunk_key(first)})"
+    return words
 
 
 def save(
@@ -112,7 +159,7 @@ def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
     path = Path(path).expanduser()
     refuse_existing(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
+    partial = partial_path(path)
     try:
         _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
         refuse_existing(path)
@@ -157,25 +204,29 @@ def _running_keys(dask_worker: distributed.Worker) -> set[str]:
 def _prepare(ds: xr.Dataset, layout: str, chunks: Mapping[str, int]) -> xr.Dataset:
     """The dataset to write: strings as variable-length UTF-8, regular chunks, encodings and
     the finite-value check of each block in front of its write."""
-    unknown = set(chunks) - set(map(str, ds.dims))
-    if unknown:
-        raise LayoutError(
-            f"chunks names dims {sorted(unknown)} that the dataset does not have.",
-            f"use dims among {sorted(map(str, ds.dims))}.",
-        )
+    check_chunks(ds, chunks)
     out = zarr_strings(ds.copy())
     out = out.chunk({dim: chunks.get(str(dim)) or _default_chunk(out, dim) for dim in out.dims})
     for name in finite_variables(out, layout):
         var = out.variables[name]
-        checked = da.map_blocks(_refuse_nonfinite, var.data, dtype=var.dtype, name_=name,
-                                layout=layout)
-        out = _replace(out, name, var.copy(data=checked))
+        out = _replace(out, name, var.copy(data=refuse_nonfinite(var.data, str(name), layout)))
     for var in out.variables.values():
         var.encoding = {"chunks": tuple(c[0] for c in var.chunks)} if var.chunks else {}
         if var.dtype.kind in "biufc":
             var.encoding["compressors"] = (COMPRESSOR,)
     out.attrs = {**ds.attrs, LAYOUT_ATTR: layout}
     return out
+
+
+def check_chunks(ds: xr.Dataset, chunks: Mapping[str, int]) -> None:
+    """LayoutError when ``chunks`` (dim -> size, as ``save`` takes it) names a dim that
+    ``ds`` does not have."""
+    unknown = set(chunks) - set(map(str, ds.dims))
+    if unknown:
+        raise LayoutError(
+            f"chunks names dims {sorted(unknown)} that the dataset does not have.",
+            f"use dims among {sorted(map(str, ds.dims))}.",
+        )
 
 
 def zarr_strings(ds: xr.Dataset) -> xr.Dataset:
@@ -207,17 +258,32 @@ def _default_chunk(ds: xr.Dataset, dim: object) -> int:
     return max(1, var.shape[axis])
 
 
-def _refuse_nonfinite(block: np.ndarray, name_: str, layout: str,
+def refuse_nonfinite(data: da.Array, name: str, layout: str, source: str | None = None
+                     ) -> da.Array:
+    """``data`` with each block checked as it passes: LayoutError at the first block holding
+    NaN or Inf, which ``layout`` refuses in ``name``. ``source`` names the input store the
+    data was read from (default: the data is being saved). No extra pass over the data."""
+    return da.map_blocks(_refuse_nonfinite, data, dtype=data.dtype, name_=name, layout=layout,
+                         source=source)
+
+
+def _refuse_nonfinite(block: np.ndarray, name_: str, layout: str, source: str | None,
                       block_info: dict | None = None) -> np.ndarray:
-    """Pass ``block`` through, or raise LayoutError at its first NaN/Inf (runs in the write)."""
+    """Pass ``block`` through, or raise LayoutError at its first NaN/Inf."""
     bad = ~np.isfinite(block)
     if bad.any():
         origin = tuple(start for start, _ in block_info[0]["array-location"])
         first = tuple(int(i) for i in np.argwhere(bad)[0] + origin)
+        where = f" of the input {source!r}" if source else ""
+        found = (f"{name_}{where} has {int(bad.sum())} non-finite values (NaN or Inf) in the"
+                 f" block starting at {origin}, the first at index {first}; {layout} refuses"
+                 " them")
+        if source:
+            raise LayoutError(f"{found}.", f"replace them in the input (e.g. ds[{name_!r}] ="
+                              f" ds[{name_!r}].fillna(0), saved anew with outcore.save), or"
+                              " drop the bad frames.")
         raise LayoutError(
-            f"{name_} has {int(bad.sum())} non-finite values (NaN or Inf) in the block "
-            f"starting at {origin}, the first at index {first}; {layout} refuses them, so "
-            "nothing was saved.",
+            f"{found}, so nothing was saved.",
             f"replace them before saving, e.g. ds[{name_!r}] = ds[{name_!r}].fillna(0), or "
             "drop the bad frames.",
         )

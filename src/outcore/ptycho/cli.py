@@ -97,10 +97,9 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         return Plan.of(simulate_stages(sim), resources)
 
     def execute(run: Run, client: distributed.Client) -> None:
-        run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
-        run.add_output(truth, verify=open_truth)
+        stack = run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
         with run.timing("simulate"):
-            sim.save(output, truth)
+            sim.save(stack, run.add_output(truth, verify=open_truth))
         run.metric(positions=int(sim.truth.sizes["position"]),
                    layout="list" if "positions" in sim.stack else "grid",
                    object_shape=list(sim.truth["object"].shape),
@@ -172,11 +171,11 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
         return Plan.of(preprocess_stages(ds, found), resources)
 
     def execute(run: Run, client: distributed.Client) -> None:
-        run.add_output(output, verify=open_preprocessed)
+        partial = run.add_output(output, verify=open_preprocessed)
         with run.timing("preprocess"), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ProbeWindowWarning)
             pre = build(ds, found, source=str(source))
-            save_preprocessed(pre, output, compression=args.compression)
+            save_preprocessed(pre, partial, compression=args.compression)
         notes = []
         for note in caught:
             if issubclass(note.category, ProbeWindowWarning):

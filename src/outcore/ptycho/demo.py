@@ -20,9 +20,10 @@ def run_stage(run: Run, client: distributed.Client, scan_side: int) -> None:
     against the truth and the seconds per iteration."""
     iterations = 30
     sim = simulate_stack((scan_side, scan_side), detector=32, step=5, jitter=1, seed=1)
-    stack, truth = sim.save(run.path / "ptycho-stack.zarr")
+    stack, truth = sim.save(run.add_output("ptycho-stack.zarr"),
+                            run.add_output("ptycho-stack.truth.zarr"))
     pre_path = save_preprocessed(preprocess(io.open(stack), source=str(stack)),
-                                 run.path / "ptycho-preprocessed.zarr")
+                                 run.add_output("ptycho-preprocessed.zarr"))
     with run.timing("ptycho_reconstruct"):
         recon = reconstruct(pre_path, iterations=iterations, batch_size=32, client=client)
     error = truth_error(recon, open_truth(truth), open_preprocessed(pre_path))

@@ -226,13 +226,13 @@ def write_figures(run: Run, recon: xr.Dataset) -> None:
         shown = ax.imshow(image, cmap=cmap, extent=extent_um)
         ax.set(xlabel="x [um]", ylabel="y [um]", title=label)
         fig.colorbar(shown, ax=ax)
-        fig.savefig(run.add_output(name), dpi=90)
+        fig.savefig(run.add_output(name), format="png", dpi=90)
     fig = Figure(figsize=(9, 4), layout="constrained")
     for ax, image, label in zip(fig.subplots(1, 2), (np.abs(probe), np.angle(probe)),
                                 ("probe amplitude", "probe phase [rad]"), strict=True):
         fig.colorbar(ax.imshow(image, cmap="magma" if "amp" in label else "twilight"), ax=ax)
         ax.set(title=label, xlabel="k_x [pixel]", ylabel="k_y [pixel]")
-    fig.savefig(run.add_output(FIGURES[2]), dpi=90)
+    fig.savefig(run.add_output(FIGURES[2]), format="png", dpi=90)
 
 
 def _pattern_iterations(args: argparse.Namespace) -> float:

@@ -35,6 +35,7 @@ from outcore import io
 from outcore.checks import at_least, choice, existing_path, positive
 from outcore.checks import shape as shape_of
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
+from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
@@ -157,11 +158,11 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     def execute(run: Run, client: distributed.Client) -> None:
         projector = held["projector"]
-        run.add_output(output, verify=lambda p: io.open(p, layout="projections"))
+        partial = run.add_output(output, verify=lambda p: io.open(p, layout="projections"))
         volume = make_phantom(phantom, shape, args.voxel_size, projector.slab)
         ds = projections_dataset(projector.project(volume), geometry, shape, phantom)
         with run.timing("simulate"):
-            io.save(ds, output, layout="projections")
+            io.save(ds, partial, layout="projections")
         seconds = run.record["timings_s"]["simulate"]
         run.metric(projection_shape=list(geometry.projection_shape), seconds=seconds,
                    gups=round(math.prod(shape) * geometry.n_views / seconds / 1e9, 6))
@@ -322,7 +323,8 @@ def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: 
            state: str | None) -> tuple[Any, dict[str, Any]]:
     """The lazy volume and the metrics of the solve (``projector_passes``: projections and
     backprojections of the whole volume that it runs)."""
-    projections = ds["projections"].data
+    projections = refuse_nonfinite(ds["projections"].data, "projections", "projections",
+                                   source=str(run.record["config"]["input"]))
     if method == "fbp":  # filtered in the projector's blocks, not the store's
         projections = projections.rechunk(projector.projection_chunks)
         return fbp(projections, projector, window), {"projector_passes": 1}
@@ -371,8 +373,7 @@ def write_slices(run: Run, volume_path: Path, title: str) -> None:
         ax.set(title=name, xlabel=f"{across} [voxel]", ylabel=f"{up} [voxel]")
     fig.colorbar(shown, ax=list(axes), label="attenuation [1/m]", shrink=0.8)
     fig.suptitle(title)
-    png = run.add_output(SLICES, verify=check_png)
-    fig.savefig(png, dpi=90)
+    fig.savefig(run.add_output(SLICES, verify=check_png), format="png", dpi=90)
 
 
 VERBS = [

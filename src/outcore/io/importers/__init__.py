@@ -22,12 +22,15 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError, OutcoreError
+from outcore.errors import LayoutError, OutcoreError, reading
 from outcore.io.layouts import LAYOUTS, Dims, Layout
 from outcore.io.store import frames_per_block
 
 #: Companion arrays given to an importer: values, or a string naming where to read them.
 Arrays = Mapping[str, Any]
+#: The fix of a file an importer cannot read.
+REWRITE_FIX = ("check that the file was copied whole (compare its size with the original's),"
+               " or write it again from its source.")
 
 
 @dataclass
@@ -55,8 +58,13 @@ class FrameReader:
         start, stop, step = (key[0] if key else slice(None)).indices(self.shape[0])
         if step != 1:
             raise IndexError(f"{type(self).__name__} reads contiguous frames only (step 1).")
-        block = self.read(start, max(start, stop)).reshape(-1, *self.shape[1:])
+        with reading(f"frames {start}:{stop} of {self.source(start, stop)}", REWRITE_FIX):
+            block = self.read(start, max(start, stop)).reshape(-1, *self.shape[1:])
         return np.asarray(block[(slice(None), *key[1:])], dtype=self.dtype)
+
+    def source(self, start: int, stop: int) -> str:
+        """Words naming the file that frames ``start:stop`` come from, for errors."""
+        return repr(str(getattr(self, "path", "the file")))
 
     def to_dask(self, frames_per_chunk: int | None = None) -> da.Array:
         """A dask array with one task per block of ``frames_per_chunk`` frames (~64 MiB)."""

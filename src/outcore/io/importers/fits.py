@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -11,8 +12,8 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError
-from outcore.io.importers import Arrays, FrameReader, frames_dataset, native, require
+from outcore.errors import InputDamagedError, LayoutError, reading
+from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
 
 
 @dataclass
@@ -51,8 +52,10 @@ def read_fits(
     """
     fits = require("astropy.io.fits")
     path = existing_path(path, "FITS file")
-    with fits.open(path, memmap=True) as hdul:
+    with reading(f"the FITS file {str(path)!r}", REWRITE_FIX), \
+            fits.open(path, memmap=True) as hdul:
         index = _hdu_index(hdul, hdu, path)
+        _refuse_truncated(hdul[index], index, path, fits)
         shape = tuple(hdul[index].shape)
         first = hdul[index].section[0:1]
     reader = FitsFrames(shape if len(shape) > 2 else (1, *shape), native(first.dtype),
@@ -61,6 +64,19 @@ def read_fits(
         reader.to_dask(frames_per_chunk), layout, f"{path}[{index}]",
         dims=dims, attrs=attrs, arrays=arrays,
     )
+
+
+def _refuse_truncated(hdu: Any, index: int, path: Any, fits: Any) -> None:
+    """InputDamagedError when the data of an uncompressed image HDU ends past the file's end
+    (a truncated copy), which astropy would only meet when the missing frames are read."""
+    if not isinstance(hdu, fits.PrimaryHDU | fits.ImageHDU):
+        return
+    end = hdu.fileinfo()["datLoc"] + hdu.size
+    size = os.path.getsize(path)
+    if end > size:
+        raise InputDamagedError(
+            f"The FITS file {str(path)!r} is truncated: HDU {index}'s data ends at byte {end},"
+            f" the file has {size}.", REWRITE_FIX)
 
 
 def _hdu_index(hdul: Any, hdu: int | str | None, path: Any) -> int:

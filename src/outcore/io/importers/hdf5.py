@@ -11,8 +11,8 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError
-from outcore.io.importers import Arrays, FrameReader, frames_dataset, native, require
+from outcore.errors import LayoutError, reading
+from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
 
 
 @dataclass
@@ -51,7 +51,7 @@ def read_hdf5(
     """
     h5py = require("h5py")
     path = existing_path(path, "HDF5 file")
-    with h5py.File(path, "r") as f:
+    with reading(f"the HDF5 file {str(path)!r}", REWRITE_FIX), h5py.File(path, "r") as f:
         node = _dataset(f, dataset, path, h5py)
         shape = node.shape if node.ndim != 2 else (1, *node.shape)
         reader = HDF5Frames(shape, native(node.dtype), str(path), node.name)

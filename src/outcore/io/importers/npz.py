@@ -22,8 +22,8 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError
-from outcore.io.importers import FrameReader, arrange
+from outcore.errors import LayoutError, reading
+from outcore.io.importers import REWRITE_FIX, FrameReader, arrange
 
 #: Open streams of compressed members, by (pid, path, member): (zip, stream, data start).
 _STREAMS: dict[tuple[int, str, str], tuple[zipfile.ZipFile, IO[bytes], int]] = {}
@@ -77,7 +77,9 @@ def read_npz(
     (default: ~64 MiB).
     """
     path = existing_path(path, "npz file")
-    members = _members(path)
+    with reading(f"the NPZ file {str(path)!r}", f"{REWRITE_FIX[:-1]}, e.g. with np.savez(path,"
+                 " images=..., candidate_id=...)."):
+        members = _members(path)
     for needed in ("images", "candidate_id"):
         if needed not in members:
             raise LayoutError(

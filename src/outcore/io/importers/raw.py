@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError
+from outcore.errors import LayoutError, reading
 from outcore.io.importers import Arrays, FrameReader, frames_dataset, native
 
 
@@ -53,12 +53,9 @@ def read_npy(
     Blocks hold ``frames_per_chunk`` frames along axis 0 (default: ~64 MiB).
     """
     path = existing_path(path, "npy file")
-    try:
+    with reading(f"the npy file {str(path)!r}", "save a numeric stack with np.save, or import"
+                 " the file as raw (format='raw') with its dtype and shape."):
         mapped = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as err:
-        raise LayoutError(f"{str(path)!r} cannot be memory-mapped as a .npy array ({err}).",
-                          "save a numeric stack with np.save, or import the file as raw "
-                          "(format='raw') with its dtype and shape.") from err
     if not isinstance(mapped, np.memmap):
         raise LayoutError(f"{str(path)!r} is not a .npy file.",
                           "point at a .npy stack (an .npz is read with format='npz').")

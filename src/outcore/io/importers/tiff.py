@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from typing import Any
@@ -12,8 +14,8 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import InputNotFoundError
-from outcore.io.importers import Arrays, FrameReader, frames_dataset, native, require
+from outcore.errors import InputDamagedError, InputNotFoundError, reading
+from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
 
 SUFFIXES = (".tif", ".tiff")
 
@@ -40,6 +42,10 @@ class TiffFiles(FrameReader):
         tifffile = require("tifffile")
         return tifffile.imread(list(self.paths[start:stop]), maxworkers=1)
 
+    def source(self, start: int, stop: int) -> str:
+        files = self.paths[start:stop] or self.paths[-1:]
+        return f"the files {files[0]!r} to {files[-1]!r}"
+
 
 def read_tiff(
     path_or_glob: str | PathLike[str],
@@ -59,9 +65,19 @@ def read_tiff(
     """
     tifffile = require("tifffile")
     files = tiff_files(path_or_glob)
-    with tifffile.TiffFile(files[0]) as tif:
+    subject = f"the TIFF file {files[0]!r}"
+    with reading(subject, REWRITE_FIX), _logged_errors() as logged, \
+            tifffile.TiffFile(files[0]) as tif:
         page = tif.pages[0]
         frame, dtype, pages = page.shape, native(page.dtype), len(tif.pages)
+        last = tif.pages[-1]
+        end = max((o + n for o, n in zip(last.dataoffsets, last.databytecounts, strict=True)),
+                  default=0)
+        size = tif.filehandle.size
+    if logged or end > size:
+        why = logged[0] if logged else f"its last page's data ends at byte {end} of {size}"
+        raise InputDamagedError(f"{subject[:1].upper()}{subject[1:]} is damaged or truncated"
+                                f" ({why}).", REWRITE_FIX)
     if len(files) == 1:
         reader: FrameReader = TiffPages((pages, *frame), dtype, files[0])
     else:
@@ -70,6 +86,27 @@ def read_tiff(
         reader.to_dask(frames_per_chunk), layout, str(path_or_glob),
         dims=dims, attrs=attrs, arrays=arrays,
     )
+
+
+@contextlib.contextmanager
+def _logged_errors() -> Iterator[list[str]]:
+    """The errors tifffile logs inside the block (a page chain that points past the end of a
+    truncated file, a corrupted tag list), kept off the terminal; tifffile itself goes on
+    with the pages it could read."""
+    found: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found.append(record.getMessage())
+
+    log, keep = logging.getLogger("tifffile"), Keep(logging.ERROR)
+    propagate, log.propagate = log.propagate, False
+    log.addHandler(keep)
+    try:
+        yield found
+    finally:
+        log.removeHandler(keep)
+        log.propagate = propagate
 
 
 def tiff_files(path_or_glob: str | PathLike[str]) -> list[str]:
