@@ -169,7 +169,7 @@ def test_killed_demo_leaves_its_stack_partial(tmp_path, capsys):
 def test_killed_tomo_reconstruct_resumes_to_the_uninterrupted_volume(inputs, tmp_path, capsys):
     runs = tmp_path / "runs"
     argv = ["tomo", "reconstruct", "--input", str(inputs / "proj.zarr"), "--method", "sirt",
-            "--iterations", "4", *THREADS, "--output-dir", str(runs)]
+            "--iterations", "4", "--checkpoint-every", "1", *THREADS, "--output-dir", str(runs)]
     watched = Watched([*argv, "--name", "killed"], runs)
     watched.kill_when(lambda: watched.said("iteration 2:"))
     assert not watched.violations
