@@ -34,7 +34,6 @@ from outcore.fit.kernels import (
 )
 
 _JIT = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz"}}
-_NPAR = 8
 _TWO_PI = 2.0 * math.pi
 _F_TOL = STATUS["converged_f_tol"]
 _X_TOL = STATUS["converged_x_tol"]
@@ -202,15 +201,27 @@ def _normal(p, sqrtw, r, ny, nx, jt, a, g, ex, cy, dx, dy, ys, xs):
             k = i * nx + j
             jt[6, k] = (y6 * xs[6, j] + y7 * xs[7, j] + y8 * xs[8, j] + y9 * xs[9, j]) * sqrtw[k]
             jt[7, k] = sqrtw[k]
-    np.dot(jt, jt.T, a)
-    np.dot(jt, r, g)
+    m = ny * nx
+    for q in range(0, jt.shape[0], 2):  # two rows at a time share each load of the other
+        for t in range(q + 3):
+            s0 = s1 = 0.0
+            for k in range(m):
+                v = jt[t, k] if t <= q + 1 else r[k]
+                s0 += jt[q, k] * v
+                s1 += jt[q + 1, k] * v
+            if t == q + 2:
+                g[q], g[q + 1] = s0, s1
+                continue
+            if t <= q:
+                a[q, t] = a[t, q] = s0
+            a[q + 1, t] = a[t, q + 1] = s1
 
 
 @numba.njit(**_JIT)
 def _solve(a, g, lam, d, delta, lu, rhs, scale):
     """``kernels._solve`` for one candidate: ``(a + lam diag(d)) delta = g``, Jacobi-scaled,
     by LU with partial pivoting. Returns True (and ``delta = 0``) when singular."""
-    n = _NPAR
+    n = a.shape[0]
     bad = False
     for q in range(n):
         for t in range(n):
@@ -260,7 +271,7 @@ def _solve(a, g, lam, d, delta, lu, rhs, scale):
 def _gradient_cosine(a, g, cost):
     """``kernels._gradient_cosine`` for one candidate."""
     worst = 0.0
-    for q in range(_NPAR):
+    for q in range(a.shape[0]):
         denom = math.sqrt(a[q, q] * cost)
         if denom > 0.0:
             worst = max(worst, abs(g[q]) / denom)
@@ -278,24 +289,24 @@ def errors(a, err, undecided):
     ``1 / trace(inverse)``; where that bound cannot show the eigenvalue ratio above
     ``SINGULAR_RCOND`` (or the factor fails), ``undecided`` is set and the caller decides
     with the eigenvalues."""
-    n = a.shape[0]
-    lo = np.empty((_NPAR, _NPAR))
-    inv = np.empty(_NPAR)
-    scale = np.empty(_NPAR)
-    column = np.empty(_NPAR)
+    n, npar = a.shape[0], a.shape[1]
+    lo = np.empty((npar, npar))
+    inv = np.empty(npar)
+    scale = np.empty(npar)
+    column = np.empty(npar)
     for c in range(n):
         undecided[c] = False
         good = True
-        for q in range(_NPAR):
+        for q in range(npar):
             good &= a[c, q, q] > 0.0 and math.isfinite(a[c, q, q])
-            for t in range(_NPAR):
+            for t in range(npar):
                 good &= math.isfinite(a[c, q, t])
         if not good:
             err[c, :] = np.nan
             continue
-        for q in range(_NPAR):
+        for q in range(npar):
             scale[q] = 1.0 / math.sqrt(a[c, q, q])
-        for q in range(_NPAR):  # Cholesky of the scaled matrix, lower triangle
+        for q in range(npar):  # Cholesky of the scaled matrix, lower triangle
             for t in range(q + 1):
                 total = a[c, q, t] * scale[q] * scale[t]
                 for s in range(t):
@@ -308,20 +319,20 @@ def errors(a, err, undecided):
         trace = 0.0
         if good:
             inv[:] = 0.0
-            for t in range(_NPAR):  # column t of L^-1; (L L^T)^-1_qq = sum_t L^-1[t, q]^2
-                for q in range(_NPAR):
+            for t in range(npar):  # column t of L^-1; (L L^T)^-1_qq = sum_t L^-1[t, q]^2
+                for q in range(npar):
                     total = 1.0 if q == t else 0.0
                     for s in range(t, q):
                         total -= lo[q, s] * column[s]
                     column[q] = total / lo[q, q] if q >= t else 0.0
-                for q in range(t, _NPAR):
+                for q in range(t, npar):
                     inv[t] += column[q] * column[q]
-            for q in range(_NPAR):
+            for q in range(npar):
                 trace += inv[q]
-        if not good or not (1.0 / trace > 1.01 * SINGULAR_RCOND * _NPAR):
+        if not good or not (1.0 / trace > 1.01 * SINGULAR_RCOND * npar):
             undecided[c] = True
             continue
-        for q in range(_NPAR):
+        for q in range(npar):
             err[c, q] = scale[q] * math.sqrt(inv[q])
 
 
@@ -333,20 +344,21 @@ def fit_gaussian(data, sqrtw, valid, ny, nx, max_iterations, f_tol, x_tol, g_tol
     iterations and status (the code at the end of the iterations: the caller flags the
     candidates whose normal matrix is singular, as ``kernels._retire`` does)."""
     n, m = data.shape
+    npar = p_out.shape[1]
     r, trial_r = np.empty(m), np.empty(m)
-    jt = np.empty((_NPAR, m))
+    jt = np.empty((npar, m))
     work, dstamp = np.empty(m), np.empty(m)
     ex, dx = np.empty((2, nx)), np.empty((2, nx))
     cy, dy = np.empty((2, ny)), np.empty((2, ny))
     ys, xs = np.empty((10, ny)), np.empty((10, nx))
-    g, d, delta, trial = np.empty(_NPAR), np.empty(_NPAR), np.empty(_NPAR), np.empty(_NPAR)
-    lu, rhs, scale = np.empty((_NPAR, _NPAR)), np.empty(_NPAR), np.empty(_NPAR)
+    g, d, delta, trial = np.empty(npar), np.empty(npar), np.empty(npar), np.empty(npar)
+    lu, rhs, scale = np.empty((npar, npar)), np.empty(npar), np.empty(npar)
     for c in range(n):
         p, a = p_out[c], a_out[c]
         _start(data[c], valid[c], ny, nx, p, work, dstamp)
         cost = _residual(p, data[c], sqrtw[c], ny, nx, r, ex, cy, dx, dy)
         _normal(p, sqrtw[c], r, ny, nx, jt, a, g, ex, cy, dx, dy, ys, xs)
-        for q in range(_NPAR):
+        for q in range(npar):
             d[q] = a[q, q]
         lam = LAMBDA_START
         iters = 0
@@ -359,13 +371,13 @@ def fit_gaussian(data, sqrtw, valid, ny, nx, max_iterations, f_tol, x_tol, g_tol
             if status >= 0:
                 break
             singular = _solve(a, g, lam, d, delta, lu, rhs, scale)
-            for q in range(_NPAR):
+            for q in range(npar):
                 trial[q] = p[q] + delta[q]
             trial_cost = _residual(trial, data[c], sqrtw[c], ny, nx, trial_r, ex, cy, dx, dy)
             predicted = 0.0
             step = 0.0
             size = 0.0
-            for q in range(_NPAR):
+            for q in range(npar):
                 predicted += delta[q] * (g[q] + lam * d[q] * delta[q])
                 step += d[q] * delta[q] * delta[q]
                 size += d[q] * p[q] * p[q]
@@ -380,7 +392,7 @@ def fit_gaussian(data, sqrtw, valid, ny, nx, max_iterations, f_tol, x_tol, g_tol
                 cost = trial_cost
                 lam = max(lam / LAMBDA_DOWN, LAMBDA_RANGE[0])
                 _normal(p, sqrtw[c], trial_r, ny, nx, jt, a, g, ex, cy, dx, dy, ys, xs)
-                for q in range(_NPAR):
+                for q in range(npar):
                     d[q] = max(d[q], a[q, q])
             else:
                 lam = min(lam * LAMBDA_UP, LAMBDA_RANGE[1])
