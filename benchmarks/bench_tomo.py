@@ -8,7 +8,9 @@ and ``--geometry`` every tool gets the same scan of ``--views`` views
 the axis, a detector that sees the whole volume) and the same Shepp-Logan volume, float32:
 
 - ``outcore-kernel``: ``outcore.tomo.kernels.forward`` and ``adjoint`` (Joseph's projector
-  and its exact transpose, numba) on the whole volume in this process, on one core;
+  and its exact transpose, numba) on the whole volume in this process, on one core; its
+  lines also give ``gups_per_cpu_s``, the same count over the CPU seconds of the runs,
+  steadier than wall time on a shared machine;
 - ``outcore``: ``Projector.project`` and ``backproject`` on a LocalCluster of ``--workers``
   processes of one thread and ``--memory-limit`` each, with the blocks ``suggest_blocks``
   picks for them (``--partition``); the input is persisted in the workers and one warm-up
@@ -50,6 +52,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,12 +120,19 @@ def bench_kernel(args: argparse.Namespace, n: int, geometry: Geometry,
     projections = kernels.forward(volume, geometry.angles, geometry)
     kernels.adjoint(projections[:2], geometry.angles[:2], geometry, shape)
     pids = [os.getpid()]
-    walls, peaks = measure(lambda: kernels.forward(volume, geometry.angles, geometry),
-                           args.runs, pids)
-    emit("outcore-kernel", case_for(n, geometry, "forward", workers=1), walls, peaks)
-    walls, peaks = measure(lambda: kernels.adjoint(projections, geometry.angles, geometry,
-                                                   shape), args.runs, pids)
-    emit("outcore-kernel", case_for(n, geometry, "back", workers=1), walls, peaks)
+    work = {"forward": lambda: kernels.forward(volume, geometry.angles, geometry),
+            "back": lambda: kernels.adjoint(projections, geometry.angles, geometry, shape)}
+    for direction, run in work.items():
+        cpus: list[float] = []
+
+        def timed_run(run: Callable[[], object] = run, cpus: list[float] = cpus) -> None:
+            c0 = time.process_time()
+            run()
+            cpus.append(time.process_time() - c0)
+
+        walls, peaks = measure(timed_run, args.runs, pids)
+        emit("outcore-kernel", case_for(n, geometry, direction, workers=1), walls, peaks,
+             gups_per_cpu_s=round(gups(shape, geometry.n_views, cpus), 6))
 
 
 def bench_outcore(args: argparse.Namespace, n: int, geometry: Geometry, workers: int) -> None:
