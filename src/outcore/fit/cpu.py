@@ -42,7 +42,7 @@ _MAX_ITER = STATUS["max_iterations"]
 _SINGULAR = STATUS["singular"]
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _median(values, count):
     """Median of ``values[:count]``, which it sorts in place; NaN when ``count`` is 0."""
     if count == 0:
@@ -57,7 +57,7 @@ def _median(values, count):
     return 0.5 * (values[(count - 1) // 2] + values[count // 2])
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _distance_median(ranked, count, centre):
     """Median of ``|ranked[:count] - centre|`` for sorted ``ranked``: the distances below and
     above ``centre`` are two sorted runs, merged up to the middle ranks."""
@@ -82,7 +82,7 @@ def _distance_median(ranked, count, centre):
     return 0.5 * (first + second)
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _start(data, valid, ny, nx, p, work, d):
     """``models.moment_start`` of one candidate into ``p``; ``work`` holds ``ny * nx``
     values, ``d`` the background-subtracted stamp."""
@@ -153,7 +153,7 @@ def _axes(p, ny, nx, ex, cy, dx, dy):
             cy[lobe, i] = math.exp(t * t / (-2.0 * s2)) * norm
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _residual(p, data, sqrtw, ny, nx, r, ex, cy, dx, dy):
     """Weighted residual ``sqrt(w) (data - model)`` into ``r``; returns chi2."""
     _axes(p, ny, nx, ex, cy, dx, dy)
@@ -169,7 +169,7 @@ def _residual(p, data, sqrtw, ny, nx, r, ex, cy, dx, dy):
     return chi2
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _normal(p, sqrtw, r, ny, nx, jt, a, g, ex, cy, dx, dy, ys, xs):
     """``A = J^T W J`` into ``a`` and ``J^T W r`` into ``g`` at ``p``, through the weighted
     Jacobian ``jt (8, ny * nx)`` (``models.gaussian_jacobian``'s factors). ``ex``, ``cy``,
@@ -217,7 +217,7 @@ def _normal(p, sqrtw, r, ny, nx, jt, a, g, ex, cy, dx, dy, ys, xs):
             a[q + 1, t] = a[t, q + 1] = s1
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _solve(a, g, lam, d, delta, lu, rhs, scale):
     """``kernels._solve`` for one candidate: ``(a + lam diag(d)) delta = g``, Jacobi-scaled,
     by LU with partial pivoting. Returns True (and ``delta = 0``) when singular."""
@@ -267,7 +267,7 @@ def _solve(a, g, lam, d, delta, lu, rhs, scale):
     return bad
 
 
-@numba.njit(**_JIT)
+@numba.njit(inline="always", **_JIT)
 def _gradient_cosine(a, g, cost):
     """``kernels._gradient_cosine`` for one candidate."""
     worst = 0.0
