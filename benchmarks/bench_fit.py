@@ -35,6 +35,11 @@ and the median and spread (interquartile range / 1.349) of the pulls ``(fit - tr
 of ``x_pos`` and ``flux_pos``, from each tool's own errors: a spread near 1 means the
 errors are right.
 
+``outcore-kernel`` (``--kernel-n``, 4096 by default) times ``fit_chunk`` alone on one chunk
+in this process, on one core: ``"engine": "compiled"`` is the host loop the Gaussian model
+runs (``outcore.fit.cpu``), ``"array"`` the batched array code (what the PSF model and cupy
+run), alternating run by run.
+
 ``--big N`` also streams a lazy catalog of N stamps (never materialised, made chunk by chunk
 in the workers) through ``--workers`` workers of ``--big-memory`` each, computing only the
 status counts and histograms of the errors and pulls; its line gives the peak worker memory
@@ -66,7 +71,7 @@ from common import add_backend, check_backend, line, machine, sample_memory, tim
 from distributed import Client, LocalCluster, futures_of, wait
 
 import outcore
-from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, simulate_catalog
+from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, kernels, simulate_catalog
 from outcore.runs import versions
 
 BENCH = "fit-dipoles"
@@ -365,6 +370,39 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth,
          bytes_per_candidate_in_flight=peaks["one"] - base, quality=done)
 
 
+def bench_kernel(args: argparse.Namespace, n: int) -> None:
+    """``fit_chunk`` alone on one chunk of ``n`` stamps in this process (one core), the
+    compiled host loop (``outcore.fit.cpu``) and the array code, alternating run by run."""
+    catalog, _ = simulate_catalog(n, args.stamp, **catalog_options(args))
+    catalog = catalog.compute()
+    arrays = {name: catalog[name].values for name in ("images", "variance", "mask", "psf")
+              if name in catalog}
+    compiled = kernels.COMPILED_MODELS
+    engines = {"array": ()}
+    if args.model in compiled:
+        engines = {"compiled": compiled, **engines}
+    walls: dict[str, list[float]] = {engine: [] for engine in engines}
+    cpus: dict[str, list[float]] = {engine: [] for engine in engines}
+    few = {k: v[:8] if k != "psf" or v.ndim == 3 else v for k, v in arrays.items()}
+    try:
+        for models in engines.values():  # warm-up: numba's cache, imports
+            kernels.COMPILED_MODELS = models
+            kernels.fit_chunk(**few, model=args.model)
+        for _ in range(args.runs):
+            for engine, models in engines.items():
+                kernels.COMPILED_MODELS = models
+                t0, c0 = time.perf_counter(), time.process_time()
+                kernels.fit_chunk(**arrays, model=args.model)
+                cpus[engine].append(time.process_time() - c0)
+                walls[engine].append(time.perf_counter() - t0)
+    finally:
+        kernels.COMPILED_MODELS = compiled
+    for engine in engines:
+        emit("outcore-kernel", case_for(args, n, chunk=n, workers=1, engine=engine),
+             n / float(np.median(walls[engine])), walls[engine],
+             fits_per_cpu_s=round(n / float(np.median(cpus[engine])), 1))
+
+
 def emit(tool: str, case: dict, value: float, walls: list[float], **extra) -> None:
     """One fits-per-second line, with the load average of this shared machine at its end."""
     line(BENCH, tool, case, "fits_per_s", value, walls, **extra,
@@ -496,6 +534,8 @@ def main() -> None:
     parser.add_argument("--cuphoton-batch", type=int, default=0,
                         help="stamps per cuPhoton call (0: the whole catalog, its local executor)")
     parser.add_argument("--cuphoton-timeout", type=float, default=3600.0, help="seconds")
+    parser.add_argument("--kernel-n", type=int, default=4096,
+                        help="stamps of the in-process fit_chunk case (0: none)")
     parser.add_argument("--big", type=int, default=0,
                         help="also stream a lazy catalog of this many stamps (e.g. 1000000)")
     parser.add_argument("--big-memory", default="2GiB", help="memory_limit of each worker")
@@ -504,6 +544,8 @@ def main() -> None:
     args = parser.parse_args()
     check_backend(parser, args.backend)
 
+    if args.kernel_n:
+        bench_kernel(args, args.kernel_n)
     for n in args.n:
         _, truth = simulate_catalog(n, args.stamp, **catalog_options(args))
         if not args.skip_scipy or args.cuphoton:

@@ -11,6 +11,8 @@ the axis, a detector that sees the whole volume) and the same Shepp-Logan volume
   and its exact transpose, numba) on the whole volume in this process, on one core; with
   ``--backend cupy`` the CUDA twins on the volume in GPU memory, each call waited for, no
   copies between host and device in the clock (``device_pool_bytes``: cupy's pool after);
+  its lines also give ``gups_per_cpu_s``, the same count over the CPU seconds of the runs,
+  steadier than wall time on a shared machine;
 - ``outcore``: ``Projector.project`` and ``backproject`` on a LocalCluster of ``--workers``
   processes of one thread and ``--memory-limit`` each, with the blocks ``suggest_blocks``
   picks for them (``--partition``); the input is persisted in the workers and one warm-up
@@ -55,6 +57,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,9 +139,17 @@ def bench_kernel(args: argparse.Namespace, n: int, geometry: Geometry,
 
     pids = [os.getpid()]
     for direction, work in (("forward", forward), ("back", back)):
-        walls, peaks = measure(work, args.runs, pids)
+        cpus: list[float] = []
+
+        def timed_run(work: Callable[[], None] = work, cpus: list[float] = cpus) -> None:
+            c0 = time.process_time()
+            work()
+            cpus.append(time.process_time() - c0)
+
+        walls, peaks = measure(timed_run, args.runs, pids)
         emit("outcore-kernel", case_for(n, geometry, direction, workers=1, backend=on), walls,
-             peaks, **device_pool(on))
+             peaks, gups_per_cpu_s=round(gups(shape, geometry.n_views, cpus), 6),
+             **device_pool(on))
 
 
 def device_pool(backend: str) -> dict[str, int]:

@@ -179,3 +179,38 @@ def test_cupy_twin_equals_numpy(model):
     assert device[5, -1] == STATUS["invalid_input"]
     np.testing.assert_allclose(device[:, : 2 * len(names) + 1], host[:, : 2 * len(names) + 1],
                                rtol=1e-6, atol=1e-9)
+
+
+def test_compiled_host_loop_equals_the_array_code(monkeypatch):
+    """The Gaussian model's compiled loop (outcore.fit.cpu) against the batched array code
+    on the same numpy chunk: every status, iteration count, parameter and error."""
+    arrays, _ = _catalog(400, mask_fraction=0.05, noise="poisson", background=(-2.0, 2.0),
+                         seed=31)
+    arrays["images"][3] = 0.0  # blank: singular
+    arrays["images"][5, 4, 4] = np.nan  # invalid_input
+    arrays["mask"][9, :, :] = True  # fully masked: invalid_input
+    arrays["mask"][11, 1:-1, 1:-1] = True  # border only: the start's medians from the border
+    arrays["mask"][12, 0, :] = arrays["mask"][12, -1, :] = True  # no border row: fallback
+    arrays["mask"][12, :, 0] = arrays["mask"][12, :, -1] = True
+    for options in ({}, {"max_iterations": 3}, {"g_tol": 0.1}, {"scale_errors": True}, TIGHT):
+        compiled = unpack(fit_chunk(**arrays, **options), "gaussian")
+        with monkeypatch.context() as patch:
+            patch.setattr("outcore.fit.kernels.COMPILED_MODELS", ())
+            array_code = unpack(fit_chunk(**arrays, **options), "gaussian")
+        if options is TIGHT:  # steps of 1e-15: rounding decides the last few, not the fit
+            converged = STATUS["converged_g_tol"]
+            np.testing.assert_array_equal(compiled["status"] <= converged,
+                                          array_code["status"] <= converged)
+        else:
+            for name in ("status", "iterations"):
+                np.testing.assert_array_equal(compiled[name], array_code[name], err_msg=name)
+        np.testing.assert_array_equal(compiled["dof"], array_code["dof"])
+        assert {STATUS_NAMES[s] for s in compiled["status"]} >= {"singular", "invalid_input"}
+        for name in get_model("gaussian").params:
+            ours, theirs, err = compiled[name], array_code[name], array_code[f"{name}_err"]
+            np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+            fitted = ~np.isnan(err)
+            close = 1e-6 if options is TIGHT else 1e-9
+            assert (np.abs(ours - theirs)[fitted] <= close * err[fitted]).all(), name
+            np.testing.assert_allclose(compiled[f"{name}_err"], err, rtol=close)
+        np.testing.assert_allclose(compiled["chi2"], array_code["chi2"], rtol=1e-10)

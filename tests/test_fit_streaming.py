@@ -6,10 +6,12 @@ import dask
 
 from outcore import cluster
 from outcore.fit import fit_dipoles, memory_model, simulate_catalog, status_counts
+from outcore.fit.memory import FIT_WORKER_BASELINE_BYTES
 from outcore.plan import Plan
 from outcore.runner import peak_worker_rss
 
-LIMIT = 400 * 2**20
+#: Workers that hold numba's compiled fit loop (``FIT_WORKER_BASELINE_BYTES``) and a plan's budget.
+LIMIT = 720 * 2**20
 
 
 def _peak_for(n: int) -> tuple[int, dict]:
@@ -28,7 +30,7 @@ def test_worker_memory_does_not_grow_with_the_catalog():
     assert large < LIMIT and small < LIMIT
     assert large <= 1.15 * small, (small, large)  # 6x the candidates, the same footprint
     stages = memory_model(24_000, 256, (17, 17), "float32", "gaussian", variance=True)
-    plan = Plan(stages, workers=2, memory_limit=LIMIT)
+    plan = Plan(stages, workers=2, memory_limit=LIMIT, baseline_bytes=FIT_WORKER_BASELINE_BYTES)
     assert plan.fits and large < plan.budget_bytes
 
 

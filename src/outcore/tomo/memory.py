@@ -5,9 +5,11 @@ of projections (``views_per_block * band * nu`` values, ``band`` the rows it cov
 them for the ``views`` partition, the slab's band for ``space``). A backprojection task holds
 the row chunks of one view block that reach its slab, a float64 accumulator of the slab, the
 slab in the data's dtype and (``space``) a contiguous copy of the rows of its band. Sums hold
-``split_every`` partials and their total. The kernels allocate nothing else of note (numba
-and the GPU kernels keep per-ray state in registers). ``tests/test_tomo_projector.py``
-checks these counts against ``tracemalloc``.
+``split_every`` partials and their total. The CPU kernels also hold a copy of the slab in
+one *layout* (forward) or an accumulator of the slab in the data's dtype (adjoint), and
+their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``); the GPU kernels keep
+per-ray state in registers, so the model is the CPU's, an upper bound for both.
+``tests/test_tomo_projector.py`` checks these counts against ``tracemalloc``.
 
 Every plan of the projector counts ``TOMO_WORKER_BASELINE_BYTES`` per worker in place of
 ``outcore.plan.WORKER_BASELINE_BYTES``: a worker that runs these kernels also holds numba,
@@ -44,6 +46,26 @@ TOMO_WORKER_BASELINE_BYTES = 300 * 2**20
 
 
 Range = tuple[int, int]
+
+
+#: Bytes of *lines* (``outcore.tomo.kernels.cpu``) one CPU kernel call keeps: a block of
+#: views (parallel beam) or of detector columns (cone beam) whose lines stay in cache (1 MiB).
+KERNEL_LINES_BYTES = 2**20
+
+
+def kernel_lines_shape(cone: bool, n_views: int, nu: int, volume_shape: tuple[int, ...],
+                       itemsize: int) -> tuple[int, int]:
+    """Shape of the CPU kernels' lines buffer for a slab ``volume_shape (z, y, x)``: one line
+    of ``z + 3`` values per column of a block of views (parallel) or per plane of the driving
+    axis of a block of columns (cone), as many whole blocks as fit ``KERNEL_LINES_BYTES``,
+    at least one, no more than there are views (columns)."""
+    nz, ny, nx = volume_shape
+    per = max(nx, ny) if cone else nu
+    most = nu if cone else n_views
+    block = max(1, min(most, KERNEL_LINES_BYTES // (per * (nz + 3) * itemsize)))
+    return block * per, nz + 3
+
+
 
 
 def _ranges(n: int, size: int) -> tuple[Range, ...]:
@@ -123,16 +145,19 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     pieces_bytes = views * rows * nu * item
     # a piece cut to the slab's band is copied to a contiguous block (space partition)
     cut_bytes = 0 if partition == "views" else views * band * nu * item
+    rows, width = kernel_lines_shape(geometry.kind == "cone", views, nu, (slab, ny, nx), item)
+    kernel_bytes = slab_bytes + rows * width * item  # the layout (or accumulator) and lines
     sums = min(split_every, n_slabs)
     device = on_device if backend == "cupy" else (lambda stage: stage)
     return [
         device(TaskMemory("forward", n_blocks * n_slabs, input_bytes=slab_bytes,
-                          output_bytes=partial_bytes, read_bytes=slab_bytes)),
+                          output_bytes=partial_bytes, transient_bytes=kernel_bytes,
+                          read_bytes=slab_bytes)),
         TaskMemory("forward-sum", n_blocks * len(cut.row_chunks),
                    input_bytes=sums * partial_bytes, output_bytes=views * chunk * nu * item),
         device(TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
                           output_bytes=slab_bytes,
-                          transient_bytes=slab * ny * nx * F64 + cut_bytes,
+                          transient_bytes=slab * ny * nx * F64 + cut_bytes + kernel_bytes,
                           read_bytes=pieces_bytes)),
         TaskMemory("backproject-sum", n_slabs * max(1, n_blocks - 1),
                    input_bytes=min(split_every, n_blocks) * slab_bytes, output_bytes=slab_bytes,

@@ -40,8 +40,8 @@ def forward(slab: Array, angles: np.ndarray, geometry: Geometry, *, z0: int = 0,
     """Project ``slab (nz, ny, nx)``: ``(views, v1 - v0, nu)`` for the detector rows ``rows``.
 
     ``angles`` (views,) in radians; ``depth`` is the whole volume's nz (the slab's own by
-    default); ``rows`` defaults to every row. Same dtype and backend as ``slab``; sums along
-    each ray in float64.
+    default); ``rows`` defaults to every row. Same dtype and backend as ``slab``; sums in
+    the slab's dtype on the host, in float64 on a GPU.
     """
     depth = slab.shape[0] if depth is None else depth
     nv, nu = geometry.detector_shape
@@ -56,7 +56,8 @@ def adjoint(proj: Array, angles: np.ndarray, geometry: Geometry, slab_shape: tup
     """Exact transpose of ``forward``: ``proj (views, rows, nu)`` (rows from ``v0``) to a slab.
 
     With ``out`` (a float64 slab), adds into it and returns it; else returns a new slab of
-    ``proj``'s dtype (accumulated in float64).
+    ``proj``'s dtype (accumulated in float64; on the host each call first sums in ``proj``'s
+    dtype).
     """
     return _accumulate(proj, slab_shape, z0, depth, out,
                        lambda acc, cz: _impl(proj).adjoint(

@@ -2,15 +2,35 @@
 weighted backprojector for FBP/FDK. One call works on a block of views and a z-slab.
 
 Joseph's method walks each ray one voxel at a time along its *driving* axis (``x`` or ``y``,
-whichever the ray is closer to) and, in every plane of that axis it crosses, interpolates the
-volume bilinearly in the two other axes. A sample's value times the ray length per step is
-added to the ray's sum (float64). The adjoint walks the same rays with the same weights and
-scatters ``weight * value`` into a float64 slab: it is the matrix transpose, so
-``<A x, y> = <x, A^T y>`` holds to rounding. Voxels outside the slab count as zero, so the
-sum over slabs of a volume equals the projection of the whole volume, exactly.
+whichever the ray is closer to) and, in every plane of that axis, interpolates the volume
+bilinearly in the two other axes, taps outside the slab counting as zero. A sample's value
+times the ray length per step is added to the ray's sum. The adjoint applies the transpose
+of that matrix, with the same weights. Voxels outside the slab count as zero, so the sum over
+slabs of a volume equals the projection of the whole volume, exactly.
 
 Index coordinates: a ray point ``(x, y, z)`` sits at fractional voxel indices
 ``(x / voxel + cx, y / voxel + cy, z / voxel + cz)``, with ``cz`` the slab's own centre index.
+
+How the kernels walk the rays. A ray that drives along ``x`` crosses the plane ``x = m`` at
+``y = a1 + b1 m`` (``a1``, ``b1`` depend only on its detector column) and ``z = za + zb m``
+(for the parallel beam ``zb = 0``: ``z`` depends only on its row). So each kernel call works
+on a copy of the slab in one *layout*, ``(x, y, z)`` for the rays that drive along ``x`` or
+``(y, x, z)`` for the others, whose contiguous axis is ``z``, and splits a bilinear sample into
+its two linear interpolations:
+
+- in the plane ``m``, between the rows ``j`` and ``j + 1``: the *line*
+  ``(1 - wy) vol[m, j, :] + wy vol[m, j + 1, :]``, one contiguous, vectorised loop over ``z``
+  that serves every ray of the column;
+- along ``z``, between two values of that line.
+
+Parallel beam: ``z`` is the same in every plane, so the lines of a column are summed over the
+planes first and interpolated along ``z`` once per ray. Cone beam: a block of columns builds
+its lines plane by plane, and each ray then sums its samples over the planes (a vectorised
+reduction). The adjoint runs the same steps backwards with the same weights, computed by the
+same inlined code: it spreads each ray's value along ``z`` over its lines, then adds each line
+into its two rows of the layout (a contiguous loop, no conflicting writes). It is therefore
+the transpose of the forward by construction: ``<A x, y> = <x, A^T y>`` holds to rounding.
+Lines, ray sums and the adjoint's accumulator are in the data's dtype.
 """
 
 from __future__ import annotations
@@ -20,64 +40,340 @@ import math
 import numba
 import numpy as np
 
+from outcore.tomo.memory import kernel_lines_shape
+
 _JIT = {"nogil": True, "cache": True}
-#: Lets LLVM reorder a ray's float64 sum (vectorised gathers); NaN and Inf keep their meaning.
-_FAST = {**_JIT, "fastmath": {"reassoc", "nsz", "arcp"}}
+#: Lets LLVM reorder sums and fuse multiply-adds (vectorised loops); NaN and Inf keep their
+#: meaning.
+_FAST = {**_JIT, "fastmath": {"reassoc", "nsz", "arcp", "contract"}}
+#: ``layout`` axes of each driving axis: ``(x, y, z)`` (0, along x) and ``(y, x, z)`` (1).
+LAYOUTS = ((2, 1, 0), (1, 2, 0))
+#: The axes that take a layout back to ``(z, y, x)``.
+BACK = ((2, 1, 0), (2, 0, 1))
 
 
 @numba.njit(inline="always", **_JIT)
-def _ray(cone, c, s, up, vp, rs, rd, vox, cx, cy, cz):
-    """Origin and direction of a ray in index coordinates."""
-    if cone:
-        ox = rs * s / vox + cx
-        oy = -rs * c / vox + cy
-        oz = cz
-        dx = (-(rd + rs) * s + up * c) / vox
-        dy = ((rd + rs) * c + up * s) / vox
-        dz = vp / vox
-    else:
-        ox = up * c / vox + cx
-        oy = up * s / vox + cy
-        oz = vp / vox + cz
-        dx = -s
-        dy = c
-        dz = 0.0
-    return ox, oy, oz, dx, dy, dz
+def _taps(y, no):
+    """The two rows of a linear interpolation at ``y`` over rows ``0 .. no - 1`` (zero
+    outside) and their weights, ``(j0, w0, j1, w1)``; ``j0 = -1`` when ``y`` is outside
+    ``(-1, no)``. A missing row is replaced by its neighbour with weight zero."""
+    if not (-1.0 < y < no):
+        return -1, 0.0, 0, 0.0
+    fj = math.floor(y)
+    j = int(fj)
+    wy = y - fj
+    w0 = 1.0 - wy if j >= 0 else 0.0
+    w1 = wy if j + 1 < no else 0.0
+    return max(j, 0), w0, min(j + 1, no - 1), w1
 
 
 @numba.njit(inline="always", **_JIT)
-def _clip(a, b, upper, lo, hi):
-    """Narrow ``lo <= m < hi`` to the steps where ``-1 < a + b m < upper`` (conservative)."""
+def _z_tap(z, nz):
+    """Where ``z`` falls in a line padded with one zero below and two above (``line[i]`` is
+    plane ``i - 1``): the index ``i`` and the weight of ``line[i + 1]``. ``z`` is clamped to
+    ``[-1, nz]``, so that taps outside the slab read the padding."""
+    z = min(max(z, -1.0), float(nz)) + 1.0
+    i = int(z)
+    return i, z - i
+
+
+@numba.njit(inline="always", **_JIT)
+def _steps(a, b, lower, upper, n):
+    """The steps ``m`` of ``[0, n)`` with ``lower < a + b m < upper``, or a few more."""
     if b == 0.0:
-        if -1.0 < a < upper:
-            return lo, hi
-        return lo, lo
-    m1 = (-1.0 - a) / b
+        if lower < a < upper:
+            return 0, n
+        return 0, 0
+    m1 = (lower - a) / b
     m2 = (upper - a) / b
     if m1 > m2:
         m1, m2 = m2, m1
-    m1 = max(m1, lo - 1.0)
-    m2 = min(m2, hi + 1.0)
-    return max(lo, int(math.floor(m1))), min(hi, int(math.ceil(m2)) + 1)
+    m1 = max(m1, -1.0)
+    m2 = min(m2, n + 1.0)
+    return max(0, int(math.floor(m1))), min(n, int(math.ceil(m2)) + 1)
+
+
+@numba.njit(inline="always", **_FAST)
+def _add_line(lines, row, vol, m, j0, w0, j1, w1):
+    """``lines[row, 1 + k] += w0 vol[m, j0, k] + w1 vol[m, j1, k]`` for every ``k``."""
+    w0 = lines.dtype.type(w0)
+    w1 = lines.dtype.type(w1)
+    for k in range(vol.shape[2]):
+        lines[row, k + 1] += w0 * vol[m, j0, k] + w1 * vol[m, j1, k]
+
+
+@numba.njit(inline="always", **_FAST)
+def _set_line(lines, row, vol, m, j0, w0, j1, w1):
+    """``lines[row, 1 + k] = w0 vol[m, j0, k] + w1 vol[m, j1, k]`` for every ``k``."""
+    w0 = lines.dtype.type(w0)
+    w1 = lines.dtype.type(w1)
+    for k in range(vol.shape[2]):
+        lines[row, k + 1] = w0 * vol[m, j0, k] + w1 * vol[m, j1, k]
+
+
+@numba.njit(inline="always", **_FAST)
+def _spread_line(acc, m, j0, w0, j1, w1, lines, row):
+    """The transpose of ``_add_line``: ``acc[m, j0] += w0 line``, ``acc[m, j1] += w1 line``."""
+    w0 = acc.dtype.type(w0)
+    w1 = acc.dtype.type(w1)
+    for k in range(acc.shape[2]):
+        value = lines[row, k + 1]
+        acc[m, j0, k] += w0 * value
+        acc[m, j1, k] += w1 * value
+
+
+@numba.njit(inline="always", **_FAST)
+def _ray_sum(lines, base, za, zb, lo, hi, nz):
+    """A cone ray's sum over the planes ``[lo, hi)`` of its lines ``lines[base + m]`` at
+    ``z = za + zb m``."""
+    one = lines.dtype.type(1.0)
+    total = lines.dtype.type(0.0)
+    for m in range(lo, hi):
+        i, wz = _z_tap(za + zb * m, nz)
+        w = lines.dtype.type(wz)
+        row = np.uint64(base + m)
+        total += (one - w) * lines[row, np.uint64(i)] + w * lines[row, np.uint64(i + 1)]
+    return total
+
+
+@numba.njit(inline="always", **_FAST)
+def _ray_spread(lines, base, value, za, zb, lo, hi, nz):
+    """The transpose of ``_ray_sum``: add ``value`` times each tap's weight to the lines."""
+    one = lines.dtype.type(1.0)
+    value = lines.dtype.type(value)
+    for m in range(lo, hi):
+        i, wz = _z_tap(za + zb * m, nz)
+        w = lines.dtype.type(wz)
+        row = np.uint64(base + m)
+        lines[row, np.uint64(i)] += (one - w) * value
+        lines[row, np.uint64(i + 1)] += w * value
 
 
 @numba.njit(inline="always", **_JIT)
-def _line(ox, oy, oz, dx, dy, dz, nz, ny, nx, vox):
-    """Driving axis (True: x) and the ray as ``other = a1 + b1 m``, ``z = a2 + b2 m`` over
-    the driving index ``m`` in ``[lo, hi)``, with the ray length per step."""
-    drive_x = abs(dx) >= abs(dy)
-    if drive_x:
-        od, dd, oo, do, nd, no = ox, dx, oy, dy, nx, ny
-    else:
-        od, dd, oo, do, nd, no = oy, dy, ox, dx, ny, nx
+def _parallel_drive(c, s):
+    """Driving axis of a parallel view (0: x, 1: y); its rays travel along ``(-s, c)``."""
+    return 0 if abs(s) >= abs(c) else 1
+
+
+@numba.njit(inline="always", **_JIT)
+def _parallel_view(c, s, drive, cx, cy, cu, du, ou, vox, a1):
+    """``a1`` of every column of a parallel view driving along ``drive``; returns ``b1`` and
+    the ray length per step."""
+    dd, do = (-s, c) if drive == 0 else (c, -s)
     b1 = do / dd
-    a1 = oo - od * b1
-    b2 = dz / dd
-    a2 = oz - od * b2
-    step = vox * math.sqrt(dx * dx + dy * dy + dz * dz) / abs(dd)
-    lo, hi = _clip(a1, b1, float(no), 0, nd)
-    lo, hi = _clip(a2, b2, float(nz), lo, hi)
-    return drive_x, a1, b1, a2, b2, lo, hi, step
+    for iu in range(a1.size):
+        up = (iu - cu) * du + ou
+        ox = up * c / vox + cx
+        oy = up * s / vox + cy
+        a1[iu] = oy - ox * b1 if drive == 0 else ox - oy * b1
+    return b1, vox / abs(dd)
+
+
+@numba.njit(inline="always", **_JIT)
+def _cone_column(c, s, up, rs, rd, vox, cx, cy):
+    """A cone column's ray: driving axis, and in index coordinates the source's coordinate
+    ``od`` along that axis, the direction's ``dd`` along it and ``dx^2 + dy^2``, and the
+    line ``a1 + b1 m`` of the other coordinate."""
+    sx = rs * s / vox + cx
+    sy = -rs * c / vox + cy
+    dx = (-(rd + rs) * s + up * c) / vox
+    dy = ((rd + rs) * c + up * s) / vox
+    if abs(dx) >= abs(dy):
+        b1 = dy / dx
+        return 0, sx, dx, dx * dx + dy * dy, sy - sx * b1, b1
+    b1 = dx / dy
+    return 1, sy, dy, dx * dx + dy * dy, sx - sy * b1, b1
+
+
+@numba.njit(**_JIT)
+def drives_used(angles, nu, cone, rs, rd, du, ou, vox, nx, ny):
+    """Whether some ray of these views drives along x, along y: ``(bool, bool)``."""
+    cu = (nu - 1) / 2.0
+    cx = (nx - 1) / 2.0
+    cy = (ny - 1) / 2.0
+    used = [False, False]
+    for a in range(angles.size):
+        c = math.cos(angles[a])
+        s = math.sin(angles[a])
+        if not cone:
+            used[_parallel_drive(c, s)] = True
+            continue
+        for iu in range(nu):
+            used[_cone_column(c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)[0]] = True
+    return used[0], used[1]
+
+
+@numba.njit(**_FAST)
+def parallel_forward(vol, drive, out, lines, angles, v0, nv, cz, dv, du, ov, ou, vox):
+    """Write the views of ``out (views, rows, u)`` that drive along ``drive`` (rows from
+    ``v0``, of ``nv``), projecting the slab in its layout ``vol``. Views are taken in blocks
+    that share each plane while it is in cache."""
+    nd, no, nz = vol.shape
+    nx, ny = (nd, no) if drive == 0 else (no, nd)
+    n_views, n_rows, nu = out.shape
+    cx, cy, cu, cv = (nx - 1) / 2.0, (ny - 1) / 2.0, (nu - 1) / 2.0, (nv - 1) / 2.0
+    cap = lines.shape[0] // nu
+    a1 = np.empty((cap, nu))
+    b1 = np.empty(cap)
+    step = np.empty(cap)
+    block = np.empty(cap, np.int64)
+    a = 0
+    while a < n_views:
+        size = 0
+        while a < n_views and size < cap:
+            c, s = math.cos(angles[a]), math.sin(angles[a])
+            if _parallel_drive(c, s) == drive:
+                block[size] = a
+                b1[size], step[size] = _parallel_view(c, s, drive, cx, cy, cu, du, ou, vox,
+                                                      a1[size])
+                size += 1
+            a += 1
+        lines[:size * nu] = 0.0
+        for m in range(nd):
+            for b in range(size):
+                for iu in range(nu):
+                    j0, w0, j1, w1 = _taps(a1[b, iu] + b1[b] * m, no)
+                    if j0 >= 0:
+                        _add_line(lines, b * nu + iu, vol, m, j0, w0, j1, w1)
+        for b in range(size):
+            for r in range(n_rows):
+                i, wz = _z_tap(((v0 + r - cv) * dv + ov) / vox + cz, nz)
+                for iu in range(nu):
+                    out[block[b], r, iu] = step[b] * ((1.0 - wz) * lines[b * nu + iu, i]
+                                                      + wz * lines[b * nu + iu, i + 1])
+
+
+@numba.njit(**_FAST)
+def parallel_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, dv, du, ov, ou, vox):
+    """Add the transpose of ``parallel_forward`` of the views of ``proj (views, rows, u)``
+    that drive along ``drive`` into ``acc``, the slab's accumulator in that layout."""
+    nd, no, nz = acc.shape
+    nx, ny = (nd, no) if drive == 0 else (no, nd)
+    n_views, n_rows, nu = proj.shape
+    cx, cy, cu, cv = (nx - 1) / 2.0, (ny - 1) / 2.0, (nu - 1) / 2.0, (nv - 1) / 2.0
+    cap = lines.shape[0] // nu
+    a1 = np.empty((cap, nu))
+    b1 = np.empty(cap)
+    a = 0
+    while a < n_views:
+        size = 0
+        while a < n_views and size < cap:
+            c, s = math.cos(angles[a]), math.sin(angles[a])
+            if _parallel_drive(c, s) == drive:
+                b1[size], step = _parallel_view(c, s, drive, cx, cy, cu, du, ou, vox,
+                                                a1[size])
+                lines[size * nu:(size + 1) * nu] = 0.0
+                for r in range(n_rows):
+                    i, wz = _z_tap(((v0 + r - cv) * dv + ov) / vox + cz, nz)
+                    for iu in range(nu):
+                        value = step * proj[a, r, iu]
+                        lines[size * nu + iu, i] += (1.0 - wz) * value
+                        lines[size * nu + iu, i + 1] += wz * value
+                size += 1
+            a += 1
+        for m in range(nd):
+            for b in range(size):
+                for iu in range(nu):
+                    j0, w0, j1, w1 = _taps(a1[b, iu] + b1[b] * m, no)
+                    if j0 >= 0:
+                        _spread_line(acc, m, j0, w0, j1, w1, lines, b * nu + iu)
+
+
+@numba.njit(**_FAST)
+def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox):
+    """Write the rays of ``out (views, rows, u)`` that drive along ``drive`` (rows from
+    ``v0``, of ``nv``), projecting the slab in its layout ``vol``, a block of columns at a
+    time."""
+    nd, no, nz = vol.shape
+    nx, ny = (nd, no) if drive == 0 else (no, nd)
+    n_views, n_rows, nu = out.shape
+    cx, cy, cu, cv = (nx - 1) / 2.0, (ny - 1) / 2.0, (nu - 1) / 2.0, (nv - 1) / 2.0
+    cap = lines.shape[0] // max(nx, ny)
+    vz = np.empty(n_rows)
+    for r in range(n_rows):
+        vz[r] = ((v0 + r - cv) * dv + ov) / vox
+    columns = np.empty(cap, np.int64)
+    od, dd, dxy = np.empty(cap), np.empty(cap), np.empty(cap)
+    a1, b1 = np.empty(cap), np.empty(cap)
+    m0, m1 = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    for a in range(n_views):
+        c, s = math.cos(angles[a]), math.sin(angles[a])
+        iu = 0
+        while iu < nu:
+            size, first, last = 0, nd, 0
+            while iu < nu and size < cap:
+                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
+                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
+                if g == drive:
+                    columns[size] = iu
+                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
+                    first, last = min(first, m0[size]), max(last, m1[size])
+                    size += 1
+                iu += 1
+            for m in range(first, last):
+                for b in range(size):
+                    if m0[b] <= m < m1[b]:
+                        j0, w0, j1, w1 = _taps(a1[b] + b1[b] * m, no)
+                        _set_line(lines, b * nd + m, vol, m, j0, w0, j1, w1)
+            for b in range(size):
+                inv = 1.0 / dd[b]
+                for r in range(n_rows):
+                    zb = vz[r] * inv
+                    za = cz - od[b] * zb
+                    lo, hi = _steps(za, zb, -1.0, float(nz), nd)
+                    lo, hi = max(lo, m0[b]), min(hi, m1[b])
+                    total = _ray_sum(lines, b * nd, za, zb, lo, hi, nz) if lo < hi else 0.0
+                    out[a, r, columns[b]] = vox * math.sqrt(dxy[b] + vz[r] ** 2) * abs(inv) * total
+
+
+@numba.njit(**_FAST)
+def cone_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox):
+    """Add the transpose of ``cone_forward`` of the rays of ``proj (views, rows, u)`` that
+    drive along ``drive`` into ``acc``, the slab's accumulator in that layout."""
+    nd, no, nz = acc.shape
+    nx, ny = (nd, no) if drive == 0 else (no, nd)
+    n_views, n_rows, nu = proj.shape
+    cx, cy, cu, cv = (nx - 1) / 2.0, (ny - 1) / 2.0, (nu - 1) / 2.0, (nv - 1) / 2.0
+    cap = lines.shape[0] // max(nx, ny)
+    vz = np.empty(n_rows)
+    for r in range(n_rows):
+        vz[r] = ((v0 + r - cv) * dv + ov) / vox
+    od, dd, dxy = np.empty(cap), np.empty(cap), np.empty(cap)
+    a1, b1 = np.empty(cap), np.empty(cap)
+    m0, m1 = np.empty(cap, np.int64), np.empty(cap, np.int64)
+    for a in range(n_views):
+        c, s = math.cos(angles[a]), math.sin(angles[a])
+        iu = 0
+        while iu < nu:
+            size, first, last = 0, nd, 0
+            while iu < nu and size < cap:
+                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
+                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
+                if g == drive:
+                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
+                    first, last = min(first, m0[size]), max(last, m1[size])
+                    lines[size * nd + m0[size]:size * nd + m1[size]] = 0.0
+                    inv = 1.0 / dd[size]
+                    for r in range(n_rows):
+                        value = proj[a, r, iu]
+                        if value == 0.0:
+                            continue
+                        zb = vz[r] * inv
+                        za = cz - od[size] * zb
+                        lo, hi = _steps(za, zb, -1.0, float(nz), nd)
+                        lo, hi = max(lo, m0[size]), min(hi, m1[size])
+                        if lo < hi:
+                            _ray_spread(lines, size * nd,
+                                        vox * math.sqrt(dxy[size] + vz[r] ** 2) * abs(inv)
+                                        * value, za, zb, lo, hi, nz)
+                    size += 1
+                iu += 1
+            for m in range(first, last):
+                for b in range(size):
+                    if m0[b] <= m < m1[b]:
+                        j0, w0, j1, w1 = _taps(a1[b] + b1[b] * m, no)
+                        if j0 >= 0:
+                            _spread_line(acc, m, j0, w0, j1, w1, lines, b * nd + m)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -102,254 +398,6 @@ def _span(a, b, lower, upper, lo, hi):
     return start, stop
 
 
-@numba.njit(inline="always", **_JIT)
-def _interior(a1, b1, a2, b2, no, nz, lo, hi):
-    """Steps whose four taps all lie inside the slab (no bounds checks needed)."""
-    start, stop = _span(a1, b1, 0.0, no - 1.0, lo, hi)
-    return _span(a2, b2, 0.0, nz - 1.0, start, stop)
-
-
-@numba.njit(inline="always", **_JIT)
-def _tap_weights(a1, b1, a2, b2, m):
-    y = a1 + b1 * m
-    z = a2 + b2 * m
-    fj = math.floor(y)
-    fk = math.floor(z)
-    return int(fj), int(fk), y - fj, z - fk
-
-
-@numba.njit(**_FAST)
-def _gather(vol, a1, b1, a2, b2, lo, hi):
-    """Sum of bilinear samples along a ray over steps ``[lo, hi)``; ``vol`` is indexed
-    ``[z, other, drive]``; taps outside ``vol`` count as zero."""
-    nz, no = vol.shape[0], vol.shape[1]
-    if b2 == 0.0 and a2 == math.floor(a2) and 0.0 <= a2 < nz:
-        return _gather_plane(vol[int(a2)], a1, b1, lo, hi)
-    start, stop = _interior(a1, b1, a2, b2, no, nz, lo, hi)
-    if start >= stop:
-        start = stop = hi
-    acc = 0.0
-    for m in range(start, stop):
-        j, k, wy, wz = _tap_weights(a1, b1, a2, b2, m)
-        j = min(max(j, 0), no - 2)
-        k = min(max(k, 0), nz - 2)
-        acc += (1.0 - wz) * ((1.0 - wy) * vol[k, j, m] + wy * vol[k, j + 1, m]) + wz * (
-            (1.0 - wy) * vol[k + 1, j, m] + wy * vol[k + 1, j + 1, m])
-    for m in range(lo, hi):
-        if m == start:
-            break
-        acc += _edge_sample(vol, a1, b1, a2, b2, m)
-    for m in range(stop, hi):
-        acc += _edge_sample(vol, a1, b1, a2, b2, m)
-    return acc
-
-
-@numba.njit(**_FAST)
-def _gather_plane(plane, a1, b1, lo, hi):
-    """``_gather`` for a ray that runs exactly in the plane ``plane [other, drive]``."""
-    no = plane.shape[0]
-    start, stop = _span(a1, b1, 0.0, no - 1.0, lo, hi)
-    if start >= stop:
-        start = stop = hi
-    acc = 0.0
-    for m in range(start, stop):
-        y = a1 + b1 * m
-        fj = math.floor(y)
-        j = min(max(int(fj), 0), no - 2)
-        wy = y - fj
-        acc += (1.0 - wy) * plane[j, m] + wy * plane[j + 1, m]
-    for m in range(lo, hi):
-        if m == start:
-            break
-        acc += _edge_plane(plane, a1, b1, m)
-    for m in range(stop, hi):
-        acc += _edge_plane(plane, a1, b1, m)
-    return acc
-
-
-@numba.njit(inline="always", **_JIT)
-def _edge_plane(plane, a1, b1, m):
-    no = plane.shape[0]
-    y = a1 + b1 * m
-    fj = math.floor(y)
-    j = int(fj)
-    wy = y - fj
-    acc = 0.0
-    if 0 <= j < no:
-        acc += (1.0 - wy) * plane[j, m]
-    if -1 <= j < no - 1:
-        acc += wy * plane[j + 1, m]
-    return acc
-
-
-@numba.njit(**_JIT)
-def _scatter_plane(plane, value, a1, b1, lo, hi):
-    """The transpose of ``_gather_plane``."""
-    no = plane.shape[0]
-    start, stop = _span(a1, b1, 0.0, no - 1.0, lo, hi)
-    if start >= stop:
-        start = stop = hi
-    for m in range(start, stop):
-        y = a1 + b1 * m
-        fj = math.floor(y)
-        j = min(max(int(fj), 0), no - 2)
-        wy = y - fj
-        plane[j, m] += (1.0 - wy) * value
-        plane[j + 1, m] += wy * value
-    for m in range(lo, hi):
-        if m == start:
-            break
-        _edge_scatter_plane(plane, value, a1, b1, m)
-    for m in range(stop, hi):
-        _edge_scatter_plane(plane, value, a1, b1, m)
-
-
-@numba.njit(inline="always", **_JIT)
-def _edge_scatter_plane(plane, value, a1, b1, m):
-    no = plane.shape[0]
-    y = a1 + b1 * m
-    fj = math.floor(y)
-    j = int(fj)
-    wy = y - fj
-    if 0 <= j < no:
-        plane[j, m] += (1.0 - wy) * value
-    if -1 <= j < no - 1:
-        plane[j + 1, m] += wy * value
-
-
-@numba.njit(inline="always", **_JIT)
-def _edge_sample(vol, a1, b1, a2, b2, m):
-    nz, no = vol.shape[0], vol.shape[1]
-    j, k, wy, wz = _tap_weights(a1, b1, a2, b2, m)
-    j_in = 0 <= j < no
-    j1_in = -1 <= j < no - 1
-    acc = 0.0
-    if 0 <= k < nz:
-        plane = 0.0
-        if j_in:
-            plane += (1.0 - wy) * vol[k, j, m]
-        if j1_in:
-            plane += wy * vol[k, j + 1, m]
-        acc += (1.0 - wz) * plane
-    if -1 <= k < nz - 1:
-        plane = 0.0
-        if j_in:
-            plane += (1.0 - wy) * vol[k + 1, j, m]
-        if j1_in:
-            plane += wy * vol[k + 1, j + 1, m]
-        acc += wz * plane
-    return acc
-
-
-@numba.njit(**_JIT)
-def _scatter(out, value, a1, b1, a2, b2, lo, hi):
-    """The transpose of ``_gather``: add ``value`` times each tap's weight into ``out``."""
-    nz, no = out.shape[0], out.shape[1]
-    if b2 == 0.0 and a2 == math.floor(a2) and 0.0 <= a2 < nz:
-        _scatter_plane(out[int(a2)], value, a1, b1, lo, hi)
-        return
-    start, stop = _interior(a1, b1, a2, b2, no, nz, lo, hi)
-    if start >= stop:
-        start = stop = hi
-    for m in range(start, stop):
-        j, k, wy, wz = _tap_weights(a1, b1, a2, b2, m)
-        j = min(max(j, 0), no - 2)
-        k = min(max(k, 0), nz - 2)
-        w0 = (1.0 - wz) * value
-        w1 = wz * value
-        out[k, j, m] += (1.0 - wy) * w0
-        out[k, j + 1, m] += wy * w0
-        out[k + 1, j, m] += (1.0 - wy) * w1
-        out[k + 1, j + 1, m] += wy * w1
-    for m in range(lo, hi):
-        if m == start:
-            break
-        _edge_scatter(out, value, a1, b1, a2, b2, m)
-    for m in range(stop, hi):
-        _edge_scatter(out, value, a1, b1, a2, b2, m)
-
-
-@numba.njit(inline="always", **_JIT)
-def _edge_scatter(out, value, a1, b1, a2, b2, m):
-    nz, no = out.shape[0], out.shape[1]
-    j, k, wy, wz = _tap_weights(a1, b1, a2, b2, m)
-    j_in = 0 <= j < no
-    j1_in = -1 <= j < no - 1
-    if 0 <= k < nz:
-        w = (1.0 - wz) * value
-        if j_in:
-            out[k, j, m] += (1.0 - wy) * w
-        if j1_in:
-            out[k, j + 1, m] += wy * w
-    if -1 <= k < nz - 1:
-        w = wz * value
-        if j_in:
-            out[k + 1, j, m] += (1.0 - wy) * w
-        if j1_in:
-            out[k + 1, j + 1, m] += wy * w
-
-
-@numba.njit(**_JIT)
-def joseph_forward(vol, vol_t, out, angles, v0, nv, cz, cone, rs, rd, dv, du, ov, ou, vox):
-    """Project the slab ``vol (z, y, x)`` into ``out (views, rows, u)`` for rows from ``v0``.
-
-    ``vol_t`` is ``vol`` with y and x swapped (a view); ``nv`` the detector's row count;
-    ``cz`` the slab's centre index (``(depth - 1) / 2 - z0``).
-    """
-    nz, ny, nx = vol.shape
-    n_views, n_rows, nu = out.shape
-    cx = (nx - 1) / 2.0
-    cy = (ny - 1) / 2.0
-    cu = (nu - 1) / 2.0
-    cv = (nv - 1) / 2.0
-    for a in range(n_views):
-        c = math.cos(angles[a])
-        s = math.sin(angles[a])
-        for r in range(n_rows):
-            vp = (v0 + r - cv) * dv + ov
-            for iu in range(nu):
-                up = (iu - cu) * du + ou
-                ox, oy, oz, dx, dy, dz = _ray(cone, c, s, up, vp, rs, rd, vox, cx, cy, cz)
-                drive_x, a1, b1, a2, b2, lo, hi, step = _line(ox, oy, oz, dx, dy, dz,
-                                                              nz, ny, nx, vox)
-                if lo >= hi:
-                    out[a, r, iu] = 0.0
-                elif drive_x:
-                    out[a, r, iu] = step * _gather(vol, a1, b1, a2, b2, lo, hi)
-                else:
-                    out[a, r, iu] = step * _gather(vol_t, a1, b1, a2, b2, lo, hi)
-
-
-@numba.njit(**_JIT)
-def joseph_adjoint(proj, out, out_t, angles, v0, nv, cz, cone, rs, rd, dv, du, ov, ou, vox):
-    """Add the transpose of ``joseph_forward`` applied to ``proj (views, rows, u)`` (rows
-    from ``v0``) into the float64 slab ``out (z, y, x)``; ``out_t`` is ``out`` with y, x
-    swapped (a view)."""
-    nz, ny, nx = out.shape
-    n_views, n_rows, nu = proj.shape
-    cx = (nx - 1) / 2.0
-    cy = (ny - 1) / 2.0
-    cu = (nu - 1) / 2.0
-    cv = (nv - 1) / 2.0
-    for a in range(n_views):
-        c = math.cos(angles[a])
-        s = math.sin(angles[a])
-        for r in range(n_rows):
-            vp = (v0 + r - cv) * dv + ov
-            for iu in range(nu):
-                value = proj[a, r, iu]
-                if value == 0.0:
-                    continue
-                up = (iu - cu) * du + ou
-                ox, oy, oz, dx, dy, dz = _ray(cone, c, s, up, vp, rs, rd, vox, cx, cy, cz)
-                drive_x, a1, b1, a2, b2, lo, hi, step = _line(ox, oy, oz, dx, dy, dz,
-                                                              nz, ny, nx, vox)
-                if lo >= hi:
-                    continue
-                if drive_x:
-                    _scatter(out, step * value, a1, b1, a2, b2, lo, hi)
-                else:
-                    _scatter(out_t, step * value, a1, b1, a2, b2, lo, hi)
 
 
 @numba.njit(**_JIT)
@@ -460,24 +508,60 @@ def _parallel_row(image, row, weight, c, s, y, z, cx, cu, cv, dv, du, ov, ou, vo
         row[i] += weight * _bilinear(image, fv, a + b * i)
 
 
+
+
+def _drives(angles: np.ndarray, scalars: tuple, nu: int, shape: tuple) -> tuple[bool, bool]:
+    cone, rs, rd, _, du, _, ou, vox = scalars
+    nz, ny, nx = shape
+    return drives_used(angles, nu, cone, rs, rd, du, ou, vox, nx, ny)
+
+
+def _run(direction: str, data: np.ndarray, drive: int, target: np.ndarray,
+         angles: np.ndarray, v0: int, nv: int, cz: float, scalars: tuple,
+         volume_shape: tuple) -> None:
+    """One kernel call for the rays that drive along ``drive``, with its lines' buffer."""
+    cone, rs, rd, dv, du, ov, ou, vox = scalars
+    n_views, nu = angles.size, target.shape[2] if direction == "forward" else data.shape[2]
+    lines = np.zeros(kernel_lines_shape(bool(cone), n_views, nu, volume_shape,
+                                        np.dtype(data.dtype).itemsize), data.dtype)
+    if cone:
+        kernel = cone_forward if direction == "forward" else cone_adjoint
+        kernel(data, drive, target, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox)
+    else:
+        kernel = parallel_forward if direction == "forward" else parallel_adjoint
+        kernel(data, drive, target, lines, angles, v0, nv, cz, dv, du, ov, ou, vox)
+
+
 def forward(vol: np.ndarray, angles: np.ndarray, scalars: tuple, v0: int, n_rows: int,
             nu: int, nv: int, cz: float) -> np.ndarray:
-    """Host driver of ``joseph_forward``: a new ``(views, n_rows, nu)`` array of vol's dtype.
-
-    ``scalars`` is ``Geometry.kernel_args()``.
-    """
-    vol = np.ascontiguousarray(vol)
+    """Project the slab ``vol (z, y, x)``: a new ``(views, n_rows, nu)`` array of vol's dtype,
+    for the rows from ``v0`` of a detector of ``nv`` rows; ``cz`` is the slab's centre index
+    (``(depth - 1) / 2 - z0``) and ``scalars`` is ``Geometry.kernel_args()``. Holds one
+    layout (a copy of the slab) at a time."""
+    vol = np.asarray(vol)
+    angles = np.ascontiguousarray(angles, np.float64)
     out = np.empty((angles.size, n_rows, nu), dtype=vol.dtype)
-    joseph_forward(vol, vol.transpose(0, 2, 1), out, np.ascontiguousarray(angles, np.float64),
-                   v0, nv, cz, *scalars)
+    for drive, used in enumerate(_drives(angles, scalars, nu, vol.shape)):
+        if used:
+            layout = np.ascontiguousarray(vol.transpose(LAYOUTS[drive]))
+            _run("forward", layout, drive, out, angles, v0, nv, cz, scalars, vol.shape)
+            del layout
     return out
 
 
 def adjoint(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, scalars: tuple, v0: int,
             nv: int, cz: float) -> None:
-    """Host driver of ``joseph_adjoint``, adding into the float64 slab ``out``."""
-    joseph_adjoint(np.ascontiguousarray(proj), out, out.transpose(0, 2, 1),
-                   np.ascontiguousarray(angles, np.float64), v0, nv, cz, *scalars)
+    """Add the transpose of ``forward`` applied to ``proj (views, rows, u)`` (rows from
+    ``v0``) into the float64 slab ``out (z, y, x)``, accumulating one layout at a time in
+    proj's dtype."""
+    proj = np.ascontiguousarray(proj)
+    angles = np.ascontiguousarray(angles, np.float64)
+    for drive, used in enumerate(_drives(angles, scalars, proj.shape[2], out.shape)):
+        if used:
+            acc = np.zeros(tuple(out.shape[i] for i in LAYOUTS[drive]), proj.dtype)
+            _run("adjoint", proj, drive, acc, angles, v0, nv, cz, scalars, out.shape)
+            out += acc.transpose(BACK[drive])
+            del acc
 
 
 def backproject(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, weights: np.ndarray,

@@ -4,6 +4,11 @@ One thread per ray for the forward projector (float64 sum along the ray) and for
 (``atomicAdd`` of each sample's weight times the ray value into a float64 slab); one thread
 per voxel for the voxel-driven FBP/FDK backprojector. cupy is imported on first use, so this
 module imports on machines without it.
+
+The CPU kernels compute the same samples with the same weights but walk them in another
+order (plane by plane in a z-contiguous copy of the slab, see ``cpu``'s docstring) and sum in
+the data's dtype; the two agree to float32 rounding (``tests/test_tomo_kernels.py``). A
+change of discretisation goes into both.
 """
 
 from __future__ import annotations
