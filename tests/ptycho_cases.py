@@ -60,3 +60,115 @@ def write_store(scan: Scan, path: Path, chunk: int = 16) -> Path:
                                chunks=(chunk, *scan.amplitudes.shape[1:]), dtype="float32")
     array[:] = scan.amplitudes
     return path
+
+
+# --- scans written from first principles --------------------------------------------------
+# A forward model of its own, a few lines of plain numpy that share no code with
+# outcore.ptycho: the probe at a sub-pixel position is the band-limited field of its pupil
+# summed directly (a DFT matrix, no FFT shift), modes add intensities, slices are joined by
+# Fresnel propagation in Fourier space.
+
+
+def smooth_object(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
+    """A complex transmission (Ny, Nx) with structure at the scale of a probe: amplitude 0.6
+    to 1 and phase within 1 rad, each a sum of 12 plane waves of periods 7 to 30 pixels in
+    random directions."""
+    rng = np.random.default_rng([seed, 7])
+    yy, xx = np.mgrid[:shape[0], :shape[1]].astype(float)
+    parts = []
+    for _ in range(2):
+        total = np.zeros(shape)
+        for _ in range(12):
+            size, angle, phase = rng.uniform(0.2, 0.9), rng.uniform(0, np.pi), rng.uniform(0, 6)
+            total += np.cos(size * (np.cos(angle) * yy + np.sin(angle) * xx) + phase)
+        parts.append(total / np.abs(total).max())
+    return ((0.8 + 0.2 * parts[0]) * np.exp(1j * parts[1])).astype(np.complex64)
+
+
+def disc_pupil(k: int, radius: float, defocus: float,
+               centre: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+    """A disc of ``radius`` pixels around ``centre`` (q_y, q_x) with the quadratic phase
+    ``defocus * |q|^2``, FFT order."""
+    q = np.fft.fftfreq(k) * k
+    q2 = q[:, None] ** 2 + q[None, :] ** 2
+    inside = (q[:, None] - centre[0]) ** 2 + (q[None, :] - centre[1]) ** 2 < radius**2
+    return inside * np.exp(1j * defocus * q2)
+
+
+def probe_at(pupil: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The probe of ``pupil`` (K, K, FFT order) on the window's pixels when its centre sits
+    ``offset`` (row, col) pixels from the window's centre pixel ``K // 2``: a direct sum
+    ``(1/K) sum_q pupil(q) exp(2 pi i q.(r - K//2 - offset) / K)``."""
+    k = pupil.shape[-1]
+    q = np.fft.fftfreq(k) * k
+    r = np.arange(k) - k // 2
+    ey = np.exp(2j * np.pi * np.outer(r - offset[0], q) / k)
+    ex = np.exp(2j * np.pi * np.outer(r - offset[1], q) / k)
+    return ey @ pupil @ ex.T / k
+
+
+@dataclass
+class TrueScan:
+    """A scan from first principles: the truth, the data and what a user would record."""
+
+    slices: list  # of (Ny, Nx) complex64
+    pupils: list  # of (K, K) complex, FFT order, one per probe mode
+    centres: np.ndarray  # (n, 2) float64, probe centres in object pixels (row, col), true
+    counts: np.ndarray  # (n, K, K) float32 intensities (or Poisson counts), centred
+    thickness: float  # pixels^2 factor of the propagator between slices (phase / |q|^2)
+
+    @property
+    def k(self) -> int:
+        return self.pupils[0].shape[-1]
+
+    def corners(self, centres: np.ndarray | None = None) -> np.ndarray:
+        """Window corners (row, col), fractional, of ``centres`` (default: the true ones)."""
+        return (self.centres if centres is None else centres) - self.k / 2
+
+    def probes(self) -> np.ndarray:
+        """The true probe modes (M, K, K) centred at ``K // 2``."""
+        return np.stack([probe_at(p, np.zeros(2)) for p in self.pupils]).astype(np.complex64)
+
+    def amplitudes(self) -> np.ndarray:
+        return np.sqrt(np.maximum(self.counts, 0)).astype(np.float32)
+
+
+def true_scan(side: int = 8, k: int = 32, step: float = 4.0, jitter: float = 0.0,
+              modes: tuple[float, ...] = (1.0,), slices: int = 1, thickness: float = 0.0,
+              radius: float | None = None, defocus: float = 0.1, tilt: float = 2.0,
+              dose: float | None = None, seed: int = 0) -> TrueScan:
+    """A ``side x side`` raster ``step`` pixels apart, each centre moved by a uniform draw in
+    ``[-jitter, jitter]`` pixels per axis (sub-pixel), over a smooth object of ``slices``
+    slices, lit by probe modes of relative powers ``modes`` (the disc pupil, then the same
+    disc moved by ``tilt`` pixels along q_y, along q_x, along both: the tilted waves of an
+    extended, incoherent source), intensities summed over modes, Poisson counts at ``dose``
+    photons per pattern when given."""
+    rng = np.random.default_rng(seed)
+    radius = k / 4 if radius is None else radius
+    grid = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="ij"), -1)
+    centres = grid.reshape(-1, 2) * step + k / 2 + 1 + jitter
+    centres = centres + rng.uniform(-jitter, jitter, centres.shape)
+    size = int(np.ceil(centres.max() + k / 2 + jitter)) + 1
+    objects = [smooth_object((size, size), seed + s) for s in range(slices)]
+    q = np.fft.fftfreq(k) * k
+    pupils = []
+    for power, (ty, tx) in zip(modes, [(0, 0), (tilt, 0), (0, tilt), (tilt, tilt)],
+                               strict=False):
+        pupil = disc_pupil(k, radius, defocus, (ty, tx))
+        pupils.append(pupil * np.sqrt(power / (np.abs(pupil) ** 2).sum()))
+    propagator = np.exp(-1j * thickness * (q[:, None] ** 2 + q[None, :] ** 2))
+    counts = np.zeros((len(centres), k, k))
+    for j, centre in enumerate(centres):
+        corner = np.floor(centre - k / 2 + 0.5).astype(int)
+        offset = centre - k / 2 - corner
+        window = (slice(corner[0], corner[0] + k), slice(corner[1], corner[1] + k))
+        for pupil in pupils:
+            wave = probe_at(pupil, offset) * objects[0][window]
+            for layer in objects[1:]:
+                wave = np.fft.ifft2(np.fft.fft2(wave) * propagator) * layer[window]
+            far = np.fft.fftshift(np.fft.fft2(wave, norm="ortho"))
+            counts[j] += np.abs(far) ** 2
+    if dose is not None:
+        scale = dose / counts.sum(axis=(1, 2)).mean()
+        counts = rng.poisson(counts * scale).astype(np.float64)
+    return TrueScan(objects, pupils, centres, counts.astype(np.float32), thickness)

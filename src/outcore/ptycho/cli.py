@@ -129,9 +129,15 @@ def preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", default=None,
                    help="a (K, K) complex .npy probe guess on the output grid (default: from "
                         "the mean pattern)")
+    p.add_argument("--probe-aperture", type=float, default=None, metavar="PIXELS",
+                   help="start the probe from a disc pupil of this radius (output detector "
+                        "pixels) instead of the mean pattern")
     p.add_argument("--defocus", type=float, default=None,
                    help="defocus of the probe guess in metres (default: the stack's defocus "
                         "attr, else 0)")
+    p.add_argument("--mask", default=None, metavar="MASK.npy",
+                   help="detector mask (Ky, Kx) bool, True where a pixel is ignored (default: "
+                        "the stack's mask variable, if any)")
     p.add_argument("--object-padding", type=int, default=0,
                    help="object pixels around the scanned windows")
     p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
@@ -159,11 +165,13 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
     ds = io.open(source, layout="diffraction")
     found = setup(ds, crop=args.crop, bin=args.bin, centre=_centre_option(args.centre),
                   probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
-                  chunk_positions=args.chunk_positions)
+                  chunk_positions=args.chunk_positions, mask=args.mask,
+                  probe_aperture=args.probe_aperture)
     config: dict[str, Any] = {
         "input": str(source), "output": str(output), "crop": found.crop, "bin": found.bin,
         "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
-        "probe": args.probe, "defocus": found.defocus, "object_padding": found.padding,
+        "probe": args.probe, "probe_aperture": args.probe_aperture, "mask": args.mask,
+        "defocus": found.defocus, "object_padding": found.padding,
         "chunk_positions": found.chunk_positions, "compression": args.compression,
         "detector_size": found.k, "pixel_size": found.pixel_size,
     }
@@ -188,7 +196,8 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
         run.metric(positions=int(pre.sizes["position"]), detector_size=found.k,
                    pixel_size=found.pixel_size, object_shape=pre.attrs["object_shape"],
                    centre_shift=record["centre_shift"],
-                   probe_border_energy=record["probe_border_energy"], warnings=notes)
+                   probe_border_energy=record["probe_border_energy"],
+                   masked_pixels=record.get("masked_pixels", 0), warnings=notes)
 
     return Job("ptycho preprocess", config, plan, execute, inputs=[source],
                plan_fixes=["pass a smaller --chunk-positions", "if read-stack is too big, "
