@@ -136,19 +136,19 @@ class TrueScan:
 def true_scan(side: int = 8, k: int = 32, step: float = 4.0, jitter: float = 0.0,
               modes: tuple[float, ...] = (1.0,), slices: int = 1, thickness: float = 0.0,
               radius: float | None = None, defocus: float = 0.1, tilt: float = 2.0,
-              dose: float | None = None, seed: int = 0) -> TrueScan:
+              dose: float | None = None, margin: int = 1, seed: int = 0) -> TrueScan:
     """A ``side x side`` raster ``step`` pixels apart, each centre moved by a uniform draw in
     ``[-jitter, jitter]`` pixels per axis (sub-pixel), over a smooth object of ``slices``
     slices, lit by probe modes of relative powers ``modes`` (the disc pupil, then the same
     disc moved by ``tilt`` pixels along q_y, along q_x, along both: the tilted waves of an
     extended, incoherent source), intensities summed over modes, Poisson counts at ``dose``
-    photons per pattern when given."""
+    photons per pattern when given; ``margin`` pixels of object around every window."""
     rng = np.random.default_rng(seed)
     radius = k / 4 if radius is None else radius
     grid = np.stack(np.meshgrid(np.arange(side), np.arange(side), indexing="ij"), -1)
-    centres = grid.reshape(-1, 2) * step + k / 2 + 1 + jitter
+    centres = grid.reshape(-1, 2) * step + k / 2 + margin + jitter
     centres = centres + rng.uniform(-jitter, jitter, centres.shape)
-    size = int(np.ceil(centres.max() + k / 2 + jitter)) + 1
+    size = int(np.ceil(centres.max() + k / 2 + jitter)) + margin
     objects = [smooth_object((size, size), seed + s) for s in range(slices)]
     q = np.fft.fftfreq(k) * k
     pupils = []
@@ -172,3 +172,92 @@ def true_scan(side: int = 8, k: int = 32, step: float = 4.0, jitter: float = 0.0
         scale = dose / counts.sum(axis=(1, 2)).mean()
         counts = rng.poisson(counts * scale).astype(np.float64)
     return TrueScan(objects, pupils, centres, counts.astype(np.float32), thickness)
+
+
+def pupil_guess(scan: TrueScan, defocus: float, radius: float | None = None) -> np.ndarray:
+    """A probe guess (1, K, K) a user could make: the square root of the mean pattern (or,
+    with ``radius``, a flat disc of that radius with the mean pattern's power) with the
+    quadratic phase ``defocus * |q|^2``."""
+    k = scan.k
+    mean = np.fft.ifftshift(scan.counts.astype(np.float64).mean(axis=0))
+    amplitude = np.sqrt(np.maximum(mean, 0))
+    if radius is not None:
+        disc = np.abs(disc_pupil(k, radius, 0.0))
+        amplitude = disc * np.sqrt(mean.sum() / disc.sum())
+    q = np.fft.fftfreq(k) * k
+    pupil = amplitude * np.exp(1j * defocus * (q[:, None] ** 2 + q[None, :] ** 2))
+    return probe_at(pupil, np.zeros(2))[None].astype(np.complex64)
+
+
+def solve(scan: TrueScan, probe: np.ndarray, coords: np.ndarray | None = None,
+          model=None, amplitudes: np.ndarray | None = None, **settings):
+    """``solver.serial`` from a flat object (of ``len(scan.slices)`` slices unless
+    ``slices`` is given): the final state, the trajectory and the object error (of the
+    product of the slices, against the truth's product, on the well-lit pixels)."""
+    from outcore.ptycho import solver
+    from outcore.ptycho.kernels import Model
+    from outcore.ptycho.quality import illuminated, object_error
+
+    amplitudes = scan.amplitudes() if amplitudes is None else amplitudes
+    slices = settings.get("slices", 1)
+    start = scan.corners() if coords is None else coords
+    state = solver.State(np.ones((slices, *scan.slices[0].shape), np.complex64), probe,
+                         np.array(start, np.float64))
+    state, trajectory = solver.serial(lambda p: amplitudes[p], state,
+                                      solver.Settings(**settings), model or Model())
+    truth = np.prod(np.stack(scan.slices).astype(np.complex128), axis=0)
+    lit = illuminated(scan.probes(), np.floor(scan.corners() + 0.5).astype(int), truth.shape)
+    return state, trajectory, object_error(np.prod(state.obj, axis=0), truth, lit)
+
+
+def position_rms(found: np.ndarray, truth: np.ndarray) -> float:
+    """RMS distance (pixels) of positions from the truth, less their mean offset."""
+    moved = found - truth
+    moved = moved - moved.mean(axis=0)
+    return float(np.sqrt((moved**2).sum(axis=1).mean()))
+
+
+#: The physics the first-principles scans stand for: 0.1 nm light, 10 nm object pixels.
+WAVELENGTH, PIXEL = 1e-10, 1e-8
+
+
+def defocus_metres(scan: TrueScan, phase: float) -> float:
+    """The defocus [m] (``optics`` convention) of a pupil phase ``phase * |q|^2``."""
+    return -phase * (scan.k * PIXEL) ** 2 / (np.pi * WAVELENGTH)
+
+
+def thickness_metres(scan: TrueScan) -> float:
+    """The slice distance [m] of the scan's propagator ``exp(-i thickness |q|^2)``."""
+    return scan.thickness * (scan.k * PIXEL) ** 2 / (np.pi * WAVELENGTH)
+
+
+def write_preprocessed(scan: TrueScan, path: Path, guess: np.ndarray, *, defocus: float = 0.0,
+                       centres: np.ndarray | None = None, mask: np.ndarray | None = None,
+                       chunk: int = 16, probe_source: str = "mean pattern") -> Path:
+    """The scan as a ``ptycho-preprocessed`` store (what ``ptycho preprocess`` writes), with
+    positions from ``centres`` (default: the true ones), the probe ``guess`` (K, K) made
+    with ``defocus`` [m], and the detector ``mask`` (True = ignored)."""
+    import xarray as xr
+
+    from outcore.ptycho.store import save_preprocessed
+
+    centres = scan.centres if centres is None else centres
+    k = scan.k
+    corners = centres - k / 2
+    size = [int(n) for n in np.ceil(corners.max(axis=0) + 0.5).astype(int) + k]
+    size = [max(n, s) for n, s in zip(size, scan.slices[0].shape, strict=True)]
+    variables = {
+        "amplitudes": (("position", "k_y", "k_x"), scan.amplitudes()),
+        "top_left": (("position", "yx"), np.floor(corners + 0.5).astype(np.int64)),
+        "positions": (("position", "xy"), centres[:, ::-1] * PIXEL),
+        "probe_guess": (("k_y", "k_x"), np.asarray(guess).reshape(k, k).astype(np.complex64)),
+    }
+    if mask is not None:
+        variables["mask"] = (("k_y", "k_x"), np.asarray(mask, bool))
+    ds = xr.Dataset(variables, coords={"xy": ["x", "y"], "yx": ["y", "x"]},
+                    attrs={"outcore_layout": "ptycho-preprocessed", "wavelength": WAVELENGTH,
+                           "pixel_size": PIXEL, "reciprocal_pixel_size": 1 / (k * PIXEL),
+                           "object_shape": size, "detector_size": k, "object_padding": 0,
+                           "defocus": defocus,
+                           "preprocess": {"probe": probe_source, "defocus": defocus}})
+    return save_preprocessed(ds.chunk({"position": chunk}), path)

@@ -100,7 +100,7 @@ class ShardActor:
         mine = batch[(batch >= self.start) & (batch < self.stop)]
         if not len(mine):
             return None
-        return _to_host(self._terms(mine, iteration))
+        return _moved(self._terms(mine, iteration), to_host)
 
     def finish(self, summed: BatchTerms, done: np.ndarray, iteration: int, first: bool,
                report: bool) -> State | None:
@@ -120,9 +120,7 @@ class ShardActor:
         return solver.on_host(self.state)
 
     def _apply(self, summed: BatchTerms, done: np.ndarray, iteration: int, first: bool) -> None:
-        summed = replace(summed, grad_obj=self.xp.asarray(summed.grad_obj),
-                         grad_probe=self.xp.asarray(summed.grad_probe),
-                         illum_probe=self.xp.asarray(summed.illum_probe))
+        summed = _moved(summed, self.xp.asarray)
         self.state = solver.step(self.state, summed, done, self.settings, iteration, first,
                                  self.origin)
 
@@ -162,9 +160,12 @@ class ShardActor:
                 yield frames
 
 
-def _to_host(terms: BatchTerms) -> BatchTerms:
-    return replace(terms, grad_obj=to_host(terms.grad_obj), grad_probe=to_host(terms.grad_probe),
-                   illum_probe=to_host(terms.illum_probe))
+def _moved(terms: BatchTerms, move: Callable[[Any], Any]) -> BatchTerms:
+    """The terms with their arrays moved by ``move`` (to the host, or to a device)."""
+    return replace(terms, grad_obj=move(terms.grad_obj), grad_probe=move(terms.grad_probe),
+                   illum_probe=move(terms.illum_probe),
+                   illum_slices=None if terms.illum_slices is None else move(
+                       terms.illum_slices))
 
 
 def _sum(parts: Sequence[BatchTerms | None]) -> BatchTerms:

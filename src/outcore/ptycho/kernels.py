@@ -208,7 +208,9 @@ class BatchTerms:
     ``sum_j |obj[0] window j|^2``. ``count``: positions summed. With positions:
     ``index`` (b,) int64, the positions (as given by the caller) whose ``grad_pos`` (b, 2)
     ``dL/dcoords`` and ``curv_pos`` (b, 3) (the Gauss-Newton matrix ``[yy, yx, xx]`` of
-    their amplitudes, float64) are held; else all three are None.
+    their amplitudes, float64) are held; else all three are None. ``illum_slices`` (S, h, w)
+    float64, several slices only: ``sum_j sum_m |wave entering slice s|^2`` on the region
+    (each slice's preconditioner).
     """
 
     loss: float
@@ -220,6 +222,7 @@ class BatchTerms:
     index: np.ndarray | None = None
     grad_pos: np.ndarray | None = None
     curv_pos: np.ndarray | None = None
+    illum_slices: Array | None = None
 
     def __add__(self, other: BatchTerms) -> BatchTerms:
         xp = array_namespace(self.grad_probe)
@@ -228,12 +231,16 @@ class BatchTerms:
                       other.origin[0] + other.grad_obj.shape[-2]),
                   max(self.origin[1] + self.grad_obj.shape[-1],
                       other.origin[1] + other.grad_obj.shape[-1]))
-        grad_obj = xp.zeros((self.grad_obj.shape[0], bottom[0] - top[0], bottom[1] - top[1]),
-                            xp.complex128)
+        shape = (bottom[0] - top[0], bottom[1] - top[1])
+        grad_obj = xp.zeros((self.grad_obj.shape[0], *shape), xp.complex128)
+        illum = None if self.illum_slices is None else xp.zeros(
+            (self.illum_slices.shape[0], *shape), xp.float64)
         for part in (self, other):
             r, c = part.origin[0] - top[0], part.origin[1] - top[1]
-            grad_obj[:, r:r + part.grad_obj.shape[-2],
-                     c:c + part.grad_obj.shape[-1]] += part.grad_obj
+            h, w = part.grad_obj.shape[-2:]
+            grad_obj[:, r:r + h, c:c + w] += part.grad_obj
+            if illum is not None:
+                illum[:, r:r + h, c:c + w] += part.illum_slices
         positions = {}
         if self.index is not None and other.index is not None:
             positions = {"index": np.concatenate([self.index, other.index]),
@@ -242,15 +249,22 @@ class BatchTerms:
         return BatchTerms(self.loss + other.loss, top, grad_obj,
                           self.grad_probe + other.grad_probe,
                           self.illum_probe + other.illum_probe, self.count + other.count,
-                          **positions)
+                          illum_slices=illum, **positions)
 
     def full_grad_obj(self, object_shape: tuple[int, ...]) -> Array:
         """The object gradient on the whole object of ``object_shape`` ((S, Ny, Nx) or, for
         one slice, (Ny, Nx)), zeros outside the region."""
+        return self._full(self.grad_obj, object_shape, "complex128")
+
+    def full_illum_slices(self, object_shape: tuple[int, ...]) -> Array:
+        """``illum_slices`` on the whole object (S, Ny, Nx), zeros outside the region."""
+        return self._full(self.illum_slices, object_shape, "float64")
+
+    def _full(self, region: Array, object_shape: tuple[int, ...], dtype: str) -> Array:
         xp = array_namespace(self.grad_probe)
-        full = xp.zeros((self.grad_obj.shape[0], *object_shape[-2:]), xp.complex128)
+        full = xp.zeros((region.shape[0], *object_shape[-2:]), dtype)
         r, c = self.origin
-        full[:, r:r + self.grad_obj.shape[-2], c:c + self.grad_obj.shape[-1]] = self.grad_obj
+        full[:, r:r + region.shape[-2], c:c + region.shape[-1]] = region
         return full.reshape(object_shape)
 
 
@@ -285,6 +299,12 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
     extent = (int(top_left[:, 0].max()) - origin[0] + k, int(top_left[:, 1].max()) - origin[1] + k)
     grad_obj = xp.zeros((len(fwd.cuts), *extent), xp.complex128)
     local = top_left - np.asarray(origin)
+    illum_slices = None
+    if len(fwd.cuts) > 1:
+        illum_slices = xp.zeros((len(fwd.cuts), *extent), xp.float64)
+        for s, wave in enumerate(fwd.incident):
+            power = (wave.real**2 + wave.imag**2).sum(axis=1)
+            ops.scatter_add(illum_slices[s], local, xp.broadcast_to(power, fwd.cuts[0].shape))
     for s in range(len(fwd.cuts) - 1, -1, -1):
         ops.scatter_add(grad_obj[s], local, (xp.conj(fwd.incident[s]) * chi).sum(axis=1))
         if s:
@@ -305,7 +325,7 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
             positions = {"index": np.asarray(index), "curv_pos": curvature,
                          "grad_pos": _position_gradient(chi_hat, fwd, xp)}
     return BatchTerms(total_loss, origin, grad_obj, grad_probe, illum_probe,
-                      int(top_left.shape[0]), **positions)
+                      int(top_left.shape[0]), illum_slices=illum_slices, **positions)
 
 
 def _position_gradient(chi_hat: Array, fwd: Forward, xp: Any) -> np.ndarray:
@@ -361,17 +381,23 @@ def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_o
     """One preconditioned gradient step on object and probe (new arrays, shapes and dtypes
     kept).
 
-    ``obj -= step_obj * (grad_obj / 2) / ((1 - alpha) illum_obj + alpha max(illum_obj))``
-    (every slice with the probe's illumination) and likewise for every probe mode with its
-    own illumination (``step_probe = 0`` keeps the probe). With ``step = 1`` and one
+    ``obj -= step_obj / S * (grad_obj / 2) / ((1 - alpha) illum_obj + alpha max(illum_obj))``
+    (``illum_obj`` the probe's power at the windows, or, for several slices, each slice's
+    ``illum_slices``; each of the ``S`` slices takes its share of the correction) and
+    likewise for every probe mode with its own illumination (``step_probe = 0`` keeps the
+    probe). With ``step = 1`` and one
     position this is the projection of ePIE/rPIE: the window moves onto the wave whose
     far-field amplitude is the measured one.
     """
     top_left = split(coords)[0]
-    illumination = object_illumination(probe, top_left, obj.shape)
     grad = terms.full_grad_obj(obj.shape)
-    new_obj = obj - (step_obj * 0.5 * grad / _preconditioner(illumination, alpha)).astype(
-        obj.dtype)
+    if terms.illum_slices is None:
+        weight = _preconditioner(object_illumination(probe, top_left, obj.shape), alpha)
+    else:  # each slice by the power of the waves entering it
+        illumination = terms.full_illum_slices(obj.shape)
+        weight = array_namespace(grad).stack([_preconditioner(i, alpha) for i in illumination])
+    slices = 1 if obj.ndim == 2 else obj.shape[0]
+    new_obj = obj - (step_obj / slices * 0.5 * grad / weight).astype(obj.dtype)
     if step_probe == 0:
         return new_obj, probe
     step = step_probe * 0.5 * terms.grad_probe / _preconditioner(terms.illum_probe, alpha)

@@ -5,8 +5,9 @@ A worker holds one shard actor (``engine.ShardActor``) for the whole run: its ta
 none, two sub-batches being read instead), its copy of the state (the ``S`` object slices
 ``Ny x Nx`` and the ``M`` probe modes ``K x K``, complex64, the positions and where they
 started, float64) and, during a step, the summed terms it received (the object gradient,
-complex128, on the batch's region, at most the object, plus the probe sums and, with
-refinement, three small arrays per position). One call of the actor (``ptycho-step``) first
+complex128, on the batch's region, at most the object, with several slices also each slice's
+illumination, float64, plus the probe sums and, with refinement, three small arrays per
+position). One call of the actor (``ptycho-step``) first
 applies the update (a new state beside the old, the full gradient, the step, the
 illumination and the preconditioner) and then computes its terms ``sub_batch`` positions at a
 time: the scratch of ``kernels.batch_terms`` per detector pixel per position
@@ -64,8 +65,8 @@ def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], worker
     batch = min(batch_size or n_positions, n_positions)
     piece = min(sub_batch, batch, shard)
     state = (slices * object_pixels + modes * pixels) * C64 + 2 * n_positions * 2 * F64
-    terms = slices * object_pixels * C128 + pixels * (modes * C128 + F64) \
-        + (6 * F64 * batch if refine else 0)
+    terms = slices * object_pixels * (C128 + (F64 if slices > 1 else 0)) \
+        + pixels * (modes * C128 + F64) + (6 * F64 * batch if refine else 0)
     update = slices * object_pixels * (2 * C128 + C64) + object_pixels * 2 * F64 \
         + modes * pixels * (2 * C128)
     scratch = piece * pixels * scratch_per_pixel(modes, slices, subpixel, refine)

@@ -17,7 +17,10 @@ from outcore.ptycho.kernels import TINY
 from outcore.ptycho.optics import fresnel_propagator
 
 #: Power of each added starting probe mode, as a fraction of the first mode's.
-MODE_POWER = 0.05
+MODE_POWER = 0.2
+#: The probe is centred again when its centre of intensity drifts this share of the window
+#: away (at least 2 pixels): far enough to matter for the window, rare otherwise.
+CENTRE_DRIFT = 1 / 16
 #: Geometric probe radii the defocus search tries, as fractions of the window ``K``, each
 #: with both signs of the defocus (and the guess as it is).
 SEARCH_RADII = (1 / 16, 1 / 8, 3 / 16, 1 / 4, 5 / 16, 3 / 8, 7 / 16)
@@ -77,10 +80,11 @@ def centre_offset(probe: Any) -> tuple[int, int]:
 
 def centred(obj: Any, probe: Any) -> tuple[Any, Any]:
     """Object (S, Ny, Nx) and probe (M, K, K) both rolled so the probe's centre of intensity
-    is within half a pixel of the window's centre: the exit waves move by whole pixels
-    inside their windows, which the patterns do not see (the window's edges aside)."""
+    is within half a pixel of the window's centre, when it has drifted ``CENTRE_DRIFT`` of
+    the window or more: the exit waves move by whole pixels inside their windows, which the
+    patterns do not see (the window's edges aside)."""
     dy, dx = centre_offset(probe)
-    if dy == 0 and dx == 0:
+    if max(abs(dy), abs(dx)) < max(2, CENTRE_DRIFT * probe.shape[-1]):
         return obj, probe
     xp = array_namespace(probe)
     return xp.roll(obj, (-dy, -dx), axis=(-2, -1)), xp.roll(probe, (-dy, -dx), axis=(-2, -1))

@@ -227,7 +227,8 @@ def end_iteration(state: State, settings: Settings, iteration: int, start: np.nd
 @dataclass
 class Trajectory:
     """The losses of the iterations run (each the sum over its batches of the loss before
-    each update) and why the run stopped."""
+    each update) and why the run stopped: ``iterations``, ``tolerance``, ``max_iterations``
+    or ``diverged`` (a loss that is not finite)."""
 
     losses: list[float] = field(default_factory=list)
     stopped: str = ""
@@ -239,7 +240,9 @@ class Trajectory:
 
     def done(self, settings: Settings) -> bool:
         """Whether to stop after the iterations so far (and say why in ``stopped``)."""
-        if settings.iterations is not None:
+        if self.losses and not math.isfinite(self.losses[-1]):
+            self.stopped = "diverged"
+        elif settings.iterations is not None:
             if len(self.losses) >= settings.iterations:
                 self.stopped = "iterations"
             return bool(self.stopped)
