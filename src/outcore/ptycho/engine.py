@@ -127,15 +127,9 @@ class ShardActor:
     def _terms(self, positions: np.ndarray, iteration: int) -> BatchTerms:
         """The terms of ``positions`` (sorted, global, all in this shard), summed over
         sub-batches in order; the next sub-batch is read while one computes."""
-        size = self.settings.sub_batch
-        pieces = [positions[i:i + size] for i in range(0, len(positions), size)]
-        total: BatchTerms | None = None
-        for piece, frames in zip(pieces, self._prefetched(pieces), strict=True):
-            part = solver.terms_of(self.state, frames, piece, self.model, self.settings,
-                                   iteration)
-            total = part if total is None else total + part
-        assert total is not None
-        return total
+        pieces = solver.sub_batches(positions, self.settings.sub_batch)
+        return solver.summed_terms(self.state, pieces, self._prefetched(pieces), self.model,
+                                   self.settings, iteration)
 
     def _frames(self, positions: np.ndarray) -> Any:
         """Amplitudes of the (global, sorted) ``positions``, on the backend."""

@@ -251,14 +251,46 @@ class BatchTerms:
                           self.illum_probe + other.illum_probe, self.count + other.count,
                           illum_slices=illum, **positions)
 
+    @classmethod
+    def zeros(cls, origin: tuple[int, int], extent: tuple[int, int], like: BatchTerms
+              ) -> BatchTerms:
+        """Zero terms on the region of ``extent`` pixels from ``origin``, with the arrays
+        ``like`` has (slices, modes, illuminations, positions), to ``accumulate`` into."""
+        xp = array_namespace(like.grad_probe)
+        slices = like.grad_obj.shape[0]
+        positions = {}
+        if like.index is not None:
+            positions = {"index": np.zeros(0, np.int64), "grad_pos": np.zeros((0, 2)),
+                         "curv_pos": np.zeros((0, 3))}
+        illum = None if like.illum_slices is None else xp.zeros((slices, *extent), xp.float64)
+        return cls(0.0, origin, xp.zeros((slices, *extent), xp.complex128),
+                   xp.zeros_like(like.grad_probe), xp.zeros_like(like.illum_probe), 0,
+                   illum_slices=illum, **positions)
+
+    def accumulate(self, other: BatchTerms) -> BatchTerms:
+        """``self + other``, added into ``self``'s arrays when ``other``'s region lies within
+        ``self``'s (the same sums as ``+``, without a new region)."""
+        r, c = other.origin[0] - self.origin[0], other.origin[1] - self.origin[1]
+        h, w = other.grad_obj.shape[-2:]
+        if r < 0 or c < 0 or r + h > self.grad_obj.shape[-2] or c + w > self.grad_obj.shape[-1]:
+            return self + other
+        self.grad_obj[:, r:r + h, c:c + w] += other.grad_obj
+        if self.illum_slices is not None:
+            self.illum_slices[:, r:r + h, c:c + w] += other.illum_slices
+        self.grad_probe += other.grad_probe
+        self.illum_probe += other.illum_probe
+        self.loss += other.loss
+        self.count += other.count
+        if self.index is not None and other.index is not None:
+            self.index = np.concatenate([self.index, other.index])
+            self.grad_pos = np.concatenate([self.grad_pos, other.grad_pos])
+            self.curv_pos = np.concatenate([self.curv_pos, other.curv_pos])
+        return self
+
     def full_grad_obj(self, object_shape: tuple[int, ...]) -> Array:
         """The object gradient on the whole object of ``object_shape`` ((S, Ny, Nx) or, for
         one slice, (Ny, Nx)), zeros outside the region."""
         return self._full(self.grad_obj, object_shape, "complex128")
-
-    def full_illum_slices(self, object_shape: tuple[int, ...]) -> Array:
-        """``illum_slices`` on the whole object (S, Ny, Nx), zeros outside the region."""
-        return self._full(self.illum_slices, object_shape, "float64")
 
     def _full(self, region: Array, object_shape: tuple[int, ...], dtype: str) -> Array:
         xp = array_namespace(self.grad_probe)
@@ -382,22 +414,25 @@ def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_o
     kept).
 
     ``obj -= step_obj / S * (grad_obj / 2) / ((1 - alpha) illum_obj + alpha max(illum_obj))``
-    (``illum_obj`` the probe's power at the windows, or, for several slices, each slice's
-    ``illum_slices``; each of the ``S`` slices takes its share of the correction) and
-    likewise for every probe mode with its own illumination (``step_probe = 0`` keeps the
-    probe). With ``step = 1`` and one
-    position this is the projection of ePIE/rPIE: the window moves onto the wave whose
-    far-field amplitude is the measured one.
+    (``illum_obj`` the probe's power at the windows ``coords`` of the batch, or, for several
+    slices, each slice's ``illum_slices``; each of the ``S`` slices takes its share of the
+    correction), on the terms' region only, and likewise for every probe mode with its own
+    illumination (``step_probe = 0`` keeps the probe). With ``step = 1`` and one position
+    this is the projection of ePIE/rPIE: the window moves onto the wave whose far-field
+    amplitude is the measured one.
     """
-    top_left = split(coords)[0]
-    grad = terms.full_grad_obj(obj.shape)
+    r, c = terms.origin
+    slices, h, w = terms.grad_obj.shape
     if terms.illum_slices is None:
-        weight = _preconditioner(object_illumination(probe, top_left, obj.shape), alpha)
+        local = split(coords)[0] - np.asarray(terms.origin)
+        illumination = object_illumination(probe, local, (h, w))[None]
     else:  # each slice by the power of the waves entering it
-        illumination = terms.full_illum_slices(obj.shape)
-        weight = array_namespace(grad).stack([_preconditioner(i, alpha) for i in illumination])
-    slices = 1 if obj.ndim == 2 else obj.shape[0]
-    new_obj = obj - (step_obj / slices * 0.5 * grad / weight).astype(obj.dtype)
+        illumination = terms.illum_slices
+    step = terms.grad_obj * (step_obj / slices * 0.5)
+    step /= _preconditioner(illumination, alpha)
+    new_obj = obj.copy()
+    layers = as_slices(new_obj)
+    layers[:, r:r + h, c:c + w] -= step.astype(obj.dtype)
     if step_probe == 0:
         return new_obj, probe
     step = step_probe * 0.5 * terms.grad_probe / _preconditioner(terms.illum_probe, alpha)
@@ -406,6 +441,8 @@ def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_o
 
 
 def _preconditioner(illumination: Array, alpha: float) -> Array:
-    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight."""
-    peak = float(illumination.max())
-    return (1 - alpha) * illumination + max(alpha * peak, TINY)
+    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight,
+    the maximum taken over the last two axes (each slice its own)."""
+    xp = array_namespace(illumination)
+    peak = illumination.max(axis=(-2, -1), keepdims=True)
+    return (1 - alpha) * illumination + xp.maximum(alpha * peak, TINY)

@@ -9,11 +9,11 @@ complex128, on the batch's region, at most the object, with several slices also 
 illumination, float64, plus the probe sums and, with refinement, three small arrays per
 position). One call of the actor (``ptycho-step``) first
 applies the update (a new state beside the old, the full gradient, the step, the
-illumination and the preconditioner) and then computes its terms ``sub_batch`` positions at a
-time: the scratch of ``kernels.batch_terms`` per detector pixel per position
-(``scratch_per_pixel``: windows, shifted probes, exit waves, far fields, residuals and
-back-propagated waves per mode and slice, and the Jacobians of refinement) and the partial
-sums of the terms.
+illumination and the preconditioner, on the terms' region) and then computes its terms
+``sub_batch`` positions at a time: the scratch of ``kernels.batch_terms`` per detector pixel
+per position (``scratch_per_pixel``: windows, shifted probes, exit waves, far fields,
+residuals and back-propagated waves per mode and slice, and the Jacobians of refinement), and
+one sub-batch's terms beside those they are added into.
 
 On the numpy backend every byte is host memory. On cupy the state, the terms, the update and
 the scratch are device bytes, and so are the targets of ``device`` residency; the host keeps
@@ -67,13 +67,14 @@ def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], worker
     state = (slices * object_pixels + modes * pixels) * C64 + 2 * n_positions * 2 * F64
     terms = slices * object_pixels * (C128 + (F64 if slices > 1 else 0)) \
         + pixels * (modes * C128 + F64) + (6 * F64 * batch if refine else 0)
-    update = slices * object_pixels * (2 * C128 + C64) + object_pixels * 2 * F64 \
+    update = slices * object_pixels * (C128 + C64 + F64) + object_pixels * F64 \
         + modes * pixels * (2 * C128)
     scratch = piece * pixels * scratch_per_pixel(modes, slices, subpixel, refine)
     reading = 2 * piece * pixels * F32 if residency != "device" else 0
-    # the call: targets, the state, the terms received; then the update (a new state) or the
-    # terms of its sub-batches (partial sums), and the terms it returns
-    work = max(update + state, scratch + 2 * terms + reading)
+    # the call holds the targets, the state and the terms received; then first the update
+    # (and a new state), later the terms it returns and, beside them, one sub-batch's
+    # scratch: the transient is what exceeds the returned terms at either time
+    work = max(update + state - terms, scratch + reading)
     steps = math.ceil(n_positions / batch)
     load = TaskMemory("ptycho-shard", workers, input_bytes=0, output_bytes=targets,
                       transient_bytes=shard * pixels * F32 if residency == "device" else 0,

@@ -110,8 +110,8 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
                          power: float, stopped: str) -> list[str]:
     """What says the run has not converged, one sentence each (empty when nothing does):
     a loss that is not finite, the final loss against the noise ``floor`` (or, without one,
-    against the data's total ``power`` ``sum a^2``), the probe's energy at the edge of its window, and the iteration
-    limit reached before the relative-loss stop (``stopped``)."""
+    against the data's total ``power`` ``sum a^2``), the probe's energy at the edge of its
+    window, and the iteration limit reached before the relative-loss stop (``stopped``)."""
     notes = []
     final = float(losses[-1]) if len(losses) else float("nan")
     fix = ("check the probe guess: give ptycho preprocess the --defocus (or a --probe), or "

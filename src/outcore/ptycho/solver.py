@@ -15,7 +15,7 @@ position is a shift of the object, which the data cannot see) or, with
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -155,6 +155,11 @@ def batches(n_positions: int, batch_size: int | None, seed: int, iteration: int
     return [np.sort(order[i:i + batch_size]) for i in range(0, n_positions, batch_size)]
 
 
+def sub_batches(positions: np.ndarray, size: int) -> list[np.ndarray]:
+    """``positions`` cut into pieces of ``size`` (the last one shorter)."""
+    return [positions[i:i + size] for i in range(0, len(positions), size)]
+
+
 def refines(settings: Settings, iteration: int) -> bool:
     """Whether this iteration refines the positions."""
     return settings.refine_positions and iteration >= settings.refine_from
@@ -166,6 +171,24 @@ def terms_of(state: State, amplitudes: Any, positions: np.ndarray, model: Model,
     index = positions if refines(settings, iteration) else None
     return batch_terms(state.obj, state.probe, state.coords[positions], amplitudes, model,
                        index=index)
+
+
+def summed_terms(state: State, pieces: Sequence[np.ndarray], frames: Iterable[Any],
+                 model: Model, settings: Settings, iteration: int) -> BatchTerms:
+    """The terms of the positions ``pieces`` (sub-batches of sorted global positions, one
+    ``frames`` entry each), added in order into one region that holds all their windows."""
+    k = state.probe.shape[-1]
+    corners = np.floor(state.coords[np.concatenate(pieces)] + 0.5).astype(np.int64)
+    origin = tuple(int(v) for v in corners.min(axis=0))
+    extent = tuple(int(v) for v in corners.max(axis=0) - np.asarray(origin) + k)
+    total: BatchTerms | None = None
+    for piece, amplitudes in zip(pieces, frames, strict=True):
+        part = terms_of(state, amplitudes, piece, model, settings, iteration)
+        if total is None:
+            total = BatchTerms.zeros(origin, extent, part)  # type: ignore[arg-type]
+        total = total.accumulate(part)
+    assert total is not None
+    return total
 
 
 def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
@@ -265,11 +288,9 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
     for iteration in _iterations(settings, start_iteration, trajectory):
         for number, batch in enumerate(batches(len(start), settings.batch_size, settings.seed,
                                                iteration)):
-            terms = None
-            for lo in range(0, len(batch), settings.sub_batch):
-                piece = batch[lo:lo + settings.sub_batch]
-                part = terms_of(state, amplitudes(piece), piece, model, settings, iteration)
-                terms = part if terms is None else terms + part
+            pieces = sub_batches(batch, settings.sub_batch)
+            terms = summed_terms(state, pieces, map(amplitudes, pieces), model, settings,
+                                 iteration)
             state = step(state, terms, batch, settings, iteration, number == 0, start)
         state = end_iteration(state, settings, iteration, start)
         trajectory.losses.append(state.loss)
