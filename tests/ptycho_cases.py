@@ -107,6 +107,25 @@ def probe_at(pupil: np.ndarray, offset: np.ndarray) -> np.ndarray:
     return ey @ pupil @ ex.T / k
 
 
+def direct_intensities(objects: list, pupils: list, corners: np.ndarray,
+                       propagator: np.ndarray | None = None) -> np.ndarray:
+    """Patterns (n, K, K), centred, of the object ``objects`` (slices, each (Ny, Nx)) lit at
+    the window corners ``corners`` (n, 2), fractional, by the probe modes of ``pupils``
+    ((K, K) each, FFT order), slices joined by ``propagator`` (FFT order): each mode's probe
+    summed directly at its exact position (``probe_at``), intensities added over modes."""
+    k = pupils[0].shape[-1]
+    counts = np.zeros((len(corners), k, k))
+    for j, corner in enumerate(corners):
+        whole = np.floor(corner + 0.5).astype(int)
+        window = (slice(whole[0], whole[0] + k), slice(whole[1], whole[1] + k))
+        for pupil in pupils:
+            wave = probe_at(pupil, corner - whole) * objects[0][window]
+            for layer in objects[1:]:
+                wave = np.fft.ifft2(np.fft.fft2(wave) * propagator) * layer[window]
+            counts[j] += np.abs(np.fft.fftshift(np.fft.fft2(wave, norm="ortho"))) ** 2
+    return counts
+
+
 @dataclass
 class TrueScan:
     """A scan from first principles: the truth, the data and what a user would record."""
@@ -157,17 +176,7 @@ def true_scan(side: int = 8, k: int = 32, step: float = 4.0, jitter: float = 0.0
         pupil = disc_pupil(k, radius, defocus, (ty, tx))
         pupils.append(pupil * np.sqrt(power / (np.abs(pupil) ** 2).sum()))
     propagator = np.exp(-1j * thickness * (q[:, None] ** 2 + q[None, :] ** 2))
-    counts = np.zeros((len(centres), k, k))
-    for j, centre in enumerate(centres):
-        corner = np.floor(centre - k / 2 + 0.5).astype(int)
-        offset = centre - k / 2 - corner
-        window = (slice(corner[0], corner[0] + k), slice(corner[1], corner[1] + k))
-        for pupil in pupils:
-            wave = probe_at(pupil, offset) * objects[0][window]
-            for layer in objects[1:]:
-                wave = np.fft.ifft2(np.fft.fft2(wave) * propagator) * layer[window]
-            far = np.fft.fftshift(np.fft.fft2(wave, norm="ortho"))
-            counts[j] += np.abs(far) ** 2
+    counts = direct_intensities(objects, pupils, centres - k / 2, propagator)
     if dose is not None:
         scale = dose / counts.sum(axis=(1, 2)).mean()
         counts = rng.poisson(counts * scale).astype(np.float64)

@@ -96,16 +96,20 @@ def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], worker
 
 
 def simulate_stages(sim: Simulation) -> list[TaskMemory]:
-    """Per-task memory of a simulation: pattern chunks (object patch, waves, FFT) and the
-    truth object's row bands, bytes."""
+    """Per-task memory of a simulation: pattern chunks (object patches of every slice, the
+    forward model's waves per mode, FFT) and the truth object's row bands, bytes."""
     data = sim.stack["data"].data
     k = data.shape[-1]
     frames = math.prod(max(c) for c in data.chunks[:-2]) * k * k
     out = frames * data.dtype.itemsize
     patch = _largest_patch(sim.truth["top_left"].values, data.chunks[:-2], k)
+    probe, obj = sim.truth["probe"], sim.truth["object"]
+    modes = probe.shape[0] if probe.ndim == 3 else 1
+    slices = obj.shape[0] if obj.ndim == 3 else 1
+    forward = scratch_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
     patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
-                          0, out, transient_bytes=frames * (3 * C64 + 4 + F64)
-                          + patch * (C64 + 4 * F64), write_bytes=out)
+                          0, out, transient_bytes=frames * (forward + F64)
+                          + slices * patch * (C64 + 4 * F64), write_bytes=out)
     obj = sim.truth["object"].data
     band = math.prod(max(c) for c in obj.chunks)
     truth = TaskMemory("truth-object", len(obj.chunks[0]), 0, band * C64,

@@ -92,11 +92,11 @@ def patterns(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int],
 
 
 def _amplitudes_block(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int],
-                      crop: int, bin: int, mask: np.ndarray | None,  # noqa: A002
+                      crop: int, bin: int, ignored: np.ndarray | None,  # noqa: A002
                       block_info: dict | None = None) -> np.ndarray:
-    if mask is not None:
-        frames = np.where(mask, 0, frames)
     intensity = patterns(frames, shift, start, crop, bin)
+    if ignored is not None:  # the output pixels with an ignored detector pixel in them
+        intensity[:, ignored] = 0
     bad = ~np.isfinite(intensity)
     if bad.any():
         first = int(np.argwhere(bad)[0][0]) + (block_info[0]["array-location"][0][0]
@@ -143,11 +143,11 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
     start = found.crop_start()
     k = found.k
     frames = frames_of(ds).rechunk((found.chunk_positions, -1, -1))
-    amplitudes = da.map_blocks(_amplitudes_block, frames, shift, start, found.crop, found.bin,
-                               found.mask, chunks=(frames.chunks[0], (k,), (k,)),
-                               dtype=np.float32)
     ignored = None if found.mask is None else \
         patterns(found.mask.astype(np.float64), shift, start, found.crop, found.bin) > 0
+    amplitudes = da.map_blocks(_amplitudes_block, frames, shift, start, found.crop, found.bin,
+                               ignored, chunks=(frames.chunks[0], (k,), (k,)),
+                               dtype=np.float32)
     fix = ("bin less (--bin), crop less (--crop), or check --defocus / --probe.")
     if found.probe is None:
         _finite_mean(mean)

@@ -172,6 +172,16 @@ def scan_coords(scan: tuple[int, int], step: float, jitter: float, seed: int,
     return coords - rounded.min(axis=0) + padding
 
 
+def beam_stop(k: int, radius: float) -> np.ndarray:
+    """A (k, k) detector mask, True on the disc of ``radius`` pixels around the zero
+    frequency ``k // 2`` (a beam stop)."""
+    if not (np.isfinite(radius) and 0 < radius < k / 2):
+        raise OutcoreError(f"--beam-stop {radius} is not a radius inside the {k}-pixel "
+                           "detector.", f"give pixels between 0 and {k // 2}.")
+    q = np.arange(k) - k // 2
+    return np.hypot(q[:, None], q[None, :]) <= radius
+
+
 def recorded_errors(n: int, error: float, seed: int) -> np.ndarray:
     """Errors (n, 2) of recorded positions, pixels: uniform in ``[-error, error]`` per axis,
     less their mean (a shift of every position is a shift of the object)."""
