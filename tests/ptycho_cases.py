@@ -270,3 +270,23 @@ def write_preprocessed(scan: TrueScan, path: Path, guess: np.ndarray, *, defocus
                            "defocus": defocus,
                            "preprocess": {"probe": probe_source, "defocus": defocus}})
     return save_preprocessed(ds.chunk({"position": chunk}), path)
+
+
+def write_truth(scan: TrueScan, path: Path) -> Path:
+    """The scan's truth as a ``ptycho-truth`` store (what ``ptycho simulate`` writes beside
+    a stack), in the frame of ``write_preprocessed``'s store."""
+    import xarray as xr
+
+    from outcore.ptycho.store import write_store as write_zarr
+
+    probe = scan.probes()
+    obj = np.stack(scan.slices)
+    ds = xr.Dataset(
+        {"object": (("y", "x"), obj[0]) if len(obj) == 1 else (("slice", "y", "x"), obj),
+         "probe": (("k_y", "k_x"), probe[0]) if len(probe) == 1 else
+                  (("mode", "k_y", "k_x"), probe),
+         "top_left": (("position", "yx"), np.floor(scan.corners() + 0.5).astype(np.int64)),
+         "positions": (("position", "xy"), scan.centres[:, ::-1] * PIXEL)},
+        coords={"xy": ["x", "y"], "yx": ["y", "x"]},
+        attrs={"outcore_layout": "ptycho-truth", "pixel_size": PIXEL, "wavelength": WAVELENGTH})
+    return write_zarr(ds, path)

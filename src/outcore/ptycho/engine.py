@@ -224,6 +224,7 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     actors = _start_actors(client, bounds, make, f"{generation}-{tag}")
                     for future in [actor.begin(host) for _, actor in actors]:
                         future.result()
+                before = host.coords
                 host = _iteration([actor for _, actor in actors], settings, len(coords),
                                   iteration)
                 break
@@ -233,7 +234,7 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     raise OutcoreError(f"Iteration {iteration} failed {attempt + 1} times: {err}",
                                        "check the workers' logs; the run can go on with "
                                        "--resume from its last checkpoint.") from err
-        trajectory.losses.append(host.loss)
+        trajectory.record(host.loss, before, host.coords)
         if on_iteration is not None:
             on_iteration(iteration, host.loss, replace(
                 host, obj=host.obj.reshape(np.shape(obj)), probe=host.probe.reshape(

@@ -15,7 +15,10 @@ Conventions (used everywhere in ``outcore.ptycho``):
   ``f = coords - top_left`` in ``[-0.5, 0.5)``, with a Fourier shift:
   ``probe_f = ifft2(fft2(probe) exp(-2 pi i q.f))`` (``q`` = ``fftfreq(K)``, cycles per
   pixel), so ``probe_f(r) = probe(r - f)`` for a band-limited probe. Integer coordinates
-  (an int ``top_left``) need no shift.
+  (an int ``top_left``) need no shift. Where a position crosses half a pixel its window
+  moves by one and the probe's shift flips sign: the patterns stay the same but for the
+  probe's energy at the window's edge, which the Fourier shift wraps around, so the model is
+  smooth in the positions only as far as the probe fits its window.
 - Exit wave of mode ``m`` at position ``j``: ``psi^1 = probe_f[m] * obj[0][window j]``, then
   ``psi^{s+1} = obj[s][window j] * ifft2(fft2(psi^s) H)`` with the free-space propagator
   ``H`` (``Model.propagator``, ``optics.fresnel_propagator``). Far field

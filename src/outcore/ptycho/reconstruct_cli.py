@@ -303,13 +303,16 @@ def _open_truth(path: str) -> xr.Dataset:
 
 
 def write_figures(run: Run, recon: xr.Dataset) -> None:
-    """Phase and amplitude of the object, and the probe, as PNG (skipped without matplotlib)."""
+    """Phase and amplitude of the object (the product of its slices), and the probe (its
+    strongest mode), as PNG (skipped without matplotlib)."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
         print("note: matplotlib is not installed, so no PNG figures", file=sys.stderr)
         return
     obj, probe = recon["object"].values, recon["probe"].values
+    obj = obj.prod(axis=0) if obj.ndim == 3 else obj
+    probe = probe[0] if probe.ndim == 3 else probe
     extent_um = [0, recon["x"].values[-1] * 1e6, recon["y"].values[-1] * 1e6, 0]
     panels = [(FIGURES[0], np.angle(obj), "object phase [rad]", "twilight"),
               (FIGURES[1], np.abs(obj), "object amplitude", "gray")]

@@ -30,6 +30,8 @@ from outcore.ptycho.probe import centred, orthogonal_modes, support
 RESIDENCIES: tuple[str, ...] = ("device", "host", "disk")
 #: Iterations over which the loss must fall by ``tolerance`` each, on average, to go on.
 STOP_WINDOW = 5
+#: Nor does a run stop on the loss while an iteration still moves a position this far (px).
+POSITIONS_SETTLED = 0.01
 
 
 @dataclass(frozen=True)
@@ -250,11 +252,20 @@ def end_iteration(state: State, settings: Settings, iteration: int, start: np.nd
 @dataclass
 class Trajectory:
     """The losses of the iterations run (each the sum over its batches of the loss before
-    each update) and why the run stopped: ``iterations``, ``tolerance``, ``max_iterations``
-    or ``diverged`` (a loss that is not finite)."""
+    each update), the largest move of a position in each, and why the run stopped:
+    ``iterations``, ``tolerance`` (the loss fell by less than it per iteration over the last
+    ``STOP_WINDOW`` and no position moved ``POSITIONS_SETTLED``), ``max_iterations`` or
+    ``diverged`` (a loss that is not finite)."""
 
     losses: list[float] = field(default_factory=list)
     stopped: str = ""
+    moves: list[float] = field(default_factory=list)
+
+    def record(self, loss: float, before: np.ndarray, after: np.ndarray) -> None:
+        """One more iteration: its loss and how far (pixels) it moved the positions at most
+        (``before`` and ``after`` it)."""
+        self.losses.append(loss)
+        self.moves.append(float(np.abs(after - before).max()) if len(after) else 0.0)
 
     def change(self, window: int = STOP_WINDOW) -> float:
         """The relative fall of the loss per iteration over the last ``window`` iterations."""
@@ -271,7 +282,8 @@ class Trajectory:
             return bool(self.stopped)
         if len(self.losses) >= settings.max_iterations:
             self.stopped = "max_iterations"
-        elif len(self.losses) > STOP_WINDOW and self.change() < settings.tolerance:
+        elif len(self.losses) > STOP_WINDOW and self.change() < settings.tolerance and (
+                not self.moves or self.moves[-1] < POSITIONS_SETTLED):
             self.stopped = "tolerance"
         return bool(self.stopped)
 
@@ -286,6 +298,7 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
     start = np.asarray(state.coords, np.float64).copy()
     trajectory = trajectory or Trajectory()
     for iteration in _iterations(settings, start_iteration, trajectory):
+        before = state.coords
         for number, batch in enumerate(batches(len(start), settings.batch_size, settings.seed,
                                                iteration)):
             pieces = sub_batches(batch, settings.sub_batch)
@@ -293,7 +306,7 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
                                  iteration)
             state = step(state, terms, batch, settings, iteration, number == 0, start)
         state = end_iteration(state, settings, iteration, start)
-        trajectory.losses.append(state.loss)
+        trajectory.record(state.loss, before, state.coords)
         if on_iteration is not None:
             on_iteration(iteration, state.loss, state)
     return state, trajectory
