@@ -71,6 +71,9 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slices", type=int, default=1, help="object slices (a thick object)")
     p.add_argument("--slice-thickness", type=float, default=None,
                    help="distance between slices in metres (with --slices)")
+    p.add_argument("--object-detail", type=float, default=1.0,
+                   help="make the object's blobs this many times smaller (more detail at the "
+                        "probe's scale, for position refinement)")
     p.add_argument("--beam-stop", type=float, default=None, metavar="PIXELS",
                    help="mask (and spoil) a central disc of this radius on the detector")
     p.add_argument("--dose", type=float, default=None,
@@ -96,7 +99,7 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         dose=args.dose, dtype=args.dtype, seed=args.seed, chunk_positions=args.chunk_positions,
         object_padding=args.object_padding, subpixel=args.subpixel,
         position_error=args.position_error, probe_modes=args.probe_modes, slices=args.slices,
-        slice_thickness=args.slice_thickness,
+        slice_thickness=args.slice_thickness, object_detail=args.object_detail,
         mask=None if args.beam_stop is None else beam_stop(args.detector, args.beam_stop),
     )
     attrs = sim.truth.attrs
@@ -110,6 +113,7 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         "subpixel": args.subpixel, "position_error": args.position_error,
         "probe_modes": args.probe_modes, "slices": args.slices,
         "slice_thickness": args.slice_thickness, "beam_stop": args.beam_stop,
+        "object_detail": args.object_detail,
     }
 
     def plan(resources: Resources) -> Plan:

@@ -127,14 +127,15 @@ class SyntheticObject:
         return da.from_array(self, chunks=(rows, -1), meta=np.empty((0, 0), self.dtype))
 
 
-def synthetic_object(shape: tuple[int, int], k: int, seed: int, layer: int = 0
-                     ) -> SyntheticObject:
+def synthetic_object(shape: tuple[int, int], k: int, seed: int, layer: int = 0,
+                     detail: float = 1.0) -> SyntheticObject:
     """The object (slice ``layer``) of a scan with window ``k``: amplitude blobs on cells of
-    ``k/2``, phase blobs on cells of ``3k/4`` pixels (different images by construction)."""
+    ``k/2``, phase blobs on cells of ``3k/4`` pixels (different images by construction),
+    both cells ``detail`` times smaller (at least 4 pixels)."""
     streams = [] if layer == 0 else [layer]
-    amplitude = lattice_blobs(shape, max(4, k // 2), (0.2, 2.0),
+    amplitude = lattice_blobs(shape, max(4, int(k // 2 / detail)), (0.2, 2.0),
                               np.random.default_rng([seed, _AMPLITUDE, *streams]))
-    phase = lattice_blobs(shape, max(4, 3 * k // 4), (-2.0, 2.0),
+    phase = lattice_blobs(shape, max(4, int(3 * k // 4 / detail)), (-2.0, 2.0),
                           np.random.default_rng([seed, _PHASE, *streams]))
     return SyntheticObject(tuple(shape), amplitude, phase)  # type: ignore[arg-type]
 
@@ -304,6 +305,7 @@ def simulate_stack(
     slice_thickness: float | None = None,
     dose: float | None = None,
     mask: np.ndarray | None = None,
+    object_detail: float = 1.0,
     dtype: Any = np.float32,
     seed: int = 0,
     chunk_positions: int = CHUNK_POSITIONS,
@@ -324,9 +326,10 @@ def simulate_stack(
     doc). ``slices`` objects ``slice_thickness`` metres apart. ``dose``: photons of the
     probe per pattern (all modes; the counts of a unit-transmission object), with Poisson
     noise; without it, noiseless intensities of a unit-energy probe. ``mask`` (K, K) bool:
-    detector pixels to spoil and record as ignored. ``dtype`` float32 or uint32 (counts
-    only). ``chunk_positions`` positions per task; ``object_padding`` pixels of object
-    around the windows.
+    detector pixels to spoil and record as ignored. ``object_detail``: the object's blobs
+    that many times smaller (more structure at the probe's scale, which position refinement
+    needs). ``dtype`` float32 or uint32 (counts only). ``chunk_positions`` positions per
+    task; ``object_padding`` pixels of object around the windows.
     """
     k = at_least(detector, "--detector", 2)
     scan = (at_least(scan[0], "--scan", 1), at_least(scan[1], "--scan", 1))
@@ -334,6 +337,9 @@ def simulate_stack(
     for value, flag in ((step, "--step"), (pixel_size, "--pixel-size")):
         if not (np.isfinite(value) and value > 0):
             raise OutcoreError(f"{flag} {value} must be positive.", f"give a positive {flag}.")
+    if not (np.isfinite(object_detail) and object_detail >= 1):
+        raise OutcoreError(f"--object-detail {object_detail} must be 1 or more.",
+                           "give 1 (the default) to 4.")
     for value, flag in ((jitter, "--jitter"), (position_error, "--position-error")):
         if not (np.isfinite(value) and value >= 0):
             raise OutcoreError(f"{flag} {value} must be 0 or more.", "give pixels, e.g. 1.5.")
@@ -365,8 +371,8 @@ def simulate_stack(
                          at_least(object_padding, "--object-padding", 0), subpixel)
     top_left = np.floor(coords + 0.5).astype(np.int64)
     shape = tuple(int(n) for n in top_left.max(axis=0) + k + object_padding)
-    objects = tuple(synthetic_object(shape, k, seed, layer)  # type: ignore[arg-type]
-                    for layer in range(slices))
+    objects = tuple(synthetic_object(shape, k, seed, layer,  # type: ignore[arg-type]
+                                     object_detail) for layer in range(slices))
     model = Model(propagator=None if slices == 1 else fresnel_propagator(
         k, pixel_size, lam, float(slice_thickness)))  # type: ignore[arg-type]
     grid = jitter == 0 and position_error == 0
@@ -383,6 +389,7 @@ def simulate_stack(
              "scan_step": step * pixel_size, "defocus": defocus, "probe_aperture": aperture,
              "seed": seed, "jitter": jitter, "subpixel": int(subpixel),
              "position_error": position_error, "probe_modes": probe_modes, "slices": slices,
+             "object_detail": object_detail,
              "simulated": "outcore.ptycho.simulate"}
     if slices > 1:
         attrs["slice_thickness"] = float(slice_thickness)  # type: ignore[arg-type]
