@@ -196,8 +196,9 @@ def summed_terms(state: State, pieces: Sequence[np.ndarray], frames: Iterable[An
 def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
          iteration: int, first: bool, start: np.ndarray) -> State:
     """The state after one batch: object and probe updated from ``terms`` (the batch's),
-    positions moved when refined (never beyond ``position_bound`` of ``start``), the
-    batch's loss added to the iteration's (or starting it, when ``first``)."""
+    positions moved when refined (never beyond ``position_bound`` of ``start``, nor their
+    windows out of the object), the batch's loss added to the iteration's (or starting it,
+    when ``first``)."""
     step_probe = settings.step_probe if iteration >= settings.probe_start else 0.0
     obj, probe = update(state.obj, state.probe, terms, state.coords[batch],
                         step_obj=settings.step_object, step_probe=step_probe,
@@ -209,8 +210,8 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
         coords = coords.copy()
         moved = coords[terms.index] + move
         bound = settings.position_bound
-        coords[terms.index] = np.clip(moved, start[terms.index] - bound,
-                                      start[terms.index] + bound)
+        moved = np.clip(moved, start[terms.index] - bound, start[terms.index] + bound)
+        coords[terms.index] = inside(moved, state)
     return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss))
 
 
@@ -245,8 +246,15 @@ def end_iteration(state: State, settings: Settings, iteration: int, start: np.nd
         if settings.position_affine:
             design = np.column_stack([start, np.ones(len(start))])
             correction = design @ np.linalg.lstsq(design, correction, rcond=None)[0]
-        coords = start + correction - correction.mean(axis=0)
+        coords = inside(start + correction - correction.mean(axis=0), state)
     return replace(state, obj=obj, probe=probe, coords=coords)
+
+
+def inside(coords: np.ndarray, state: State) -> np.ndarray:
+    """``coords`` clipped so that every window lies in the object (its corner rounds to
+    0 .. N - K on each axis)."""
+    last = np.asarray(state.obj.shape[-2:]) - state.probe.shape[-1] + 0.5 - 1e-9
+    return np.clip(coords, -0.5, last)
 
 
 @dataclass
