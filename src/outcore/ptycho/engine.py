@@ -8,21 +8,21 @@ each sub-batch to the device, ``disk`` reads each sub-batch from the zarr store
 the state (object, probe modes, positions).
 
 Every iteration walks a seeded permutation of all positions in global batches of
-``batch_size`` (``solver.batches``). One step is one call of each actor: it applies the
-previous batch's summed terms to its state (``solver.step``) and returns the loss and
-gradients of its part of this batch (``solver.terms_of``, host arrays). The client adds the
-parts in shard order (float64) and sends the sum with the next call, so a step costs one
-round trip between the client and the actors, with no task through the scheduler, and every
-actor's state stays the same because its inputs and operations are. With one shard the actor
-runs the whole iteration by itself. The batches, the order of the sums and their
-float64 accumulation do not depend on the number of workers, so 1, 2 or N workers follow the
-same loss trajectory to rounding (bitwise for the same shards).
+``batch_size`` (``solver.batches``). One step is one call of each actor with the current
+state: it returns the loss and gradients of its part of this batch (``solver.terms_of``,
+host arrays); the client adds the parts in shard order (float64), applies the update
+(``solver.step``) to its copy of the state and sends that with the next call. So a step
+costs one round trip between the client and the actors, with no task through the scheduler,
+and what travels is the parts (complex128, on the batch's region) and the state (complex64),
+the smallest form of the update. With one shard the actor runs whole iterations by itself,
+the update on its own device. The batches, the order of the sums and their float64
+accumulation do not depend on the number of workers, so 1, 2 or N workers follow the same
+loss trajectory to rounding (bitwise for the same shards on the numpy backend).
 
-After each iteration each actor applies the constraints between iterations
-(``solver.end_iteration``) and the client takes the state from the first (object and
-probe, small next to the stack). When a worker dies, the iteration is replayed from that
-copy on actors made anew for the same shards on the workers that remain, which gives the
-same result as a clean run.
+After each iteration the constraints between iterations (``solver.end_iteration``) are
+applied to the client's copy (or by the single actor, which returns its state). When a
+worker dies, the iteration is replayed from that copy on actors made anew for the same
+shards on the workers that remain, which gives the same result as a clean run.
 """
 
 from __future__ import annotations
@@ -91,38 +91,23 @@ class ShardActor:
         self.state = State(self.xp.asarray(state.obj), self.xp.asarray(state.probe),
                            np.array(state.coords, np.float64), state.loss)
 
-    def advance(self, summed: BatchTerms | None, done: np.ndarray | None, batch: np.ndarray,
-                iteration: int, first: bool) -> BatchTerms | None:
-        """Apply ``summed`` (the terms of the batch ``done``, if any) and return the terms of
-        this shard's part of ``batch`` (None when it holds none of it), on the host."""
-        if summed is not None:
-            self._apply(summed, done, iteration, first)
+    def advance(self, state: State, batch: np.ndarray, iteration: int) -> BatchTerms | None:
+        """From ``state`` (host arrays), the terms of this shard's part of ``batch`` (None
+        when it holds none of it), on the host."""
+        self.begin(state)
         mine = batch[(batch >= self.start) & (batch < self.stop)]
         if not len(mine):
             return None
         return _moved(self._terms(mine, iteration), to_host)
 
-    def finish(self, summed: BatchTerms, done: np.ndarray, iteration: int, first: bool,
-               report: bool) -> State | None:
-        """Apply the last batch's terms and the constraints between iterations; return the
-        state on the host when ``report``."""
-        self._apply(summed, done, iteration, first)
-        self.state = solver.end_iteration(self.state, self.settings, iteration, self.origin)
-        return solver.on_host(self.state) if report else None
-
     def iterate(self, iteration: int) -> State:
         """A whole iteration by this shard alone (it holds every position)."""
         for number, batch in enumerate(batches(len(self.origin), self.settings.batch_size,
                                                self.settings.seed, iteration)):
-            terms = self._terms(batch, iteration)
-            self._apply(terms, batch, iteration, number == 0)
+            self.state = solver.step(self.state, self._terms(batch, iteration), batch,
+                                     self.settings, iteration, number == 0, self.origin)
         self.state = solver.end_iteration(self.state, self.settings, iteration, self.origin)
         return solver.on_host(self.state)
-
-    def _apply(self, summed: BatchTerms, done: np.ndarray, iteration: int, first: bool) -> None:
-        summed = _moved(summed, self.xp.asarray)
-        self.state = solver.step(self.state, summed, done, self.settings, iteration, first,
-                                 self.origin)
 
     def _terms(self, positions: np.ndarray, iteration: int) -> BatchTerms:
         """The terms of ``positions`` (sorted, global, all in this shard), summed over
@@ -225,7 +210,7 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     for future in [actor.begin(host) for _, actor in actors]:
                         future.result()
                 before = host.coords
-                host = _iteration([actor for _, actor in actors], settings, len(coords),
+                host = _iteration([actor for _, actor in actors], host, settings, origin,
                                   iteration)
                 break
             except LOST as err:
@@ -260,16 +245,16 @@ def _start_actors(client: distributed.Client, bounds: list[tuple[int, int]], mak
     return [(future, future.result()) for future in futures]
 
 
-def _iteration(actors: list, settings: Settings, n: int, iteration: int) -> State:
-    """One iteration: each step one call of every actor with the previous batch's sum."""
+def _iteration(actors: list, host: State, settings: Settings, origin: np.ndarray,
+               iteration: int) -> State:
+    """One iteration from the client's ``host`` state: each step one call of every actor
+    with the state, the parts added in shard order and the update applied here (a single
+    actor runs the whole iteration itself)."""
     if len(actors) == 1:
         return actors[0].iterate(iteration).result()
-    summed = done = None
-    first = True
-    for number, batch in enumerate(batches(n, settings.batch_size, settings.seed, iteration)):
-        calls = [actor.advance(summed, done, batch, iteration, first) for actor in actors]
-        first = number == 0
-        summed, done = _sum([call.result() for call in calls]), batch
-    calls = [actor.finish(summed, done, iteration, first, report=i == 0)
-             for i, actor in enumerate(actors)]
-    return [call.result() for call in calls][0]
+    for number, batch in enumerate(batches(len(origin), settings.batch_size, settings.seed,
+                                           iteration)):
+        calls = [actor.advance(host, batch, iteration) for actor in actors]
+        summed = _sum([call.result() for call in calls])
+        host = solver.step(host, summed, batch, settings, iteration, number == 0, origin)
+    return solver.end_iteration(host, settings, iteration, origin)
