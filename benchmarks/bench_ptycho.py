@@ -1,9 +1,16 @@
-"""Benchmark: seconds per ptychography iteration, outcore's engine in each residency vs quantEM.
+"""Benchmark: seconds per ptychography iteration and object error, outcore's engine in each
+residency vs quantEM (and any peer with a runner), with matched settings.
 
 Prints one JSON line per tool and case (DESIGN.md, "Benchmark lines"), then one summary line
-per comparison. One simulated stack (a raster of ``--scan`` x ``--scan`` positions, ``--step``
-object pixels apart, ``--k`` x ``--k`` patterns of a smooth complex object seen through a
-defocused aperture probe, straight from the far-field model, noise-free) is reconstructed by
+per comparison. Each *setting* (``--settings``: ``base`` one probe mode, fixed positions;
+``modes3`` three probe modes; ``refine`` position refinement from the first iteration on) is
+run by every tool with the same batch size (``--batch``, several allowed), and every line
+carries ``object_error`` (``outcore.ptycho.quality.object_error`` of the tool's final object
+against the truth, after global phase, scale and phase ramp; a benchmark runs few
+iterations, so it compares tools, it is no converged error). One simulated stack (a raster
+of ``--scan`` x ``--scan`` positions, ``--step`` object pixels apart, ``--k`` x ``--k``
+patterns of a smooth complex object seen through a defocused aperture probe, straight from
+the far-field model, noise-free) is reconstructed by
 
 - ``outcore``: ``outcore.ptycho.engine.run`` on a local cluster of 1 and 2 worker processes
   (one thread each, ``--workers``), once per residency (``--residency``: ``device`` keeps each
@@ -24,11 +31,12 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   ``MALLOC_TRIM_THRESHOLD_=65536``, which turns off glibc's adaptive mmap threshold, so
   every temporary over 128 KiB of the kernels is a fresh ``mmap`` with its page faults,
   about doubling the kernels' time);
-- ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop over
-  ``outcore.ptycho.kernels`` in this process, no cluster: the compute the engine schedules,
-  so that ``engine 1 worker - kernels`` is the engine's own cost (tasks, transfers, the
-  gather of the state after each iteration); ``engine_overhead_s_per_step`` spreads it over
-  the steps; on ``--backend cupy`` with the object, probe and amplitudes in GPU memory;
+- ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop
+  (``outcore.ptycho.solver.serial``, the engine's numpy twin) in this process, no cluster:
+  the compute the engine schedules, so that ``engine 1 worker - kernels`` is the engine's own
+  cost (actor calls, transfers, the state after each iteration);
+  ``engine_overhead_s_per_step`` spreads it over
+  the steps; ``--backend cupy`` runs the engine on the GPU, the loop stays on the host;
 - ``quantem``: quantEM's ``Ptychography`` (single slice, far field, pixelated object and probe,
   amplitude L2 loss) on the same patterns, positions, probe guess and batch size, through
   ``benchmarks/peers/quantem_runner.py`` in its own venv (``make_quantem_venv.sh``), with
@@ -41,6 +49,17 @@ defocused aperture probe, straight from the far-field model, noise-free) is reco
   shared machine that costs several times the work, so the 2-thread cases run again with
   ``OMP_WAIT_POLICY=PASSIVE`` (``--quantem-omp``; ``case.omp_wait_policy``). Without the
   venv its line says so (``"value": null``, ``"skipped"``).
+
+Peers (``--tools``): ``quantem`` as above; any other name ``NAME`` is run as
+``benchmarks/peers/.venv-NAME/bin/python benchmarks/peers/NAME_runner.py DATA.npz --batch B
+--iterations N --threads T [T ...] --probe-modes M [--learn-positions] --seed S
+--object-dir DIR`` (the hook for ``ptychi``, whose runner lives with its venv script
+``make_ptychi_venv.sh``): DATA.npz holds ``amplitudes`` (n, K, K) float32 centred,
+``top_left`` (n, 2), ``guess`` (M, K, K) (the starting modes), ``probe``, ``truth``,
+``scan`` and ``step``; the runner prints one JSON line per case in the fields above (its
+``case`` a dict, ``value`` the median seconds per iteration, ``walls_s``), and may name in
+``object_file`` a ``.npy`` of its final object (Ny, Nx), from which the error is computed
+here. Without the venv its line says so (``"value": null``, ``"skipped"``).
 
 Every tool runs ``--iterations`` timed iterations after one warm-up iteration (shard loads,
 imports, first-touch allocations), on the same global batches of ``--batch`` positions
@@ -62,6 +81,8 @@ and outcore on 2 workers against quantEM's fastest case of any kind, each with i
     python benchmarks/bench_ptycho.py --scan 64 --chunk 16 --disk-cold
     python benchmarks/bench_ptycho.py --backend cupy --workers 1 --worker-malloc outcore \
         --no-quantem --memory-limit 16GiB               # on a GPU (benchmarks/gpu/run.sh)
+    python benchmarks/bench_ptycho.py --settings base modes3 refine --batch 64 256 \
+        --quantem-python benchmarks/peers/.venv-quantem/bin/python
 """
 
 from __future__ import annotations
@@ -82,12 +103,14 @@ import dask
 import numpy as np
 import psutil
 import zarr
-from common import add_backend, check_backend, line, machine, synchronize
+from common import add_backend, check_backend, line, machine
 
 import outcore
 from outcore import cluster
-from outcore.backend import namespace
-from outcore.ptycho import engine, kernels
+from outcore.ptycho import engine, kernels, solver
+from outcore.ptycho import probe as probes
+from outcore.ptycho.kernels import Model
+from outcore.ptycho.quality import illuminated, object_error
 from outcore.runner import peak_worker_rss
 from outcore.runs import versions
 
@@ -96,15 +119,19 @@ METRIC = "s_per_iteration"
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 QUANTEM_PYTHON = PEERS / ".venv-quantem" / "bin" / "python"
-#: Goals of issue #5: host and disk residency over device, as a fraction of an iteration;
-#: outcore on one worker against quantEM on one thread, on 2 workers against quantEM's best.
-HOST_GOAL, DISK_GOAL, ONE_CORE_GOAL, TWO_WORKER_GOAL = 0.05, 0.15, 1.0, 1.7
+#: Goals of issue #13: host and disk residency over device, as a fraction of an iteration;
+#: outcore on one worker against quantEM on one thread (2x), on 2 workers against the best
+#: peer of any kind (1.7x).
+HOST_GOAL, DISK_GOAL, ONE_CORE_GOAL, TWO_WORKER_GOAL = 0.05, 0.15, 2.0, 1.7
 #: This process's environment at start: dask's nannies write their ``pre-spawn-environ``
 #: (``MALLOC_TRIM_THRESHOLD_``) into it, and neither later clusters nor the peer should see
 #: what an earlier cluster left there.
 START_ENVIRON = dict(os.environ)
 #: When this run started (local time, to the second): every line of one run carries it.
 RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
+#: The matched settings: probe modes and position refinement.
+SETTINGS = {"base": {"modes": 1, "refine": False}, "modes3": {"modes": 3, "refine": False},
+            "refine": {"modes": 1, "refine": True}}
 
 
 # --- the stack ------------------------------------------------------------------------------
@@ -180,11 +207,28 @@ def drop_page_cache(path: Path) -> None:
 # --- outcore ---------------------------------------------------------------------------------
 
 
-def settings_of(args: argparse.Namespace, residency: str) -> engine.Settings:
-    # the probe is updated from the first iteration on, so that every iteration costs the same
-    return engine.Settings(iterations=1 + args.iterations, batch_size=args.batch,
+def settings_of(args: argparse.Namespace, residency: str, setting: str, batch: int
+                ) -> engine.Settings:
+    # the probe (and, refined, the positions) are updated from the first iteration on, so
+    # that every iteration costs the same
+    chosen = SETTINGS[setting]
+    return engine.Settings(iterations=1 + args.iterations, batch_size=batch,
                            residency=residency, sub_batch=args.sub_batch, probe_start=0,
-                           seed=args.seed)
+                           seed=args.seed, probe_modes=chosen["modes"],
+                           refine_positions=chosen["refine"], refine_from=0,
+                           position_bound=float(args.step))
+
+
+def start_probe(scan: Scan, setting: str) -> np.ndarray:
+    """The starting probe modes (M, K, K) of a setting (the same for every tool)."""
+    return probes.initial_modes(scan.guess, SETTINGS[setting]["modes"])
+
+
+def error_of(scan: Scan, obj: np.ndarray) -> float:
+    """The object's error against the truth on the well-lit pixels."""
+    obj = np.asarray(obj).reshape(scan.truth.shape)
+    return round(object_error(obj, scan.truth, illuminated(scan.probe, scan.top_left,
+                                                           scan.truth.shape)), 6)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -199,9 +243,10 @@ def steps_per_iteration(n: int, batch: int | None) -> int:
     return 1 if batch is None else -(-n // batch)
 
 
-def case_of(args: argparse.Namespace, n: int, **more) -> dict:
-    return {"n": n, "k": args.k, "scan": args.scan, "step": args.step, "batch": args.batch,
-            **more}
+def case_of(args: argparse.Namespace, n: int, setting: str, batch: int, **more) -> dict:
+    return {"n": n, "k": args.k, "scan": args.scan, "step": args.step, "batch": batch,
+            "settings": setting, "probe_modes": SETTINGS[setting]["modes"],
+            "refine_positions": SETTINGS[setting]["refine"], **more}
 
 
 def emit(tool: str, case: dict, walls: list[float], n: int, cpu: list[float] | None = None,
@@ -236,9 +281,9 @@ def worker_malloc(variant: str) -> Iterator[None]:
 
 
 def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: int,
-                  residency: str, malloc: str) -> dict:
+                  residency: str, malloc: str, setting: str, batch: int) -> dict:
     n = len(scan.top_left)
-    settings = settings_of(args, residency)
+    settings = settings_of(args, residency, setting, batch)
     with (worker_malloc(malloc),
           cluster.connect("local", workers=workers, memory_limit=args.memory_limit) as client):
         pids = [os.getpid(), *client.run(os.getpid).values()]
@@ -257,104 +302,132 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
         if cold:
             drop_page_cache(store)
         start = time.perf_counter()
-        engine.run(client, store, scan.top_left, np.ones(scan.truth.shape, np.complex64),
-                   scan.guess, settings, chunk=args.chunk, on_iteration=on_iteration,
-                   backend=args.backend)
+        result = engine.run(client, store, scan.top_left,
+                            np.ones(scan.truth.shape, np.complex64), start_probe(scan, setting),
+                            settings, chunk=args.chunk, on_iteration=on_iteration,
+                            backend=args.backend)
         peaks = peak_worker_rss(client)
     # iteration i runs from the end of callback i - 1 to callback i; the first is the warm-up
     walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
     cpu = [marks[i][2] - marks[i - 1][2] for i in range(1, len(marks))]
-    return emit("outcore", case_of(args, n, sub_batch=args.sub_batch, workers=workers,
-                                   residency=residency, chunk=args.chunk,
+    return emit("outcore", case_of(args, n, setting, batch, sub_batch=args.sub_batch,
+                                   workers=workers, residency=residency, chunk=args.chunk,
                                    compression=args.compression, disk_cold=cold,
                                    worker_malloc=malloc, backend=args.backend),
                 walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
-                steps_per_iteration=steps_per_iteration(n, args.batch),
+                steps_per_iteration=steps_per_iteration(n, batch),
                 peak_worker_bytes=max(peaks.values()),
-                loss_first_last=[losses[0], losses[-1]])
+                loss_first_last=[losses[0], losses[-1]], object_error=error_of(scan, result.obj))
 
 
-def bench_kernels(args: argparse.Namespace, scan: Scan) -> dict:
-    """The engine's batches, sub-batches and updates as a plain loop in this process, with
-    the object, probe and amplitudes on ``--backend``'s device."""
-    n, xp = len(scan.top_left), namespace(args.backend)
-    settings = settings_of(args, "device")
-    obj, probe = xp.ones(scan.truth.shape, np.complex64), xp.asarray(scan.guess)
-    amplitudes = xp.asarray(scan.amplitudes)
-    walls, cpu, losses = [], [], []
-    for iteration in range(settings.iterations):
-        t0, c0 = time.perf_counter(), time.process_time()
-        total = 0.0
-        for batch in engine.batches(n, settings.batch_size, settings.seed, iteration):
-            terms = None
-            for lo in range(0, len(batch), settings.sub_batch):
-                piece = batch[lo:lo + settings.sub_batch]
-                part = kernels.batch_terms(obj, probe, scan.top_left[piece],
-                                           amplitudes[xp.asarray(piece)])
-                terms = part if terms is None else terms + part
-            step_probe = settings.step_probe if iteration >= settings.probe_start else 0.0
-            obj, probe = kernels.update(obj, probe, terms, scan.top_left[batch],
-                                        step_obj=settings.step_object, step_probe=step_probe,
-                                        alpha=settings.alpha)
-            total += terms.loss
-        synchronize(args.backend)
-        walls.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        losses.append(total)
-    return emit("outcore-kernels", case_of(args, n, sub_batch=args.sub_batch, workers=0,
-                                           residency="in-process", backend=args.backend),
-                walls[1:], n, cpu[1:], warmup_s=round(walls[0], 4),
-                steps_per_iteration=steps_per_iteration(n, args.batch),
-                loss_first_last=[losses[0], losses[-1]])
+def bench_kernels(args: argparse.Namespace, scan: Scan, setting: str, batch: int) -> dict:
+    """The engine's batches, sub-batches and updates as a plain loop in this process
+    (``solver.serial``, the engine's numpy twin)."""
+    n = len(scan.top_left)
+    settings = settings_of(args, "device", setting, batch)
+    marks: list[tuple[float, float]] = []
+    losses: list[float] = []
+
+    def on_iteration(iteration: int, loss: float, state: solver.State) -> None:
+        marks.append((time.perf_counter(), time.process_time()))
+        losses.append(loss)
+
+    start = (time.perf_counter(), time.process_time())
+    state = solver.State(np.ones((1, *scan.truth.shape), np.complex64),
+                         start_probe(scan, setting), scan.top_left.astype(np.float64))
+    state, _ = solver.serial(lambda p: scan.amplitudes[p], state, settings, Model(),
+                             on_iteration=on_iteration)
+    marks.insert(0, start)
+    walls = [b[0] - a[0] for a, b in zip(marks[1:-1], marks[2:], strict=True)]
+    cpu = [b[1] - a[1] for a, b in zip(marks[1:-1], marks[2:], strict=True)]
+    return emit("outcore-kernels", case_of(args, n, setting, batch, sub_batch=args.sub_batch,
+                                           workers=0, residency="in-process"),
+                walls, n, cpu, warmup_s=round(marks[1][0] - marks[0][0], 4),
+                steps_per_iteration=steps_per_iteration(n, batch),
+                loss_first_last=[losses[0], losses[-1]],
+                object_error=error_of(scan, state.obj))
 
 
-# --- quantEM ---------------------------------------------------------------------------------
+# --- peers -----------------------------------------------------------------------------------
 
 
-def quantem_skipped(args: argparse.Namespace, n: int, why: str) -> dict:
-    record = {"bench": BENCH, "tool": "quantem",
-              "case": case_of(args, n, threads=args.quantem_threads, modes=args.quantem_modes),
+def peer_python(args: argparse.Namespace, tool: str) -> Path:
+    """The peer's interpreter: ``--quantem-python`` for quantEM, else its venv's."""
+    if tool == "quantem":
+        return Path(args.quantem_python)
+    return PEERS / f".venv-{tool}" / "bin" / "python"
+
+
+def peer_skipped(args: argparse.Namespace, tool: str, n: int, setting: str, batch: int,
+                 why: str) -> dict:
+    record = {"bench": BENCH, "tool": tool,
+              "case": case_of(args, n, setting, batch, threads=args.quantem_threads),
               "metric": METRIC, "value": None, "skipped": why, "run": RUN, "machine": machine(),
               "versions": {"outcore": outcore.__version__, **versions()}}
     print(json.dumps(record), flush=True)
     return record
 
 
-def bench_quantem(args: argparse.Namespace, scan: Scan, work: Path) -> list[dict]:
-    n = len(scan.top_left)
-    python = Path(args.quantem_python)
-    if not python.exists():
-        return [quantem_skipped(args, n, f"no quantEM environment at {python}: run "
-                                         "benchmarks/peers/make_quantem_venv.sh")]
-    data = work / "quantem-input.npz"
-    np.savez(data, amplitudes=scan.amplitudes, top_left=scan.top_left, guess=scan.guess,
-             probe=scan.probe, truth=scan.truth, scan=np.array([scan.scan, scan.scan]),
-             step=np.array(scan.step))
-    records = []
+def peer_commands(args: argparse.Namespace, tool: str, data: Path, objects: Path,
+                  setting: str, batch: int) -> list[tuple[list[str], dict]]:
+    """The runner's command lines and environments: for quantEM one per OpenMP wait policy
+    (its gd/adam modes and ranks, see the module doc), for other peers one."""
+    chosen = SETTINGS[setting]
+    common = ["--batch", str(batch), "--iterations", str(args.iterations), "--seed",
+              str(args.seed), "--probe-modes", str(chosen["modes"]), "--object-dir",
+              str(objects)] + (["--learn-positions"] if chosen["refine"] else [])
+    runner = str(PEERS / f"{tool}_runner.py")
+    if tool != "quantem":
+        return [([runner, str(data), "--threads", *map(str, args.quantem_threads), *common],
+                 dict(START_ENVIRON))]
+    # quantEM's analytic-gradient mode takes neither probe modes nor positions
+    modes = [m for m in args.quantem_modes if m == "adam" or setting == "base"] or ["adam"]
+    commands = []
     for policy in args.quantem_omp:
         # OpenMP's wait policy only matters with more than one thread
         threads = args.quantem_threads if policy == "default" else \
             [t for t in args.quantem_threads if t > 1]
-        ranks = args.quantem_ranks if policy == "default" else 0
         if not threads:
             continue
-        command = [str(python), str(PEERS / "quantem_runner.py"), str(data),
-                   "--batch", str(args.batch), "--iterations", str(args.iterations),
-                   "--threads", *map(str, threads), "--modes", *args.quantem_modes,
-                   "--ranks", str(ranks), "--seed", str(args.seed)]
+        ranks = args.quantem_ranks if policy == "default" else 0
         env = dict(START_ENVIRON)
         if policy == "passive":
             env["OMP_WAIT_POLICY"] = "PASSIVE"
+        commands.append(([runner, str(data), "--threads", *map(str, threads), "--modes",
+                          *modes, "--ranks", str(ranks), *common], env))
+    return commands
+
+
+def bench_peer(args: argparse.Namespace, tool: str, scan: Scan, work: Path, setting: str,
+               batch: int) -> list[dict]:
+    """The peer's lines for one setting and batch size (see the module doc)."""
+    n = len(scan.top_left)
+    python = peer_python(args, tool)
+    if not python.exists():
+        return [peer_skipped(args, tool, n, setting, batch,
+                             f"no {tool} environment at {python}: run "
+                             f"benchmarks/peers/make_{tool}_venv.sh")]
+    data = work / f"{tool}-{setting}-{batch}.npz"
+    objects = work / f"{tool}-{setting}-{batch}-objects"
+    objects.mkdir()
+    np.savez(data, amplitudes=scan.amplitudes, top_left=scan.top_left,
+             guess=start_probe(scan, setting), probe=scan.probe, truth=scan.truth,
+             scan=np.array([scan.scan, scan.scan]), step=np.array(scan.step))
+    records = []
+    for command, env in peer_commands(args, tool, data, objects, setting, batch):
         try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env,
-                                  timeout=args.quantem_timeout)
+            done = subprocess.run([str(python), *command], capture_output=True, text=True,
+                                  env=env, timeout=args.quantem_timeout)
         except subprocess.TimeoutExpired:
-            records.append(quantem_skipped(args, n, f"timed out after {args.quantem_timeout} s"))
+            records.append(peer_skipped(args, tool, n, setting, batch,
+                                        f"timed out after {args.quantem_timeout} s"))
             continue
         for text in done.stdout.splitlines():
             if text.startswith("{"):
                 record = json.loads(text)
-                record["case"] = {**case_of(args, n), **record["case"]}
+                record["case"] = {**case_of(args, n, setting, batch), **record["case"]}
+                if record.get("object_file"):
+                    record["object_error"] = error_of(scan, np.load(record.pop("object_file")))
                 record["machine"] = machine()
                 record["load_avg"] = [round(x, 2) for x in os.getloadavg()]
                 record["run"] = RUN
@@ -363,8 +436,8 @@ def bench_quantem(args: argparse.Namespace, scan: Scan, work: Path) -> list[dict
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             why = "killed (out of memory?)" if done.returncode < 0 else f"exit {done.returncode}"
-            records.append(quantem_skipped(args, n,
-                                           f"quantem_runner {why}: {' | '.join(tail)}"))
+            records.append(peer_skipped(args, tool, n, setting, batch,
+                                        f"{tool}_runner {why}: {' | '.join(tail)}"))
     return records
 
 
@@ -380,55 +453,65 @@ def summary(name: str, case: dict, value: float | None, goal: str, met: bool | N
     print(json.dumps(record), flush=True)
 
 
-def summarise(outcore_lines: dict, kernels_line: dict | None, quantem: list[dict],
-              n_steps: int) -> None:
-    """``outcore_lines`` by (worker malloc, workers, residency)."""
-    timed = [r for r in quantem if r.get("value") is not None]
-    single = [r for r in timed if r["case"].get("threads") == 1 and r["case"].get("ranks") == 1]
-    for malloc in dict.fromkeys(m for m, _, _ in outcore_lines):
-        lines = {(w, r): v for (m, w, r), v in outcore_lines.items() if m == malloc}
-        for workers in sorted({w for w, _ in lines}):
-            device = lines.get((workers, "device"))
-            for residency, goal in (("host", HOST_GOAL), ("disk", DISK_GOAL)):
-                other = lines.get((workers, residency))
-                if device is None or other is None:
+def summarise(outcore_lines: dict, kernels_lines: dict, peers: list[dict], n: int) -> None:
+    """``outcore_lines`` by (setting, batch, worker malloc, workers, residency),
+    ``kernels_lines`` by (setting, batch); ``peers``: every peer's lines."""
+    for setting, batch in dict.fromkeys((s, b) for s, b, _, _, _ in outcore_lines):
+        timed = [r for r in peers if r.get("value") is not None
+                 and r["case"].get("settings") == setting and r["case"].get("batch") == batch]
+        single = [r for r in timed if r["case"].get("threads") == 1
+                  and r["case"].get("ranks", 1) == 1]
+        n_steps = steps_per_iteration(n, batch)
+        kernels_line = kernels_lines.get((setting, batch))
+        where = {"settings": setting, "batch": batch}
+        for malloc in dict.fromkeys(m for s, b, m, _, _ in outcore_lines
+                                    if (s, b) == (setting, batch)):
+            lines = {(w, r): v for (s, b, m, w, r), v in outcore_lines.items()
+                     if (s, b, m) == (setting, batch, malloc)}
+            case = {**where, "worker_malloc": malloc}
+            for workers in sorted({w for w, _ in lines}):
+                device = lines.get((workers, "device"))
+                for residency, goal in (("host", HOST_GOAL), ("disk", DISK_GOAL)):
+                    other = lines.get((workers, residency))
+                    if device is None or other is None:
+                        continue
+                    frac = other["value"] / device["value"] - 1
+                    cpu_frac = other["cpu_s_per_iteration"] / device["cpu_s_per_iteration"] - 1
+                    summary(f"{residency}_over_device", {**case, "workers": workers}, frac,
+                            f"< {goal:.0%} of an iteration", frac < goal,
+                            cpu_fraction=round(cpu_frac, 4),
+                            s_per_iteration={residency: other["value"],
+                                             "device": device["value"]})
+            one = lines.get((1, "device"))
+            if one is not None and kernels_line is not None:
+                overhead = one["value"] - kernels_line["value"]
+                summary("engine_overhead_s_per_step", {**case, "workers": 1}, overhead / n_steps,
+                        "informational", None, engine_s_per_iteration=one["value"],
+                        kernels_s_per_iteration=kernels_line["value"],
+                        overhead_fraction=round(overhead / one["value"], 4),
+                        cpu_overhead_s_per_step=round(
+                            (one["cpu_s_per_iteration"] - kernels_line["cpu_s_per_iteration"])
+                            / n_steps, 5))
+            for tool in dict.fromkeys(r["tool"] for r in single):
+                best = min((r for r in single if r["tool"] == tool), key=lambda r: r["value"])
+                if one is None:
                     continue
-                frac = other["value"] / device["value"] - 1
-                cpu_frac = other["cpu_s_per_iteration"] / device["cpu_s_per_iteration"] - 1
-                summary(f"{residency}_over_device", {"workers": workers, "worker_malloc": malloc},
-                        frac, f"< {goal:.0%} of an iteration", frac < goal,
-                        cpu_fraction=round(cpu_frac, 4),
-                        s_per_iteration={residency: other["value"], "device": device["value"]})
-        one = lines.get((1, "device"))
-        if one is not None and kernels_line is not None:
-            overhead = one["value"] - kernels_line["value"]
-            summary("engine_overhead_s_per_step",
-                    {"workers": 1, "residency": "device", "worker_malloc": malloc},
-                    overhead / n_steps, "informational", None,
-                    engine_s_per_iteration=one["value"],
-                    kernels_s_per_iteration=kernels_line["value"],
-                    overhead_fraction=round(overhead / one["value"], 4),
-                    cpu_overhead_s_per_step=round(
-                        (one["cpu_s_per_iteration"] - kernels_line["cpu_s_per_iteration"])
-                        / n_steps, 5))
-        if one is not None and single:
-            best = min(single, key=lambda r: r["value"])
-            ratio = best["value"] / one["value"]
-            summary("quantem_1thread_over_outcore_1worker",
-                    {"residency": "device", "worker_malloc": malloc}, ratio,
-                    f">= {ONE_CORE_GOAL} (outcore at least as fast)", ratio >= ONE_CORE_GOAL,
-                    quantem_case=best["case"], quantem_s=best["value"], outcore_s=one["value"],
-                    cpu_ratio=round(best["cpu_s_per_iteration"] / one["cpu_s_per_iteration"],
-                                    4))
-        two = lines.get((2, "device"))
-        if two is not None and timed:
-            best = min(timed, key=lambda r: r["value"])
-            ratio = best["value"] / two["value"]
-            summary("quantem_best_over_outcore_2workers",
-                    {"residency": "device", "worker_malloc": malloc}, ratio,
-                    f">= {TWO_WORKER_GOAL}", ratio >= TWO_WORKER_GOAL,
-                    quantem_case=best["case"], quantem_s=best["value"], outcore_s=two["value"],
-                    quantem_fixed_s_per_call=best.get("fixed_s_per_call"))
+                goal = ONE_CORE_GOAL if tool == "quantem" else 1.0
+                ratio = best["value"] / one["value"]
+                summary(f"{tool}_1thread_over_outcore_1worker", case, ratio, f">= {goal}",
+                        ratio >= goal, peer_case=best["case"], peer_s=best["value"],
+                        outcore_s=one["value"], peer_object_error=best.get("object_error"),
+                        outcore_object_error=one.get("object_error"))
+            two = lines.get((2, "device"))
+            if two is not None and timed:
+                best = min(timed, key=lambda r: r["value"])
+                ratio = best["value"] / two["value"]
+                summary("best_peer_over_outcore_2workers", case, ratio, f">= {TWO_WORKER_GOAL}",
+                        ratio >= TWO_WORKER_GOAL, peer=best["tool"], peer_case=best["case"],
+                        peer_s=best["value"], outcore_s=two["value"],
+                        peer_fixed_s_per_call=best.get("fixed_s_per_call"),
+                        peer_object_error=best.get("object_error"),
+                        outcore_object_error=two.get("object_error"))
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -439,17 +522,25 @@ def main() -> None:
     parser.add_argument("--scan", type=int, default=32, help="positions per side of the raster")
     parser.add_argument("--k", type=int, default=64, help="detector pixels per side")
     parser.add_argument("--step", type=int, default=8, help="object pixels between positions")
-    parser.add_argument("--batch", type=int, default=128, help="positions per update (global)")
+    parser.add_argument("--batch", type=int, nargs="+", default=[128],
+                        help="positions per update (global), one case each")
+    parser.add_argument("--settings", nargs="+", default=["base"], choices=sorted(SETTINGS),
+                        help="matched settings: base, modes3 (3 probe modes), refine "
+                             "(position refinement)")
+    parser.add_argument("--tools", nargs="+", default=["outcore", "quantem", "ptychi"],
+                        help="outcore and the peers to time (a peer NAME needs "
+                             "benchmarks/peers/NAME_runner.py and its venv, see the doc)")
     parser.add_argument("--sub-batch", type=int, default=64,
                         help="positions an outcore shard computes at once")
     parser.add_argument("--iterations", type=int, default=10,
                         help="timed iterations (after one warm-up)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
-                        choices=engine.RESIDENCIES)
+                        choices=engine.RESIDENCIES,
+                        help="residencies of the base setting (the others run on device)")
     parser.add_argument("--memory-limit", default="2GiB", help="memory_limit of each worker")
     parser.add_argument("--worker-malloc", nargs="+", choices=["outcore", "dask"],
-                        default=["outcore", "dask"],
+                        default=["outcore"],
                         help="workers' glibc settings: outcore's (trim and mmap thresholds "
                              "of 4 and 8 MiB) and/or dask's own (trim threshold 64 KiB)")
     parser.add_argument("--chunk", type=int, default=64, help="positions per zarr chunk")
@@ -458,9 +549,9 @@ def main() -> None:
                         help="drop the store's cached pages after every iteration (disk)")
     parser.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                         help="time the kernels in a plain loop too (the engine's floor)")
-    parser.add_argument("--quantem", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--quantem-python", default=str(QUANTEM_PYTHON))
-    parser.add_argument("--quantem-threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--quantem-threads", type=int, nargs="+", default=[1, 2],
+                        help="threads of each peer's cases")
     parser.add_argument("--quantem-modes", nargs="+", default=["gd", "adam"],
                         choices=["gd", "adam"])
     parser.add_argument("--quantem-ranks", type=int, default=2,
@@ -470,7 +561,8 @@ def main() -> None:
                         default=["default", "passive"],
                         help="OpenMP wait policy of quantEM's runs (passive: its cases with "
                              "more than one thread again, with OMP_WAIT_POLICY=PASSIVE)")
-    parser.add_argument("--quantem-timeout", type=float, default=1800.0, help="seconds")
+    parser.add_argument("--quantem-timeout", type=float, default=1800.0,
+                        help="seconds a peer's call may take")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of outcore's batch permutations and quantEM's rng")
     add_backend(parser, "where outcore's engine and kernels compute (quantEM: on the CPU)")
@@ -479,19 +571,29 @@ def main() -> None:
 
     scan = simulate(args.scan, args.k, args.step)
     n = len(scan.top_left)
-    args.batch = min(args.batch, n)  # a small scan: one batch of every position
+    batches = sorted({min(b, n) for b in args.batch})  # a small scan: one batch of all
+    outcore_lines: dict = {}
+    kernels_lines: dict = {}
+    peers: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-ptycho-") as tmp:
         work = Path(tmp)
         store = write_store(scan, work / "scan.zarr", args.chunk, args.compression)
-        kernels_line = bench_kernels(args, scan) if args.kernels else None
-        outcore_lines = {}
-        for malloc in args.worker_malloc:
-            for workers in args.workers:
-                for residency in args.residency:
-                    outcore_lines[malloc, workers, residency] = bench_outcore(
-                        args, scan, store, workers, residency, malloc)
-        quantem = bench_quantem(args, scan, work) if args.quantem else []
-    summarise(outcore_lines, kernels_line, quantem, steps_per_iteration(n, args.batch))
+        for setting in args.settings:
+            for batch in batches:
+                if "outcore" in args.tools:
+                    if args.kernels:
+                        kernels_lines[setting, batch] = bench_kernels(args, scan, setting, batch)
+                    residencies = args.residency if setting == "base" else ["device"]
+                    for malloc in args.worker_malloc:
+                        for workers in args.workers:
+                            for residency in residencies:
+                                outcore_lines[setting, batch, malloc, workers, residency] = \
+                                    bench_outcore(args, scan, store, workers, residency, malloc,
+                                                  setting, batch)
+                for tool in args.tools:
+                    if tool != "outcore":
+                        peers += bench_peer(args, tool, scan, work, setting, batch)
+    summarise(outcore_lines, kernels_lines, peers, n)
 
 
 if __name__ == "__main__":

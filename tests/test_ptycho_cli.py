@@ -54,6 +54,7 @@ def test_reconstruct_writes_its_run_and_reaches_the_truth(prepared):
     recon = xr.open_zarr(run / "reconstruction.zarr", consolidated=False)
     assert recon["object"].dtype == np.complex64 and recon["probe"].dtype == np.complex64
     assert recon["x"].attrs["units"] == "m" and recon.sizes["iteration"] == 30
+    assert recon["object"].dims == ("y", "x") and recon["probe"].dims == ("k_y", "k_x")
     assert np.all(np.diff(recon["loss"].values[2:]) < 0)
     for png in ("object_phase.png", "object_amplitude.png", "probe.png"):
         assert (run / png).read_bytes()[:4] == b"\x89PNG"
@@ -73,6 +74,53 @@ def test_resumed_run_equals_uninterrupted(prepared):
     rest = xr.open_zarr(prepared / "runs" / "rest" / "reconstruction.zarr",
                         consolidated=False)["loss"].values
     np.testing.assert_array_equal(rest, whole)
+
+
+def test_refined_positions_and_modes_run_from_the_command_line(tmp_path):
+    """A first-principles scan (``ptycho_cases.true_scan``) of two probe modes with its
+    positions recorded up to 1.5 pixels off: ``--refine-positions --probe-modes 2`` writes
+    the modes, the refined and the input positions, and a summary with the errors against
+    the truth, the fitted phase ramp and no warnings; the run stops on the loss by itself."""
+    from .ptycho_cases import pupil_guess, true_scan, write_preprocessed, write_truth
+
+    scan = true_scan(side=8, k=32, step=4, jitter=0.5, modes=(1.0, 0.4), margin=4, seed=3)
+    errors = np.random.default_rng(2).uniform(-1.5, 1.5, scan.centres.shape)
+    write_preprocessed(scan, tmp_path / "p.zarr", pupil_guess(scan, 0.1),
+                       centres=scan.centres + errors - errors.mean(axis=0),
+                       probe_source="given")
+    write_truth(scan, tmp_path / "t.zarr")
+    code = main(["ptycho", "reconstruct", "--input", str(tmp_path / "p.zarr"),
+                 "--refine-positions", "--refine-from", "2", "--probe-modes", "2",
+                 "--batch-size", "8", "--max-iterations", "80", "--truth",
+                 str(tmp_path / "t.zarr"), "--output-dir", str(tmp_path / "runs"),
+                 "--name", "rec", *COMMON])
+    assert code == 0
+    metrics = load_summary(tmp_path / "runs" / "rec")["metrics"]
+    assert metrics["stopped"] == "tolerance" and metrics["iterations_run"] < 80, metrics
+    assert metrics["warnings"] == []
+    assert metrics["object_error"] < 0.02 and metrics["position_error_px"] < 0.1, metrics
+    assert metrics["position_correction_rms_px"] > 0.8
+    assert len(metrics["phase_ramp_rad_per_m"]) == 2
+    recon = xr.open_zarr(tmp_path / "runs" / "rec" / "reconstruction.zarr", consolidated=False)
+    assert recon["probe"].dims == ("mode", "k_y", "k_x") and recon.sizes["mode"] == 2
+    assert recon["positions"].attrs["units"] == "m"
+    pre = xr.open_zarr(tmp_path / "p.zarr", consolidated=False)
+    np.testing.assert_array_equal(recon["input_positions"].values, pre["positions"].values)
+
+
+def test_a_run_that_cannot_converge_says_so(prepared, capsys):
+    """The focused probe of the mean pattern alone, where the scan's probe is defocused,
+    without the defocus search: the summary and the terminal say it has not converged."""
+    main(["ptycho", "preprocess", "--input", str(prepared / "s.zarr"), "--output",
+          str(prepared / "focused.zarr"), "--defocus", "0", "--name", "focused",
+          "--output-dir", str(prepared / "runs"), "--cluster", "threads", "--no-progress"])
+    code = main(["ptycho", "reconstruct", "--input", str(prepared / "focused.zarr"),
+                 "--iterations", "8", "--defocus-search", "off", "--output-dir",
+                 str(prepared / "runs"), "--name", "stuck", *COMMON])
+    assert code == 0
+    notes = load_summary(prepared / "runs" / "stuck")["metrics"]["warnings"]
+    assert notes and ("not converged" in notes[0] or "diverged" in notes[0])
+    assert "warning: " in capsys.readouterr().err
 
 
 def test_a_resume_with_other_settings_is_refused(prepared, capsys):
@@ -107,11 +155,43 @@ def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
     assert _plan(ds, Settings(residency="host"), Resources(64, 1, 2**30)).fits
 
 
+def test_a_plan_over_the_stated_device_memory_names_host_residency():
+    """On the cupy backend with 2 GiB of device memory stated (no GPU needed): targets of
+    10^5 patterns of 128^2 resident on the device do not fit, host residency does, and the
+    refusal names it."""
+    import dask.array as da
+
+    from outcore.errors import PlanError
+    from outcore.plan import Resources
+    from outcore.ptycho.reconstruct_cli import _plan
+    from outcore.ptycho.solver import Settings
+
+    ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
+                                    da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
+                    attrs={"object_shape": [2000, 2000]})
+    resources = Resources(workers=2, threads_per_worker=1, memory_limit=64 * 2**30,
+                          backend="cupy", device_memory_limit=2 * 2**30)
+    settings = Settings(residency="device", batch_size=1024, probe_modes=2)
+    with pytest.raises(PlanError) as refused:
+        _plan(ds, settings, resources)
+    assert "does not fit the GPU" in str(refused.value)
+    assert "--residency host" in refused.value.fix
+    plan = _plan(ds, Settings(residency="host", batch_size=1024, probe_modes=2), resources)
+    assert plan.fits and plan.device_peak_bytes < 0.9 * 2 * 2**30
+    assert plan.worker_peak_bytes > 50_000 * 128 * 128 * 4  # the targets moved to the host
+
+
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "100000"], "--batch-size 100000"),
     (["--residency", "gpu"], "--residency 'gpu'"),
     (["--resume"], "--resume and --resume-from"),
     (["--truth", "nowhere.zarr"], "nowhere.zarr"),
+    (["--probe-modes", "0"], "--probe-modes 0 must be at least 1"),
+    (["--slice-thickness", "1e-9"], "--slice-thickness 1e-09 was given without --slices"),
+    (["--slices", "2"], "--slices 2 needs a positive --slice-thickness"),
+    (["--noise", "gauss"], "--noise 'gauss'"),
+    (["--defocus-search", "maybe"], "--defocus-search 'maybe'"),
+    (["--refine-positions"], "could leave the"),
 ])
 def test_bad_options_fail_before_compute(prepared, args, message, capsys):
     assert _refused(prepared, "bad", "--cluster", "threads", *args) == 1

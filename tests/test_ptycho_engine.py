@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import zarr
 
 from outcore import cluster
-from outcore.ptycho import engine
+from outcore.ptycho import engine, solver
+from outcore.ptycho import probe as probes
+from outcore.ptycho.kernels import Model
 from outcore.ptycho.quality import illuminated, object_error
 
-from .ptycho_cases import make_scan, write_store
+from .ptycho_cases import make_scan, pupil_guess, true_scan, write_store
 
 LIMIT = 600 * 2**20
 
@@ -38,19 +42,55 @@ def _error(scan, obj):
     return object_error(obj, scan.truth, illuminated(scan.probe, scan.top_left, obj.shape))
 
 
-def test_one_trajectory_for_1_2_3_workers_and_every_residency(scan, store):
+@pytest.fixture(scope="module")
+def everything(tmp_path_factory):
+    """A scan and settings with every option on: sub-pixel positions recorded up to a pixel
+    off and refined, two probe modes, two slices, Poisson counts, a detector mask."""
+    scan = true_scan(side=6, k=32, step=4, jitter=1.5, modes=(1.0, 0.5), slices=2,
+                     thickness=0.02, dose=1e5, margin=4, seed=9)
+    store = tmp_path_factory.mktemp("everything") / "scan.zarr"
+    group = zarr.open_group(store, mode="w-", zarr_format=3)
+    group.create_array("amplitudes", shape=scan.counts.shape, chunks=(8, 32, 32),
+                       dtype="float32")[:] = scan.amplitudes()
+    q = np.fft.fftfreq(32) * 32
+    valid = np.ones((32, 32), bool)
+    valid[:3, :5] = False
+    model = Model("poisson", valid, np.exp(-1j * scan.thickness * (q[:, None] ** 2
+                                                                   + q[None, :] ** 2)))
+    errors = np.random.default_rng(1).uniform(-1, 1, scan.centres.shape)
+    settings = engine.Settings(iterations=4, batch_size=12, sub_batch=5, noise="poisson",
+                               probe_modes=2, refine_positions=True, refine_from=1,
+                               slices=2, slice_thickness=1e-6, probe_start=1)
+    probe = probes.initial_modes(pupil_guess(scan, 0.1), 2)
+    obj = np.ones((2, *scan.slices[0].shape), np.complex64)
+    return store, scan.corners() + errors, obj, probe, settings, model, scan
+
+
+def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(everything):
+    """The engine on 1, 2 and 3 workers and in every residency against its numpy twin
+    ``solver.serial``, with every option on: the same losses (1e-5 relative, float32
+    state), object, probe modes and refined positions."""
+    store, coords, obj, probe, settings, model, scan = everything
+    amplitudes = scan.amplitudes()
+    twin, trajectory = solver.serial(lambda p: amplitudes[p],
+                                     solver.State(obj, probe, coords.copy()), settings,
+                                     model.on(np))
+    assert np.abs(twin.coords - coords).max() > 0.01  # the positions did move
     results = {}
     for workers in (1, 2, 3):
         with cluster.connect("local", workers=workers, memory_limit=LIMIT) as client:
             residencies = engine.RESIDENCIES if workers == 2 else ("host",)
             for residency in residencies:
-                results[workers, residency] = _run(client, scan, store, residency=residency)
-    reference = results[1, "host"]
-    assert np.all(np.diff(reference.loss) < 0)
+                results[workers, residency] = engine.run(
+                    client, store, coords, obj, probe, replace(settings, residency=residency),
+                    model=model, chunk=8)
     for key, result in results.items():
-        np.testing.assert_allclose(result.loss, reference.loss, rtol=1e-5, err_msg=str(key))
-        np.testing.assert_allclose(result.obj, reference.obj, atol=1e-5, err_msg=str(key))
-        np.testing.assert_allclose(result.probe, reference.probe, atol=1e-5, err_msg=str(key))
+        np.testing.assert_allclose(result.loss, trajectory.losses, rtol=1e-5, err_msg=str(key))
+        np.testing.assert_allclose(result.obj, twin.obj, atol=1e-5, err_msg=str(key))
+        np.testing.assert_allclose(result.probe, twin.probe, atol=1e-5 * np.abs(probe).max(),
+                                   err_msg=str(key))
+        np.testing.assert_allclose(result.coords, twin.coords, atol=1e-6, err_msg=str(key))
+        assert result.obj.shape == obj.shape and result.probe.shape == probe.shape
 
 
 def test_serial_twin_gives_the_same_trajectory(scan, store):
@@ -130,7 +170,9 @@ def test_bad_settings_fail_before_compute():
     from outcore.errors import OutcoreError
 
     for bad in (dict(residency="gpu"), dict(batch_size=0), dict(iterations=0),
-                dict(batch_size=10_000), dict(alpha=2.0)):
+                dict(batch_size=10_000), dict(alpha=2.0), dict(probe_modes=0),
+                dict(slice_thickness=1e-6), dict(slices=2), dict(noise="gauss"),
+                dict(position_bound=0.0), dict(probe_support=0.0), dict(tolerance=0.0)):
         with pytest.raises(OutcoreError):
             engine.Settings(**bad).validate(169)
 

@@ -196,6 +196,12 @@ def _poisoned(shape: tuple[int, int] = (K, K), **attrs: object) -> xr.Dataset:
     ({}, {"probe": np.ones((16, 16), np.complex64)}, LayoutError, "32x32"),
     ({}, {"centre": (40.0, 3.0)}, OutcoreError, "not a pixel"),
     ({}, {"object_padding": -1}, OutcoreError, "--object-padding"),
+    ({}, {"mask": np.zeros((16, 16), bool)}, LayoutError, "the patterns are 32x32"),
+    ({}, {"mask": np.full((K, K), 2)}, LayoutError, "other than 0 and 1"),
+    ({}, {"mask": np.ones((K, K), bool)}, LayoutError, "every pixel"),
+    ({}, {"probe_aperture": 20.0}, OutcoreError, "--probe-aperture 20.0"),
+    ({}, {"probe_aperture": 4.0, "probe": np.ones((K, K), np.complex64)}, OutcoreError,
+     "--probe-aperture were given"),
 ])
 def test_bad_input_fails_before_compute(ds_attrs, options, error, words):
     with pytest.raises(error) as err:
@@ -358,3 +364,42 @@ def test_raw_frames_big_endian(tmp_path):
         convert(tmp_path / "frames.raw", tmp_path / "x.zarr", layout="diffraction")
     with pytest.raises(LayoutError, match="only to raw"):
         convert(tmp_path / "xy.npy", tmp_path / "x.zarr", layout="diffraction", dtype="u2")
+
+
+def test_a_detector_mask_is_honoured_through_crop_and_bin(tmp_path):
+    """A beam stop and a hot column, spoiled in the frames: the preprocessed amplitudes are 0
+    on every output pixel they touch (a 2 x 2 bin with any ignored pixel is ignored), the
+    store records that mask, and the kept pixels equal those of the unspoiled scan; the
+    same from a .npy mask file."""
+    from outcore.ptycho.simulate import beam_stop
+
+    mask = beam_stop(K, 3.0)
+    mask[:, 5] = True
+    spoiled = simulate_stack((4, 4), detector=K, mask=mask, seed=2).stack
+    clean = simulate_stack((4, 4), detector=K, seed=2).stack
+    pre = preprocess(spoiled, crop=24, bin=2, centre="none")
+    reference = preprocess(clean, crop=24, bin=2, centre="none")
+    cropped = mask[4:28, 4:28].reshape(12, 2, 12, 2).any(axis=(1, 3))
+    np.testing.assert_array_equal(pre["mask"].values, cropped)
+    amplitudes, expected = pre["amplitudes"].values, reference["amplitudes"].values
+    assert (amplitudes[:, cropped] == 0).all()
+    np.testing.assert_array_equal(amplitudes[:, ~cropped], expected[:, ~cropped])
+    assert pre.attrs["preprocess"]["masked_pixels"] == int(cropped.sum())
+    np.save(tmp_path / "mask.npy", mask)
+    from_file = preprocess(clean, crop=24, bin=2, centre="none", mask=tmp_path / "mask.npy")
+    np.testing.assert_array_equal(from_file["mask"].values, cropped)
+    stored = open_preprocessed(save_preprocessed(pre, tmp_path / "pre.zarr"))
+    np.testing.assert_array_equal(stored["mask"].values, cropped)
+
+
+def test_aperture_probe_guess_is_a_disc_with_the_data_power(scans):
+    pre = preprocess(scans["grid"].stack, probe_aperture=6.0, defocus=0.0, centre="none")
+    pupil = np.abs(np.fft.fftshift(np.fft.fft2(np.fft.ifftshift(pre["probe_guess"].values),
+                                               norm="ortho")))
+    q = np.arange(K) - K // 2
+    disc = np.hypot(q[:, None], q[None, :]) <= 6.0
+    np.testing.assert_allclose(pupil[~disc], 0, atol=1e-5 * pupil.max())
+    np.testing.assert_allclose(pupil[disc], pupil[disc].mean(), rtol=1e-4)
+    power = _frames(scans["grid"].stack).mean(axis=0).sum()
+    assert (pupil**2).sum() == pytest.approx(power, rel=1e-4)
+    assert pre.attrs["preprocess"]["probe"] == "aperture"

@@ -161,3 +161,48 @@ def test_cli_writes_stack_and_truth(tmp_path):
         ["ptycho", "simulate", "--output", str(tmp_path / "other.zarr"), "--truth", str(truth)])
     with pytest.raises(RunExistsError):  # the truth is never overwritten either
         make_simulate_job(args, "numpy")
+
+
+def test_subpixel_modes_slices_mask_and_recorded_errors():
+    """Sub-pixel jitter, two probe modes, two slices, a beam stop and recorded positions up
+    to a pixel off: the patterns are the first-principles model of the stored truth
+    (``ptycho_cases.direct_intensities``: each mode's pupil summed at its exact position,
+    Fresnel between the slices), the masked pixels are spoiled and recorded, and the
+    recorded positions are the true ones plus a zero-mean error (a draw of at most a pixel
+    less the draws' mean)."""
+    from outcore.ptycho.simulate import beam_stop
+
+    from .ptycho_cases import direct_intensities
+
+    mask = beam_stop(K, 2.5)
+    sim = simulate_stack((4, 5), detector=K, jitter=1.5, subpixel=True, position_error=1.0,
+                         probe_modes=2, slices=2, slice_thickness=2e-6, mask=mask, seed=5,
+                         chunk_positions=7)
+    truth = sim.truth
+    obj, probe = truth["object"].values, truth["probe"].values
+    assert obj.shape[0] == 2 and probe.shape == (2, K, K)
+    assert truth["object"].dims == ("slice", "y", "x") and truth["probe"].dims[0] == "mode"
+    pixel, lam = truth.attrs["pixel_size"], truth.attrs["wavelength"]
+    corners = truth["positions"].values[:, ::-1] / pixel - K / 2
+    assert np.abs(corners - np.round(corners)).max() > 0.2  # off the pixel grid
+    q = np.fft.fftfreq(K, d=pixel)
+    propagator = np.exp(-1j * np.pi * lam * 2e-6 * (q[:, None] ** 2 + q[None, :] ** 2))
+    pupils = [np.fft.fft2(np.fft.ifftshift(mode), norm="ortho") for mode in probe]
+    expected = direct_intensities(list(obj), pupils, corners, propagator)
+    data = sim.stack["data"].values
+    np.testing.assert_allclose(data[:, ~mask], expected[:, ~mask], rtol=1e-4,
+                               atol=1e-5 * expected.max())
+    np.testing.assert_array_equal(data[:, mask], np.repeat(data.max(axis=(1, 2))[:, None],
+                                                           mask.sum(), axis=1))
+    np.testing.assert_array_equal(sim.stack["mask"].values, mask)
+    off = (sim.stack["positions"].values - truth["positions"].values) / pixel
+    assert np.abs(off).max() <= 2.0 and np.abs(off.mean(axis=0)).max() < 1e-12
+    assert off.std() > 0.3
+    outcore.io.validate(sim.stack, "diffraction")
+
+
+def test_bad_thick_object_options_are_refused():
+    for kw in (dict(slices=2), dict(slice_thickness=1e-6), dict(probe_modes=0),
+               dict(mask=np.zeros((3, 3), bool))):
+        with pytest.raises(OutcoreError):
+            simulate_stack((2, 2), detector=K, **kw)

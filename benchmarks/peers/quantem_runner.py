@@ -67,6 +67,8 @@ import psutil
 from quantem.diffractive_imaging import Ptychography
 
 LR = {"gd": {"object": 0.5, "probe": 0.5}, "adam": {"object": 5e-3, "probe": 1e-3}}
+#: Adam's step for the scan positions, pixels (``--learn-positions``).
+POSITION_LR = 0.05
 
 
 class Sampler:
@@ -116,8 +118,11 @@ class Timed(Ptychography):
         super()._record_iter(iter_loss, autograd)
 
 
-def build(data: dict, seed: int, obj: np.ndarray | None = None, probe: np.ndarray | None = None):
-    """quantEM's Ptychography of the stack (see the module docstring), preprocessed."""
+def build(data: dict, seed: int, obj: np.ndarray | None = None, probe: np.ndarray | None = None,
+          learn_positions: bool = False):
+    """quantEM's Ptychography of the stack (see the module docstring), preprocessed; the
+    probe modes of ``data["guess"]`` ((K, K) or (M, K, K)); ``learn_positions``: its scan
+    positions are optimised too."""
     from quantem.diffractive_imaging import (
         DetectorPixelated,
         ObjectPixelated,
@@ -132,9 +137,10 @@ def build(data: dict, seed: int, obj: np.ndarray | None = None, probe: np.ndarra
     intensities = (amplitudes.astype(np.float32) ** 2).reshape(rows, cols, k, k)
     dset = PtychographyDatasetRaster.from_array(
         intensities, sampling=(step, step, 1.0 / k, 1.0 / k), units=["A", "A", "A^-1", "A^-1"],
-        verbose=0, learn_descan=False, learn_scan_positions=False)
+        verbose=0, learn_descan=False, learn_scan_positions=learn_positions)
     start = data["guess"] if probe is None else probe
-    probe_model = ProbePixelated.from_array(np.fft.ifftshift(start).astype(np.complex64))
+    probe_model = ProbePixelated.from_array(
+        np.fft.ifftshift(start, axes=(-2, -1)).astype(np.complex64))
     obj_model = ObjectPixelated.from_uniform(num_slices=1, obj_type="complex")
     ptycho = Ptychography.from_models(dset=dset, obj_model=obj_model, probe_model=probe_model,
                                       detector_model=DetectorPixelated(), device="cpu",
@@ -162,7 +168,7 @@ def model_check(data: dict, seed: int, count: int = 128) -> dict:
     import torch
 
     truth, probe = data["truth"], data["probe"]
-    ptycho = build(data, seed, obj=truth)
+    ptycho = build(data, seed, obj=truth, probe=probe)  # one mode, the true one
     with torch.no_grad():
         # the true probe, unscaled (preprocess rescaled the guess to the mean intensity)
         ptycho.probe_model._probe.data = torch.from_numpy(
@@ -177,9 +183,12 @@ def model_check(data: dict, seed: int, count: int = 128) -> dict:
     return {"positions": int(len(index)), "relative_error": round(error, 8)}
 
 
-def optimizer_params(mode: str) -> dict:
+def optimizer_params(mode: str, learn_positions: bool = False) -> dict:
     name = "sgd" if mode == "gd" else "adam"
-    return {key: {"name": name, "lr": lr} for key, lr in LR[mode].items()}
+    params = {key: {"name": name, "lr": lr} for key, lr in LR[mode].items()}
+    if learn_positions:  # pixels; Adam's steps are about lr each
+        params["dataset"] = {"name": "adam", "lr": POSITION_LR}
+    return params
 
 
 def marks_of(path: Path) -> list[tuple[float, float]]:
@@ -196,7 +205,7 @@ def time_calls(data: dict, args: argparse.Namespace, mode: str, threads: int, ra
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    ptycho = build(data, args.seed)
+    ptycho = build(data, args.seed, learn_positions=args.learn_positions)
     setup_s = time.perf_counter() - t0
     autograd = mode == "adam"
     extra = {"device": list(range(ranks))} if ranks > 1 else {}
@@ -207,7 +216,8 @@ def time_calls(data: dict, args: argparse.Namespace, mode: str, threads: int, ra
             ptycho._marks_path = str(path)
             start = time.time()
             ptycho.reconstruct(num_iters=iterations, batch_size=args.batch, autograd=autograd,
-                               optimizer_params=optimizer_params(mode) if i == 0 else None,
+                               optimizer_params=optimizer_params(mode, args.learn_positions)
+                               if i == 0 else None,
                                **extra)
             calls.append((start, time.time(), marks_of(path)))
     (w0, w1, _), (start, stop, marks) = calls
@@ -217,7 +227,14 @@ def time_calls(data: dict, args: argparse.Namespace, mode: str, threads: int, ra
     cpu = [b[1] - a[1] for a, b in zip(marks[:-1], marks[1:], strict=True)]
     case = {"threads": threads, "mode": mode, "ranks": max(ranks, 1),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default").lower()}
-    found = {"case": case, "walls": walls,
+    if args.object_dir is not None:  # the final object, for bench_ptycho's object error
+        name = f"object-{mode}-{threads}-{max(ranks, 1)}-{case['omp_wait_policy']}.npy"
+        path = Path(args.object_dir) / name
+        np.save(path, ptycho.obj_model._obj.detach().cpu().numpy()[0])
+        case_file = str(path)
+    else:
+        case_file = None
+    found = {"case": case, "walls": walls, "object_file": case_file,
              "setup_s": setup_s, "warmup_s": w1 - w0, "peak_rss_bytes": sampler.peak,
              "loss_first_last": [float(ptycho._iter_losses[0]), float(ptycho._iter_losses[-1])]}
     if ranks > 1:
@@ -261,6 +278,12 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["gd", "adam"], choices=sorted(LR))
     parser.add_argument("--ranks", type=int, default=0, help="0: no multi-process case")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-modes", type=int, default=1,
+                        help="probe modes (the npz's guess holds them)")
+    parser.add_argument("--learn-positions", action="store_true",
+                        help="optimise the scan positions too (autograd modes only)")
+    parser.add_argument("--object-dir", default=None,
+                        help="write each case's final object here (.npy)")
     args = parser.parse_args()
 
     import torch
@@ -268,6 +291,10 @@ def main() -> None:
     with np.load(args.data) as npz:
         data = {key: npz[key] for key in npz.files}
     n = len(data["amplitudes"])
+    modes = np.asarray(data["guess"]).reshape(-1, *data["amplitudes"].shape[-2:]).shape[0]
+    if modes != args.probe_modes:
+        raise SystemExit(f"the data's guess has {modes} probe modes, not --probe-modes "
+                         f"{args.probe_modes}")
     peer = {"python": platform.python_version(),
             **{name: metadata.version(name) for name in ("quantem", "torch", "numpy")}}
     torch.set_num_threads(1)

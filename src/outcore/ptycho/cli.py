@@ -29,7 +29,7 @@ from outcore.ptycho.memory import preprocess_stages, simulate_stages
 from outcore.ptycho.optics import ProbeWindowWarning
 from outcore.ptycho.pipeline import build
 from outcore.ptycho.scan import CHUNK_POSITIONS, setup
-from outcore.ptycho.simulate import open_truth, simulate_stack, truth_path_for
+from outcore.ptycho.simulate import beam_stop, open_truth, simulate_stack, truth_path_for
 from outcore.ptycho.store import COMPRESSIONS, open_preprocessed, save_preprocessed
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Verb
@@ -49,6 +49,11 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jitter", type=float, default=0.0,
                    help="uniform jitter of each position, up to this many pixels per axis; "
                         "above 0 the stack is a position list")
+    p.add_argument("--subpixel", action="store_true",
+                   help="keep the jittered positions off the pixel grid (else rounded)")
+    p.add_argument("--position-error", type=float, default=0.0, metavar="PIXELS",
+                   help="record positions off the true ones by up to this many pixels per "
+                        "axis (uniform, zero mean); the truth keeps the true ones")
     p.add_argument("--detector", type=int, default=64, help="pattern size K in pixels")
     radiation = p.add_mutually_exclusive_group()
     radiation.add_argument("--energy", type=float, default=None, help="eV (default 8000)")
@@ -60,6 +65,17 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="defocus of the probe in metres (default: a probe radius of K/4 "
                         "pixels)")
     p.add_argument("--probe", default=None, help="a (K, K) complex .npy probe instead")
+    p.add_argument("--probe-modes", type=int, default=1,
+                   help="incoherent probe modes: the aperture and copies tilted by 2 pixels, "
+                        "each with half the first's power")
+    p.add_argument("--slices", type=int, default=1, help="object slices (a thick object)")
+    p.add_argument("--slice-thickness", type=float, default=None,
+                   help="distance between slices in metres (with --slices)")
+    p.add_argument("--object-detail", type=float, default=1.0,
+                   help="make the object's blobs this many times smaller (more detail at the "
+                        "probe's scale, for position refinement)")
+    p.add_argument("--beam-stop", type=float, default=None, metavar="PIXELS",
+                   help="mask (and spoil) a central disc of this radius on the detector")
     p.add_argument("--dose", type=float, default=None,
                    help="photons of the probe per pattern, with Poisson noise (default: "
                         "noiseless intensities of a unit-energy probe)")
@@ -81,7 +97,10 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         energy=args.energy, wavelength=args.wavelength, pixel_size=args.pixel_size,
         probe_aperture=args.probe_aperture, defocus=args.defocus, probe=args.probe,
         dose=args.dose, dtype=args.dtype, seed=args.seed, chunk_positions=args.chunk_positions,
-        object_padding=args.object_padding,
+        object_padding=args.object_padding, subpixel=args.subpixel,
+        position_error=args.position_error, probe_modes=args.probe_modes, slices=args.slices,
+        slice_thickness=args.slice_thickness, object_detail=args.object_detail,
+        mask=None if args.beam_stop is None else beam_stop(args.detector, args.beam_stop),
     )
     attrs = sim.truth.attrs
     config: dict[str, Any] = {
@@ -91,6 +110,10 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         "probe_aperture": attrs["probe_aperture"], "defocus": attrs["defocus"],
         "probe": args.probe, "dose": args.dose, "dtype": args.dtype, "seed": args.seed,
         "chunk_positions": args.chunk_positions, "object_padding": args.object_padding,
+        "subpixel": args.subpixel, "position_error": args.position_error,
+        "probe_modes": args.probe_modes, "slices": args.slices,
+        "slice_thickness": args.slice_thickness, "beam_stop": args.beam_stop,
+        "object_detail": args.object_detail,
     }
 
     def plan(resources: Resources) -> Plan:
@@ -128,9 +151,15 @@ def preprocess_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probe", default=None,
                    help="a (K, K) complex .npy probe guess on the output grid (default: from "
                         "the mean pattern)")
+    p.add_argument("--probe-aperture", type=float, default=None, metavar="PIXELS",
+                   help="start the probe from a disc pupil of this radius (output detector "
+                        "pixels) instead of the mean pattern")
     p.add_argument("--defocus", type=float, default=None,
                    help="defocus of the probe guess in metres (default: the stack's defocus "
                         "attr, else 0)")
+    p.add_argument("--mask", default=None, metavar="MASK.npy",
+                   help="detector mask (Ky, Kx) bool, True where a pixel is ignored (default: "
+                        "the stack's mask variable, if any)")
     p.add_argument("--object-padding", type=int, default=0,
                    help="object pixels around the scanned windows")
     p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
@@ -158,11 +187,13 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
     ds = io.open(source, layout="diffraction")
     found = setup(ds, crop=args.crop, bin=args.bin, centre=_centre_option(args.centre),
                   probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
-                  chunk_positions=args.chunk_positions)
+                  chunk_positions=args.chunk_positions, mask=args.mask,
+                  probe_aperture=args.probe_aperture)
     config: dict[str, Any] = {
         "input": str(source), "output": str(output), "crop": found.crop, "bin": found.bin,
         "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
-        "probe": args.probe, "defocus": found.defocus, "object_padding": found.padding,
+        "probe": args.probe, "probe_aperture": args.probe_aperture, "mask": args.mask,
+        "defocus": found.defocus, "object_padding": found.padding,
         "chunk_positions": found.chunk_positions, "compression": args.compression,
         "detector_size": found.k, "pixel_size": found.pixel_size,
     }
@@ -187,7 +218,8 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
         run.metric(positions=int(pre.sizes["position"]), detector_size=found.k,
                    pixel_size=found.pixel_size, object_shape=pre.attrs["object_shape"],
                    centre_shift=record["centre_shift"],
-                   probe_border_energy=record["probe_border_energy"], warnings=notes)
+                   probe_border_energy=record["probe_border_energy"],
+                   masked_pixels=record.get("masked_pixels", 0), warnings=notes)
 
     return Job("ptycho preprocess", config, plan, execute, inputs=[source],
                plan_fixes=["pass a smaller --chunk-positions", "if read-stack is too big, "

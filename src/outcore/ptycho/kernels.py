@@ -1,99 +1,219 @@
-"""The single-slice far-field model of ptychography, its loss and gradients, on numpy or cupy.
+"""The far-field model of ptychography (sub-pixel positions, mixed-state probes, multislice
+objects), its losses and gradients, written once for numpy and cupy (``outcore.ptycho.ops``
+holds what differs).
 
 Conventions (used everywhere in ``outcore.ptycho``):
 
-- ``obj``: complex object transmission, shape ``(Ny, Nx)``, one pixel = ``pixel_size`` metres.
-- ``probe``: complex illumination on the probe window, shape ``(K, K)`` (``k_y, k_x``).
-- ``top_left``: integer ``(n, 2)`` array of ``(row, col)`` of each window's corner in ``obj``.
-- Exit wave ``psi_j = probe * obj[r_j:r_j+K, c_j:c_j+K]``; far field
-  ``Psi_j = fftshift(fft2(psi_j, norm="ortho"))`` with zero frequency at index ``K // 2``,
-  as detectors record it. Intensity ``|Psi_j|^2``; amplitude target ``a_j = sqrt(I_j)``.
-- Loss ``L = sum_j sum_k (|Psi_jk| - a_jk)^2`` (amplitude least squares).
+- ``obj``: complex object transmission ``(S, Ny, Nx)``, ``S`` slices (1: single slice), one
+  pixel = ``pixel_size`` metres. A 2-D ``(Ny, Nx)`` object is one slice.
+- ``probe``: ``(M, K, K)`` complex, ``M`` incoherent modes on the probe window. A 2-D
+  ``(K, K)`` probe is one mode.
+- ``coords``: ``(n, 2)`` float64 ``(row, col)`` of each window's corner in object pixels,
+  fractional in general. Position ``p`` [m, ``xy``] is the centre of its window, so
+  ``coords = p[::-1] / pixel_size - K / 2``. The window is cut at
+  ``top_left = floor(coords + 0.5)`` and the probe is moved by the rest,
+  ``f = coords - top_left`` in ``[-0.5, 0.5)``, with a Fourier shift:
+  ``probe_f = ifft2(fft2(probe) exp(-2 pi i q.f))`` (``q`` = ``fftfreq(K)``, cycles per
+  pixel), so ``probe_f(r) = probe(r - f)`` for a band-limited probe. Integer coordinates
+  (an int ``top_left``) need no shift. Where a position crosses half a pixel its window
+  moves by one and the probe's shift flips sign: the patterns stay the same but for the
+  probe's energy at the window's edge, which the Fourier shift wraps around, so the model is
+  smooth in the positions only as far as the probe fits its window.
+- Exit wave of mode ``m`` at position ``j``: ``psi^1 = probe_f[m] * obj[0][window j]``, then
+  ``psi^{s+1} = obj[s][window j] * ifft2(fft2(psi^s) H)`` with the free-space propagator
+  ``H`` (``Model.propagator``, ``optics.fresnel_propagator``). Far field
+  ``Psi_jm = fftshift(fft2(psi^S, norm="ortho"))``, zero frequency at index ``K // 2`` as
+  detectors record it. Intensity ``I_j = sum_m |Psi_jm|^2``; measured amplitude
+  ``a_j = sqrt(y_j)``.
+- Losses over the pixels of ``Model.valid`` (all when None): ``amplitude``
+  ``L = sum (sqrt(I) - a)^2`` (least squares on amplitudes); ``poisson``
+  ``L = 1/2 sum (I - y - y log(I / y))``, half the Poisson deviance (0 for a perfect fit; its
+  gradient near the fit equals the amplitude loss's, so the same steps suit both).
 
 Gradients are returned as ``dL/dRe + 1j dL/dIm`` (twice the Wirtinger derivative dL/dz*),
-so a real perturbation ``d`` of ``z`` changes ``L`` by ``Re(conj(g) d)`` to first order.
-``batch_terms`` also returns the probe's diagonal preconditioner (the summed object
-illumination); ``object_illumination`` gives the object's. All sums are accumulated in
+so a real perturbation ``d`` of ``z`` changes ``L`` by ``Re(conj(g) d)`` to first order; the
+position gradient is ``dL/dcoords`` (per pixel). All sums are accumulated in
 float64/complex128, so partial sums from any number of workers agree to rounding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from outcore.backend import array_namespace, to_host
+from outcore.ptycho import ops
 
 Array = Any
 
-#: Amplitudes below this are treated as zero when forming ``Psi / |Psi|``.
+#: Amplitudes (and intensities) below this are treated as zero in the gradients' divisions.
 TINY = 1e-12
+NOISE_MODELS: tuple[str, ...] = ("amplitude", "poisson")
 
 
-def windows(obj: Array, top_left: Array, k: int) -> Array:
-    """The ``K x K`` windows of ``obj`` at ``top_left`` (n, 2), stacked: (n, K, K)."""
+@dataclass(frozen=True)
+class Model:
+    """What the forward model needs besides object, probe and positions.
+
+    ``noise``: ``amplitude`` or ``poisson``. ``valid``: ``(K, K)`` bool, centred like the
+    patterns, True where a detector pixel counts (None: all; the stores' ``mask`` is its
+    negation). ``propagator``: ``(K, K)`` complex in FFT order, the free space between two
+    slices (None: single slice).
+    """
+
+    noise: str = "amplitude"
+    valid: Array | None = None
+    propagator: Array | None = None
+
+    def on(self, xp: Any) -> Model:
+        """The same model with its arrays in ``xp`` (numpy or cupy)."""
+        return replace(self, valid=None if self.valid is None else xp.asarray(self.valid),
+                       propagator=None if self.propagator is None
+                       else xp.asarray(self.propagator))
+
+
+AMPLITUDE = Model()
+
+
+def split(coords: Array) -> tuple[np.ndarray, np.ndarray]:
+    """``top_left`` (n, 2) int64 and the sub-pixel rest ``f`` (n, 2) float64 of ``coords``."""
+    coords = np.asarray(to_host(coords), dtype=np.float64)
+    top_left = np.floor(coords + 0.5).astype(np.int64)
+    return top_left, coords - top_left
+
+
+def as_slices(obj: Array) -> Array:
+    """``obj`` as ``(S, Ny, Nx)`` (a 2-D object is one slice)."""
+    return obj[None] if obj.ndim == 2 else obj
+
+
+def as_modes(probe: Array) -> Array:
+    """``probe`` as ``(M, K, K)`` (a 2-D probe is one mode)."""
+    return probe[None] if probe.ndim == 2 else probe
+
+
+def _frequencies(k: int, xp: Any) -> Array:
+    """``fftfreq(k)``: frequencies in cycles per pixel, FFT order (float64)."""
+    return xp.asarray(np.fft.fftfreq(k))
+
+
+def _ramps(frac: np.ndarray, k: int, xp: Any, dtype: Any) -> Array:
+    """``exp(-2 pi i q.f_j)`` (n, K, K), FFT order: the Fourier shift by ``f_j`` pixels."""
+    q = _frequencies(k, xp)
+    f = xp.asarray(frac)
+    rows = xp.exp(-2j * np.pi * f[:, 0, None] * q[None, :]).astype(dtype)
+    cols = xp.exp(-2j * np.pi * f[:, 1, None] * q[None, :]).astype(dtype)
+    return rows[:, :, None] * cols[:, None, :]
+
+
+@dataclass
+class Forward:
+    """The forward pass of a set of positions, kept for the backward pass."""
+
+    top_left: np.ndarray  # (n, 2) int64
+    cuts: list  # S arrays (n, K, K): the object's windows, slice by slice
+    probe_hat: Array | None  # (M, K, K) fft2 of the probe (sub-pixel or positions only)
+    ramps: Array | None  # (n, K, K) Fourier shifts (None: integer positions)
+    incident: list  # S arrays (n or 1, M, K, K): the wave entering each slice
+    waves: Array  # (n, M, K, K) far fields, FFT order (zero frequency at index 0)
+
+
+def forward(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE,
+            keep_shift: bool = False) -> Forward:
+    """The far fields ``Psi`` of every mode at the positions ``coords``, in FFT order."""
+    obj, probe = as_slices(obj), as_modes(probe)
     xp = array_namespace(obj)
-    if xp is np:  # slices beat fancy indexing on the host
-        return np.stack([obj[r:r + k, c:c + k] for r, c in np.asarray(top_left)])
-    rows, cols = _window_index(top_left, k, xp)  # pragma: no cover - needs a GPU
-    return obj[rows, cols]
-
-
-def scatter_windows(target: Array, top_left: Array, values: Array) -> None:
-    """``target[window j] += values[j]`` for every window, overlaps summed, in place."""
-    xp = array_namespace(target)
-    k = values.shape[-1]
-    if xp is np:  # a loop of slice adds beats np.add.at and bincount here (measured)
-        for (r, c), value in zip(np.asarray(top_left), values, strict=True):
-            target[r:r + k, c:c + k] += value
-        return
-    import cupyx  # pragma: no cover - needs a GPU
-
-    rows, cols = (xp.broadcast_to(i, values.shape) for i in _window_index(top_left, k, xp))
-    if xp.iscomplexobj(values):
-        cupyx.scatter_add(target.real, (rows, cols), values.real)
-        cupyx.scatter_add(target.imag, (rows, cols), values.imag)
+    fft = ops.fft(obj)
+    k = probe.shape[-1]
+    top_left, frac = split(coords)
+    cuts = [ops.windows(layer, top_left, k) for layer in obj]
+    probe_hat = ramps = None
+    if keep_shift or np.any(frac != 0):
+        probe_hat = fft.fft2(probe, norm="ortho")
+        ramps = _ramps(frac, k, xp, probe.dtype)
+        probes = fft.ifft2(probe_hat[None] * ramps[:, None], norm="ortho", overwrite_x=True)
     else:
-        cupyx.scatter_add(target, (rows, cols), values)
+        probes = probe[None]
+    incident = [probes]
+    waves = _through(probes * cuts[0][:, None], cuts[1:], model, fft, incident)
+    return Forward(top_left, cuts, probe_hat, ramps, incident, waves)
 
 
-def _window_index(top_left: Array, k: int, xp: Any) -> tuple[Array, Array]:
-    """Index arrays ``(rows (n, K, 1), cols (n, 1, K))`` that cut each window."""
-    offsets = xp.arange(k)
-    rows = xp.asarray(top_left[:, 0])[:, None] + offsets[None, :]
-    cols = xp.asarray(top_left[:, 1])[:, None] + offsets[None, :]
-    return rows[:, :, None], cols[:, None, :]
+def _through(wave: Array, layers: list, model: Model, fft: Any,
+             incident: list | None = None) -> Array:
+    """The far field (FFT order) of the wave ``wave`` (n, M, K, K) leaving the first slice,
+    carried through the further slices ``layers`` (each (n, K, K)); the wave entering each
+    of them is appended to ``incident`` when given."""
+    for layer in layers:
+        wave = fft.ifft2(fft.fft2(wave, norm="ortho", overwrite_x=True) * model.propagator,
+                         norm="ortho", overwrite_x=True)
+        if incident is not None:
+            incident.append(wave)
+        wave = wave * layer[:, None]
+    return fft.fft2(wave, norm="ortho", overwrite_x=True)
 
 
-def farfield(obj: Array, probe: Array, top_left: Array) -> Array:
-    """Far-field waves ``Psi`` (n, K, K) complex, zero frequency centred."""
-    xp = array_namespace(obj)
-    exit_waves = probe[None] * windows(obj, top_left, probe.shape[-1])
-    return xp.fft.fftshift(xp.fft.fft2(exit_waves, norm="ortho"), axes=(-2, -1))
+def farfield(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE) -> Array:
+    """Far-field waves ``Psi`` (n, M, K, K) complex, zero frequency centred."""
+    waves = forward(obj, probe, coords, model).waves
+    return array_namespace(waves).fft.fftshift(waves, axes=(-2, -1))
 
 
-def intensities(obj: Array, probe: Array, top_left: Array) -> Array:
-    """Diffraction intensities ``|Psi|^2`` (n, K, K), real, of the object's dtype precision."""
-    waves = farfield(obj, probe, top_left)
-    return waves.real**2 + waves.imag**2
+def intensities(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE) -> Array:
+    """Diffraction intensities ``sum_m |Psi_m|^2`` (n, K, K), real, centred."""
+    waves = farfield(obj, probe, coords, model)
+    return (waves.real**2 + waves.imag**2).sum(axis=1)
 
 
-def loss(obj: Array, probe: Array, top_left: Array, amplitudes: Array) -> float:
-    """The amplitude loss ``sum (|Psi| - a)^2`` over the given positions, as a float."""
-    waves = farfield(obj, probe, top_left)
-    return float(((abs(waves) - amplitudes) ** 2).sum(dtype="float64"))
+def _residual(intensity: Array, amplitudes: Array, model: Model) -> tuple[float, Array]:
+    """The loss of the modelled ``intensity`` (n, K, K) against ``amplitudes`` (both FFT
+    order), and the factor ``w`` with ``dL/dPsi_m (as dRe + i dIm) = w Psi_m``."""
+    xp = array_namespace(intensity)
+    mask = None if model.valid is None else xp.fft.ifftshift(model.valid)
+    if model.noise == "poisson":
+        counts = amplitudes * amplitudes
+        safe = xp.maximum(intensity, TINY)
+        ratio = counts / safe
+        # y log(I / y) is 0 where y is; elsewhere -y log(y / I)
+        terms = intensity - counts + counts * xp.log(xp.where(counts > 0, ratio, 1.0))
+        factor = 1 - ratio
+    else:
+        modulus = xp.sqrt(intensity)
+        diff = modulus - amplitudes
+        terms = diff * diff
+        factor = 2 * diff / xp.maximum(modulus, TINY)
+    if mask is not None:
+        terms = terms * mask
+        factor = factor * mask
+    total = float(terms.sum(dtype=xp.float64))
+    return (0.5 * total if model.noise == "poisson" else total), factor
+
+
+def loss(obj: Array, probe: Array, coords: Array, amplitudes: Array,
+         model: Model = AMPLITUDE) -> float:
+    """The loss of the given positions (amplitudes centred), as a float."""
+    waves = forward(obj, probe, coords, model).waves
+    xp = array_namespace(waves)
+    intensity = (waves.real**2 + waves.imag**2).sum(axis=1)
+    measured = xp.fft.ifftshift(xp.asarray(amplitudes), axes=(-2, -1))
+    return _residual(intensity, measured, model)[0]
 
 
 @dataclass
 class BatchTerms:
-    """Sums over a set of positions; ``a + b`` sums the positions of both.
+    """Sums over a set of positions; ``a + b`` sums the positions of both (``a``'s first).
 
-    ``loss``: the amplitude loss. ``grad_obj``: the object gradient on the region of the
-    object that starts at pixel ``origin`` (row, col) (complex128; nothing outside it).
-    ``grad_probe`` (K, K) complex128: the probe gradient. ``illum_probe`` (K, K) float64:
-    ``sum_j |obj window j|^2``. ``count``: positions summed.
+    ``loss``: the loss. ``grad_obj`` (S, h, w) complex128: the object gradient on the region
+    of the object whose corner is pixel ``origin`` (row, col) (nothing outside it).
+    ``grad_probe`` (M, K, K) complex128: the probe gradient. ``illum_probe`` (K, K) float64:
+    ``sum_j |obj[0] window j|^2``. ``count``: positions summed. With positions:
+    ``index`` (b,) int64, the positions (as given by the caller) whose ``grad_pos`` (b, 2)
+    ``dL/dcoords`` and ``curv_pos`` (b, 3) (the Gauss-Newton matrix ``[yy, yx, xx]`` of
+    their amplitudes, float64) are held; else all three are None. ``illum_slices`` (S, h, w)
+    float64, several slices only: ``sum_j sum_m |wave entering slice s|^2`` on the region
+    (each slice's preconditioner).
     """
 
     loss: float
@@ -102,105 +222,230 @@ class BatchTerms:
     grad_probe: Array
     illum_probe: Array
     count: int
+    index: np.ndarray | None = None
+    grad_pos: np.ndarray | None = None
+    curv_pos: np.ndarray | None = None
+    illum_slices: Array | None = None
 
     def __add__(self, other: BatchTerms) -> BatchTerms:
         xp = array_namespace(self.grad_probe)
         top = min(self.origin[0], other.origin[0]), min(self.origin[1], other.origin[1])
-        bottom = (max(self.origin[0] + self.grad_obj.shape[0],
-                      other.origin[0] + other.grad_obj.shape[0]),
-                  max(self.origin[1] + self.grad_obj.shape[1],
-                      other.origin[1] + other.grad_obj.shape[1]))
-        grad_obj = xp.zeros((bottom[0] - top[0], bottom[1] - top[1]), xp.complex128)
+        bottom = (max(self.origin[0] + self.grad_obj.shape[-2],
+                      other.origin[0] + other.grad_obj.shape[-2]),
+                  max(self.origin[1] + self.grad_obj.shape[-1],
+                      other.origin[1] + other.grad_obj.shape[-1]))
+        shape = (bottom[0] - top[0], bottom[1] - top[1])
+        grad_obj = xp.zeros((self.grad_obj.shape[0], *shape), xp.complex128)
+        illum = None if self.illum_slices is None else xp.zeros(
+            (self.illum_slices.shape[0], *shape), xp.float64)
         for part in (self, other):
             r, c = part.origin[0] - top[0], part.origin[1] - top[1]
-            grad_obj[r:r + part.grad_obj.shape[0], c:c + part.grad_obj.shape[1]] += part.grad_obj
+            h, w = part.grad_obj.shape[-2:]
+            grad_obj[:, r:r + h, c:c + w] += part.grad_obj
+            if illum is not None:
+                illum[:, r:r + h, c:c + w] += part.illum_slices
+        positions = {}
+        if self.index is not None and other.index is not None:
+            positions = {"index": np.concatenate([self.index, other.index]),
+                         "grad_pos": np.concatenate([self.grad_pos, other.grad_pos]),
+                         "curv_pos": np.concatenate([self.curv_pos, other.curv_pos])}
         return BatchTerms(self.loss + other.loss, top, grad_obj,
                           self.grad_probe + other.grad_probe,
-                          self.illum_probe + other.illum_probe, self.count + other.count)
+                          self.illum_probe + other.illum_probe, self.count + other.count,
+                          illum_slices=illum, **positions)
 
-    def full_grad_obj(self, object_shape: tuple[int, int]) -> Array:
-        """The object gradient on the whole object (zeros outside the region)."""
+    @classmethod
+    def zeros(cls, origin: tuple[int, int], extent: tuple[int, int], like: BatchTerms
+              ) -> BatchTerms:
+        """Zero terms on the region of ``extent`` pixels from ``origin``, with the arrays
+        ``like`` has (slices, modes, illuminations, positions), to ``accumulate`` into."""
+        xp = array_namespace(like.grad_probe)
+        slices = like.grad_obj.shape[0]
+        positions = {}
+        if like.index is not None:
+            positions = {"index": np.zeros(0, np.int64), "grad_pos": np.zeros((0, 2)),
+                         "curv_pos": np.zeros((0, 3))}
+        illum = None if like.illum_slices is None else xp.zeros((slices, *extent), xp.float64)
+        return cls(0.0, origin, xp.zeros((slices, *extent), xp.complex128),
+                   xp.zeros_like(like.grad_probe), xp.zeros_like(like.illum_probe), 0,
+                   illum_slices=illum, **positions)
+
+    def accumulate(self, other: BatchTerms) -> BatchTerms:
+        """``self + other``, added into ``self``'s arrays when ``other``'s region lies within
+        ``self``'s (the same sums as ``+``, without a new region)."""
+        r, c = other.origin[0] - self.origin[0], other.origin[1] - self.origin[1]
+        h, w = other.grad_obj.shape[-2:]
+        if r < 0 or c < 0 or r + h > self.grad_obj.shape[-2] or c + w > self.grad_obj.shape[-1]:
+            return self + other
+        self.grad_obj[:, r:r + h, c:c + w] += other.grad_obj
+        if self.illum_slices is not None:
+            self.illum_slices[:, r:r + h, c:c + w] += other.illum_slices
+        self.grad_probe += other.grad_probe
+        self.illum_probe += other.illum_probe
+        self.loss += other.loss
+        self.count += other.count
+        if self.index is not None and other.index is not None:
+            self.index = np.concatenate([self.index, other.index])
+            self.grad_pos = np.concatenate([self.grad_pos, other.grad_pos])
+            self.curv_pos = np.concatenate([self.curv_pos, other.curv_pos])
+        return self
+
+    def full_grad_obj(self, object_shape: tuple[int, ...]) -> Array:
+        """The object gradient on the whole object of ``object_shape`` ((S, Ny, Nx) or, for
+        one slice, (Ny, Nx)), zeros outside the region."""
+        return self._full(self.grad_obj, object_shape, "complex128")
+
+    def _full(self, region: Array, object_shape: tuple[int, ...], dtype: str) -> Array:
         xp = array_namespace(self.grad_probe)
-        full = xp.zeros(object_shape, xp.complex128)
+        full = xp.zeros((region.shape[0], *object_shape[-2:]), dtype)
         r, c = self.origin
-        full[r:r + self.grad_obj.shape[0], c:c + self.grad_obj.shape[1]] = self.grad_obj
-        return full
+        full[:, r:r + region.shape[-2], c:c + region.shape[-1]] = region
+        return full.reshape(object_shape)
 
 
-def batch_terms(obj: Array, probe: Array, top_left: Array, amplitudes: Array) -> BatchTerms:
-    """Loss, gradients and probe illumination of the positions ``top_left`` (n, 2) whose
+def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
+                model: Model = AMPLITUDE, index: np.ndarray | None = None) -> BatchTerms:
+    """Loss, gradients and probe illumination of the positions ``coords`` (n, 2) whose
     measured amplitudes are ``amplitudes`` (n, K, K), centred like ``farfield``.
 
-    A fixed number of array operations over the whole set (no loop per position besides the
-    window cuts on the host); callers bound the set's size to bound the transient memory,
-    about ``n K^2`` x 40 bytes.
+    With ``index`` (n,) (the positions' numbers, kept with their terms), the position
+    gradients and curvatures are computed too. A fixed number of array operations over the
+    whole set; callers bound the set's size to bound the transient memory, about
+    ``n M K^2`` x ``memory.SCRATCH_PER_PIXEL`` bytes.
     """
+    obj, probe = as_slices(obj), as_modes(probe)
     xp = array_namespace(obj)
+    fft = ops.fft(obj)
     k = probe.shape[-1]
-    top_left = to_host(top_left)  # small; indices are made from it on either backend
-    cut = windows(obj, top_left, k)  # (n, K, K)
-    fft = _fft(xp)
-    waves = fft.fft2(probe[None] * cut, norm="ortho", overwrite_x=True)
+    fwd = forward(obj, probe, coords, model, keep_shift=index is not None)
+    waves = fwd.waves
+    intensity = (waves.real**2 + waves.imag**2).sum(axis=1)
     measured = xp.fft.ifftshift(xp.asarray(amplitudes), axes=(-2, -1))
-    modulus = xp.abs(waves)
-    residual = modulus - measured
-    total_loss = float((residual * residual).sum(dtype=xp.float64))
-    # dL/dPsi* = (|Psi| - a) Psi / |Psi|; the unitary inverse FFT carries it to the exit wave;
-    # the factor 2 makes it dL/dRe + i dL/dIm
-    residual *= 2
-    residual /= xp.maximum(modulus, TINY)
-    waves *= residual
-    chi = fft.ifft2(waves, norm="ortho", overwrite_x=True)
+    total_loss, factor = _residual(intensity, measured, model)
+    curvature = None
+    if index is not None:
+        curvature = _position_curvature(fwd, intensity, model, fft, xp)
+    del intensity, measured
+    waves *= factor[:, None].astype(waves.real.dtype)
+    chi = fft.ifft2(waves, norm="ortho", overwrite_x=True)  # dL/dpsi at the last slice
+    del waves, factor
+    top_left = fwd.top_left
     origin = (int(top_left[:, 0].min()), int(top_left[:, 1].min()))
     extent = (int(top_left[:, 0].max()) - origin[0] + k, int(top_left[:, 1].max()) - origin[1] + k)
-    grad_obj = xp.zeros(extent, xp.complex128)
-    scatter_windows(grad_obj, top_left - np.asarray(origin), xp.conj(probe)[None] * chi)
-    grad_probe = (xp.conj(cut) * chi).sum(axis=0, dtype=xp.complex128)
+    grad_obj = xp.zeros((len(fwd.cuts), *extent), xp.complex128)
+    local = top_left - np.asarray(origin)
+    illum_slices = None
+    if len(fwd.cuts) > 1:
+        illum_slices = xp.zeros((len(fwd.cuts), *extent), xp.float64)
+        for s, wave in enumerate(fwd.incident):
+            power = (wave.real**2 + wave.imag**2).sum(axis=1)
+            ops.scatter_add(illum_slices[s], local, xp.broadcast_to(power, fwd.cuts[0].shape))
+    for s in range(len(fwd.cuts) - 1, -1, -1):
+        ops.scatter_add(grad_obj[s], local, (xp.conj(fwd.incident[s]) * chi).sum(axis=1))
+        if s:
+            chi *= xp.conj(fwd.cuts[s])[:, None]
+            chi = fft.ifft2(fft.fft2(chi, norm="ortho", overwrite_x=True)
+                            * xp.conj(model.propagator), norm="ortho", overwrite_x=True)
+    chi *= xp.conj(fwd.cuts[0])[:, None]  # now dL/d(shifted probe), (n, M, K, K)
+    cut = fwd.cuts[0]
     illum_probe = (cut.real**2 + cut.imag**2).sum(axis=0, dtype=xp.float64)
+    positions: dict[str, Any] = {}
+    if fwd.ramps is None:
+        grad_probe = chi.sum(axis=0, dtype=xp.complex128)
+    else:
+        chi_hat = fft.fft2(chi, norm="ortho", overwrite_x=True)
+        unshifted = (chi_hat * xp.conj(fwd.ramps)[:, None]).sum(axis=0, dtype=xp.complex128)
+        grad_probe = fft.ifft2(unshifted, norm="ortho", overwrite_x=True)
+        if index is not None:
+            positions = {"index": np.asarray(index), "curv_pos": curvature,
+                         "grad_pos": _position_gradient(chi_hat, fwd, xp)}
     return BatchTerms(total_loss, origin, grad_obj, grad_probe, illum_probe,
-                      int(top_left.shape[0]))
+                      int(top_left.shape[0]), illum_slices=illum_slices, **positions)
 
 
-def _fft(xp: Any) -> Any:
-    """scipy.fft on the host (faster than numpy's for complex64), cupyx.scipy.fft on a GPU."""
-    if xp is np:
-        import scipy.fft
+def _position_gradient(chi_hat: Array, fwd: Forward, xp: Any) -> np.ndarray:
+    """``dL/dcoords`` (n, 2) float64 on the host. The shifted probe moves with ``coords``:
+    ``d probe_f / d f = ifft2(fft2(probe) ramp (-2 pi i q))``, so by Parseval
+    ``dL/df = Re sum conj(chi_hat) probe_hat ramp (-2 pi i q)`` over modes and frequencies."""
+    q = _frequencies(chi_hat.shape[-1], xp)
+    product = (xp.conj(chi_hat) * fwd.probe_hat[None] * fwd.ramps[:, None]).sum(axis=1)
+    # Re(-2 pi i q x) = 2 pi q Im(x)
+    grad = xp.stack([(product.imag.sum(axis=2, dtype=xp.float64) * q).sum(axis=1),
+                     (product.imag.sum(axis=1, dtype=xp.float64) * q).sum(axis=1)], axis=1)
+    return to_host(2 * np.pi * grad)
 
-        return scipy.fft
-    import cupyx.scipy.fft  # pragma: no cover - needs a GPU
 
-    return cupyx.scipy.fft  # pragma: no cover
+def _position_curvature(fwd: Forward, intensity: Array, model: Model, fft: Any, xp: Any
+                        ) -> np.ndarray:
+    """The Gauss-Newton matrix of each position's amplitudes, ``sum_k J_a J_b`` with
+    ``J = d sqrt(I) / d coords``, as (n, 3) ``[yy, yx, xx]`` float64 on the host (the Poisson
+    loss's curvature equals it near the fit)."""
+    k = intensity.shape[-1]
+    q = _frequencies(k, xp)
+    modulus = xp.sqrt(xp.maximum(intensity, TINY))
+    waves = fwd.waves
+    jacobians = []
+    for axis_q in (q[:, None], q[None, :]):
+        slope = fwd.probe_hat[None] * fwd.ramps[:, None] * (-2j * np.pi * axis_q)
+        moved = fft.ifft2(slope.astype(waves.dtype), norm="ortho", overwrite_x=True)
+        d_far = _through(moved * fwd.cuts[0][:, None], fwd.cuts[1:], model, fft)
+        jacobian = (waves.real * d_far.real + waves.imag * d_far.imag).sum(axis=1) / modulus
+        if model.valid is not None:
+            jacobian *= xp.fft.ifftshift(model.valid)
+        jacobians.append(jacobian)
+    jy, jx = jacobians
+    pairs = [(jy, jy), (jy, jx), (jx, jx)]
+    return to_host(xp.stack([(a * b).sum(axis=(1, 2), dtype=xp.float64) for a, b in pairs],
+                            axis=1))
 
 
-def object_illumination(probe: Array, top_left: Array, object_shape: tuple[int, int]) -> Array:
-    """``sum_j |probe|^2`` placed at each window ``top_left`` (n, 2): (Ny, Nx) float64."""
+def object_illumination(probe: Array, top_left: Array, object_shape: tuple[int, ...]) -> Array:
+    """``sum_j sum_m |probe_m|^2`` placed at each window ``top_left`` (n, 2): (Ny, Nx)
+    float64 (the object's preconditioner; sub-pixel shifts are left out)."""
+    probe = as_modes(probe)
     xp = array_namespace(probe)
-    power = (probe.real**2 + probe.imag**2).astype(xp.float64)
-    illumination = xp.zeros(object_shape, xp.float64)
-    scatter_windows(illumination, top_left, xp.broadcast_to(power, (len(top_left), *power.shape)))
+    power = (probe.real**2 + probe.imag**2).sum(axis=0).astype(xp.float64)
+    illumination = xp.zeros(object_shape[-2:], xp.float64)
+    top_left = np.asarray(to_host(top_left))
+    ops.scatter_add(illumination, top_left, xp.broadcast_to(power, (len(top_left), *power.shape)))
     return illumination
 
 
-def update(obj: Array, probe: Array, terms: BatchTerms, top_left: Array, *, step_obj: float,
+def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_obj: float,
            step_probe: float, alpha: float) -> tuple[Array, Array]:
-    """One preconditioned gradient step on object and probe (new arrays, dtypes kept).
+    """One preconditioned gradient step on object and probe (new arrays, shapes and dtypes
+    kept).
 
-    ``obj -= step_obj * (grad_obj / 2) / ((1 - alpha) illum_obj + alpha max(illum_obj))``
-    and likewise for the probe with its own illumination (``step_probe = 0`` keeps the probe).
-    With ``step = 1`` and one position this is the projection of ePIE/rPIE: the window moves
-    onto the wave whose far-field amplitude is the measured one.
+    ``obj -= step_obj / S * (grad_obj / 2) / ((1 - alpha) illum_obj + alpha max(illum_obj))``
+    (``illum_obj`` the probe's power at the windows ``coords`` of the batch, or, for several
+    slices, each slice's ``illum_slices``; each of the ``S`` slices takes its share of the
+    correction), on the terms' region only, and likewise for every probe mode with its own
+    illumination (``step_probe = 0`` keeps the probe). With ``step = 1`` and one position
+    this is the projection of ePIE/rPIE: the window moves onto the wave whose far-field
+    amplitude is the measured one.
     """
-    illumination = object_illumination(probe, top_left, obj.shape)
-    step = step_obj * 0.5 * terms.full_grad_obj(obj.shape) / _preconditioner(illumination, alpha)
-    new_obj = obj - step.astype(obj.dtype)
+    r, c = terms.origin
+    slices, h, w = terms.grad_obj.shape
+    if terms.illum_slices is None:
+        local = split(coords)[0] - np.asarray(terms.origin)
+        illumination = object_illumination(probe, local, (h, w))[None]
+    else:  # each slice by the power of the waves entering it
+        illumination = terms.illum_slices
+    step = terms.grad_obj * (step_obj / slices * 0.5)
+    step /= _preconditioner(illumination, alpha)
+    new_obj = obj.copy()
+    layers = as_slices(new_obj)
+    layers[:, r:r + h, c:c + w] -= step.astype(obj.dtype)
     if step_probe == 0:
         return new_obj, probe
     step = step_probe * 0.5 * terms.grad_probe / _preconditioner(terms.illum_probe, alpha)
-    new_probe = probe - step.astype(probe.dtype)
+    new_probe = probe - step.reshape(probe.shape).astype(probe.dtype)
     return new_obj, new_probe
 
 
 def _preconditioner(illumination: Array, alpha: float) -> Array:
-    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight."""
-    peak = float(illumination.max())
-    return (1 - alpha) * illumination + max(alpha * peak, TINY)
+    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight,
+    the maximum taken over the last two axes (each slice its own)."""
+    xp = array_namespace(illumination)
+    peak = illumination.max(axis=(-2, -1), keepdims=True)
+    return (1 - alpha) * illumination + xp.maximum(alpha * peak, TINY)

@@ -16,6 +16,8 @@ DIFFRACTION = register(Layout(
     companions=(
         Var("positions", (("position", "xy"),), ("float64",), "probe positions [m]",
             when=LIST, finite=True, labels={"xy": ("x", "y")}),
+        Var("mask", (("k_y", "k_x"),), ("bool", "u"), "True where a detector pixel is "
+            "ignored (bad pixels, beam stop)", required=False),
     ),
     attrs=(
         Attr("wavelength", "m", "radiation wavelength"),

@@ -1,15 +1,24 @@
 """Memory model of the ptychographic reconstruction for ``outcore.plan``, per worker.
 
-A worker holds its shard of the targets (``device``/``host`` residency: ``n / workers``
-patterns of ``K x K`` float32; ``disk``: none), two copies of the state (object ``Ny x Nx``
-and probe ``K x K``, complex64: the one a step reads and the one it makes), and the terms of a
-step (the object gradient over the batch's region, complex128, plus probe sums). A
-``ptycho-terms`` task computes ``sub_batch`` positions at a time; their scratch is about
-``SCRATCH_PER_PIXEL`` bytes per detector pixel per position (windows, exit waves, far
-fields, moduli, residuals and back-propagated waves in complex64/float32, several updated in
-place). ``disk`` residency adds two sub-batches of frames being read.
-The ``ptycho-step`` task holds the state in and out, the summed terms and three object-sized
-float64/complex128 scratch arrays (illumination, full gradient, preconditioner).
+A worker holds one shard actor (``engine.ShardActor``) for the whole run: its targets
+(``device``/``host`` residency: ``n / workers`` patterns of ``K x K`` float32; ``disk``:
+none, two sub-batches being read instead), its copy of the state (the ``S`` object slices
+``Ny x Nx`` and the ``M`` probe modes ``K x K``, complex64, the positions and where they
+started, float64) and, during a step, the summed terms it received (the object gradient,
+complex128, on the batch's region, at most the object, with several slices also each slice's
+illumination, float64, plus the probe sums and, with refinement, three small arrays per
+position). One call of the actor (``ptycho-step``) first
+applies the update (a new state beside the old, the full gradient, the step, the
+illumination and the preconditioner, on the terms' region) and then computes its terms
+``sub_batch`` positions at a time: the scratch of ``kernels.batch_terms`` per detector pixel
+per position (``scratch_per_pixel``: windows, shifted probes, exit waves, far fields,
+residuals and back-propagated waves per mode and slice, and the Jacobians of refinement), and
+one sub-batch's terms beside those they are added into.
+
+On the numpy backend every byte is host memory. On cupy the state, the terms, the update and
+the scratch are device bytes, and so are the targets of ``device`` residency; the host keeps
+the targets of ``host`` residency (page-locked), the sub-batches being read (``host`` and
+``disk``) and the host copies of the terms received and sent.
 
 ``tests/test_ptycho_kernels.py`` checks the scratch against ``tracemalloc`` on real calls.
 """
@@ -17,7 +26,6 @@ float64/complex128 scratch arrays (illumination, full gradient, preconditioner).
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,65 +36,80 @@ if TYPE_CHECKING:
     from outcore.ptycho.scan import Setup
     from outcore.ptycho.simulate import Simulation
 
-#: Scratch of ``batch_terms`` per detector pixel per position, bytes (see the module doc).
-SCRATCH_PER_PIXEL = 40
+
+def scratch_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False,
+                      refine: bool = False) -> int:
+    """Bytes of ``batch_terms`` scratch per detector pixel per position (measured with
+    tracemalloc: 40 for one mode and slice on whole pixels, 56 with sub-pixel positions,
+    each further slice about 8 + 8 M, each mode 8 S (+ 13 sub-pixel, + 50 refined))."""
+    shift = int(subpixel or refine)
+    return 24 + 8 * slices + 3 * shift + modes * (8 * slices + 13 * shift + 50 * int(refine))
+
+
+#: Scratch of the simplest case (one mode and slice, whole pixels), bytes per pixel.
+SCRATCH_PER_PIXEL = scratch_per_pixel()
 
 
 def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], workers: int,
                  residency: str, sub_batch: int, batch_size: int | None = None,
-                 backend: str = "numpy") -> list[TaskMemory]:
+                 backend: str = "numpy", modes: int = 1, slices: int = 1,
+                 subpixel: bool = False, refine: bool = False) -> list[TaskMemory]:
     """The stages of a reconstruction of ``n_positions`` patterns of ``k x k`` on
-    ``workers`` workers. Feed them to ``outcore.plan.Plan``. On the numpy backend every byte
-    is host memory; on cupy the state, the terms and the scratch are device bytes, and so are
-    the targets of ``device`` residency (``host`` keeps them in host memory and streams a
-    sub-batch at a time, ``disk`` reads them from the store)."""
+    ``workers`` workers with ``modes`` probe modes and ``slices`` object slices
+    (``subpixel``: positions off the pixel grid; ``refine``: position refinement). Feed them
+    to ``outcore.plan.Plan``. See the module doc for what is host and what device memory."""
     shard = math.ceil(n_positions / max(workers, 1))
     pixels = k * k
-    resident = shard * pixels * F32 if residency in ("device", "host") else 0
+    targets = shard * pixels * F32 if residency in ("device", "host") else 0
     object_pixels = math.prod(object_shape)
-    state = object_pixels * C64 + pixels * C64
-    terms = object_pixels * C128 + pixels * (C128 + F64)
     batch = min(batch_size or n_positions, n_positions)
     piece = min(sub_batch, batch, shard)
+    state = (slices * object_pixels + modes * pixels) * C64 + 2 * n_positions * 2 * F64
+    terms = slices * object_pixels * (C128 + (F64 if slices > 1 else 0)) \
+        + pixels * (modes * C128 + F64) + (6 * F64 * batch if refine else 0)
+    update = slices * object_pixels * (C128 + C64 + F64) + object_pixels * F64 \
+        + modes * pixels * (2 * C128)
+    scratch = piece * pixels * scratch_per_pixel(modes, slices, subpixel, refine)
     reading = 2 * piece * pixels * F32 if residency != "device" else 0
-    scratch = piece * pixels * SCRATCH_PER_PIXEL + reading + terms
-    step_scratch = object_pixels * (F64 + C128 + F64)
+    # the call holds the targets, the state and the terms received; then first the update
+    # (and a new state), later the terms it returns and, beside them, one sub-batch's
+    # scratch: the transient is what exceeds the returned terms at either time
+    work = max(update + state - terms, scratch + reading)
     steps = math.ceil(n_positions / batch)
-    stages = [
-        TaskMemory("ptycho-shard", workers, input_bytes=0, output_bytes=resident,
-                   transient_bytes=shard * pixels * F32 if residency == "device" else 0,
-                   read_bytes=resident),
-        TaskMemory("ptycho-terms", steps * workers, input_bytes=resident + 2 * state,
-                   output_bytes=terms, transient_bytes=scratch,
-                   read_bytes=piece * pixels * F32 if residency == "disk" else 0),
-        TaskMemory("ptycho-step", steps, input_bytes=resident + 2 * state + terms,
-                   output_bytes=state, transient_bytes=step_scratch + batch * 16),
+    load = TaskMemory("ptycho-shard", workers, input_bytes=0, output_bytes=targets,
+                      transient_bytes=shard * pixels * F32 if residency == "device" else 0,
+                      read_bytes=targets)
+    call = TaskMemory("ptycho-step", steps * workers, input_bytes=targets + state + terms,
+                      output_bytes=terms, transient_bytes=work,
+                      read_bytes=piece * pixels * F32 if residency == "disk" else 0)
+    if backend != "cupy":
+        return [load, call]
+    on_host = targets if residency == "host" else 0
+    return [
+        TaskMemory("ptycho-shard", workers, input_bytes=0, output_bytes=on_host,
+                   transient_bytes=shard * pixels * F32 if residency != "disk" else 0,
+                   read_bytes=targets, device_bytes=targets - on_host),
+        TaskMemory("ptycho-step", steps * workers, input_bytes=on_host + terms,
+                   output_bytes=terms, transient_bytes=reading, read_bytes=call.read_bytes,
+                   device_bytes=call.peak_bytes - on_host),
     ]
-    return stages if backend != "cupy" else [_on_device(s, resident, residency) for s in stages]
-
-
-def _on_device(stage: TaskMemory, resident: int, residency: str) -> TaskMemory:
-    """A stage on the GPU: its bytes are device bytes, except the targets of ``host``
-    residency, which stay in host memory (with the two sub-batches being copied over)."""
-    on_host = resident if residency == "host" else 0
-    device = stage.peak_bytes - on_host
-    host_in = on_host if stage.name != "ptycho-shard" else 0
-    host_out = on_host if stage.name == "ptycho-shard" else 0
-    return replace(stage, input_bytes=host_in, output_bytes=host_out, transient_bytes=0,
-                   device_bytes=device)
 
 
 def simulate_stages(sim: Simulation) -> list[TaskMemory]:
-    """Per-task memory of a simulation: pattern chunks (object patch, waves, FFT) and the
-    truth object's row bands, bytes."""
+    """Per-task memory of a simulation: pattern chunks (object patches of every slice, the
+    forward model's waves per mode, FFT) and the truth object's row bands, bytes."""
     data = sim.stack["data"].data
     k = data.shape[-1]
     frames = math.prod(max(c) for c in data.chunks[:-2]) * k * k
     out = frames * data.dtype.itemsize
     patch = _largest_patch(sim.truth["top_left"].values, data.chunks[:-2], k)
+    probe, obj = sim.truth["probe"], sim.truth["object"]
+    modes = probe.shape[0] if probe.ndim == 3 else 1
+    slices = obj.shape[0] if obj.ndim == 3 else 1
+    forward = scratch_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
     patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
-                          0, out, transient_bytes=frames * (3 * C64 + 4 + F64)
-                          + patch * (C64 + 4 * F64), write_bytes=out)
+                          0, out, transient_bytes=frames * (forward + F64)
+                          + slices * patch * (C64 + 4 * F64), write_bytes=out)
     obj = sim.truth["object"].data
     band = math.prod(max(c) for c in obj.chunks)
     truth = TaskMemory("truth-object", len(obj.chunks[0]), 0, band * C64,

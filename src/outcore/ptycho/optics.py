@@ -75,6 +75,17 @@ def pupil_to_probe(pupil: np.ndarray, wavelength: float, reciprocal_pixel: float
     return np.fft.fftshift(field)
 
 
+def fresnel_propagator(k: int, pixel_size: float, wavelength: float, distance: float
+                       ) -> np.ndarray:
+    """Free-space propagation by ``distance`` metres of a ``(k, k)`` wave of ``pixel_size``
+    metre pixels, paraxial: ``exp(-i pi wavelength distance |q|^2)`` with ``q`` in 1/m, FFT
+    order (multiply ``fft2`` of the wave by it). The same phase as a defocus of
+    ``distance`` in ``pupil_to_probe``. complex64."""
+    q = np.fft.fftfreq(k, d=pixel_size)
+    q2 = q[:, None] ** 2 + q[None, :] ** 2
+    return np.exp(-1j * np.pi * wavelength * distance * q2).astype(np.complex64)
+
+
 def border_energy(probe: np.ndarray, fraction: float = BORDER_FRACTION) -> float:
     """Share of ``sum |probe|^2`` in the band of ``max(1, round(fraction K))`` pixels along
     the window's edges."""

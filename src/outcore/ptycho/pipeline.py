@@ -1,8 +1,10 @@
 """Preprocess a diffraction stack once into the dataset every ptychographic reconstruction
 reads: ``preprocess(ds, ...)`` gives, lazily, the ``ptycho-preprocessed`` dataset: centred,
-cropped and binned amplitudes ``sqrt(max(I, 0))`` in chunks of positions, the integer window
-corners ``top_left`` of each position in the object's pixels, the positions in metres, a
-probe guess and the physics in attrs (``outcore.ptycho.store`` writes and opens it).
+cropped and binned amplitudes ``sqrt(max(I, 0))`` in chunks of positions (0 on the pixels
+the detector mask ignores), the exact positions in metres and the whole-pixel window corners
+``top_left`` nearest them, a probe guess, the detector mask after crop and bin (a binned
+pixel is ignored when any of its pixels is) and the physics in attrs
+(``outcore.ptycho.store`` writes and opens it).
 Conventions are those of ``outcore.ptycho.kernels``:
 
 - a detector pattern of ``K`` pixels has zero frequency at index ``K // 2``;
@@ -40,10 +42,12 @@ def frames_of(ds: xr.Dataset) -> da.Array:
     return data.reshape(-1, *data.shape[-2:]) if data.ndim == 4 else data
 
 
-def mean_pattern(ds: xr.Dataset) -> np.ndarray:
-    """The mean frame (Ky, Kx) float64: one read pass on the active scheduler."""
+def mean_pattern(ds: xr.Dataset, mask: np.ndarray | None = None) -> np.ndarray:
+    """The mean frame (Ky, Kx) float64, 0 where ``mask`` ignores a pixel: one read pass on
+    the active scheduler."""
     data = frames_of(ds)
-    return np.asarray(dask.compute(data.mean(axis=0, dtype=np.float64))[0])
+    mean = np.asarray(dask.compute(data.mean(axis=0, dtype=np.float64))[0])
+    return mean if mask is None else np.where(mask, 0.0, mean)
 
 
 def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
@@ -88,9 +92,11 @@ def patterns(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int],
 
 
 def _amplitudes_block(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int],
-                      crop: int, bin: int, block_info: dict | None = None  # noqa: A002
-                      ) -> np.ndarray:
+                      crop: int, bin: int, ignored: np.ndarray | None,  # noqa: A002
+                      block_info: dict | None = None) -> np.ndarray:
     intensity = patterns(frames, shift, start, crop, bin)
+    if ignored is not None:  # the output pixels with an ignored detector pixel in them
+        intensity[:, ignored] = 0
     bad = ~np.isfinite(intensity)
     if bad.any():
         first = int(np.argwhere(bad)[0][0]) + (block_info[0]["array-location"][0][0]
@@ -105,7 +111,9 @@ def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa
                centre: str | Sequence[float] = "auto",
                probe: np.ndarray | str | PathLike | None = None, defocus: float | None = None,
                object_padding: int = 0, chunk_positions: int = CHUNK_POSITIONS,
-               positions: np.ndarray | None = None, source: str | None = None) -> xr.Dataset:
+               positions: np.ndarray | None = None, source: str | None = None,
+               mask: np.ndarray | str | PathLike | None = None,
+               probe_aperture: float | None = None) -> xr.Dataset:
     """The ``ptycho-preprocessed`` dataset of a ``diffraction`` dataset (amplitudes lazy).
 
     ``crop`` (pixels, around the centre), ``bin`` (B x B sums), ``centre`` (``"auto"``:
@@ -114,30 +122,42 @@ def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa
     the output grid; default: ``sqrt`` of the mean pattern with the ``defocus`` [m] phase,
     ``defocus`` defaulting to the stack's ``defocus`` attr or 0), ``object_padding`` (pixels
     of object around the scanned windows), ``chunk_positions`` (positions per chunk),
-    ``positions`` ((n, 2) metres, x y, replacing the stack's). Every check runs before any
-    frame is read; then one pass reads the mean pattern (unless ``centre`` is given and a
-    probe too). Warns ``ProbeWindowWarning`` when the probe fills its window.
+    ``positions`` ((n, 2) metres, x y, replacing the stack's), ``mask`` (the detector's
+    ``(Ky, Kx)`` bool, True where a pixel is ignored, or a .npy; default: the stack's ``mask``
+    variable), ``probe_aperture`` (the probe guess from a disc pupil of that radius in output
+    pixels, with the mean pattern's power, instead of the mean pattern). Every check runs
+    before any frame is read; then one pass reads the mean pattern (unless ``centre`` is
+    given and a probe too). Warns ``ProbeWindowWarning`` when the probe fills its window.
     """
     found = setup(ds, crop=crop, bin=bin, centre=centre, probe=probe, defocus=defocus,
                   object_padding=object_padding, chunk_positions=chunk_positions,
-                  positions=positions)
+                  positions=positions, mask=mask, probe_aperture=probe_aperture)
     return build(ds, found, source=source)
 
 
 def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset:
     """``preprocess`` after its checks (``found = setup(ds, ...)``)."""
     needs_mean = found.centre == "auto" or found.probe is None
-    mean = mean_pattern(ds) if needs_mean else None
+    mean = mean_pattern(ds, found.mask) if needs_mean else None
     shift = centre_shift(found, mean)
     start = found.crop_start()
     k = found.k
     frames = frames_of(ds).rechunk((found.chunk_positions, -1, -1))
+    ignored = None if found.mask is None else \
+        patterns(found.mask.astype(np.float64), shift, start, found.crop, found.bin) > 0
     amplitudes = da.map_blocks(_amplitudes_block, frames, shift, start, found.crop, found.bin,
-                               chunks=(frames.chunks[0], (k,), (k,)), dtype=np.float32)
+                               ignored, chunks=(frames.chunks[0], (k,), (k,)),
+                               dtype=np.float32)
     fix = ("bin less (--bin), crop less (--crop), or check --defocus / --probe.")
     if found.probe is None:
         _finite_mean(mean)
         pupil = np.sqrt(np.maximum(patterns(mean, shift, start, found.crop, found.bin), 0))
+        if ignored is not None:
+            pupil = _filled(pupil, ignored)
+        if found.aperture is not None:
+            q = np.arange(k) - k // 2
+            disc = np.hypot(q[:, None], q[None, :]) <= found.aperture
+            pupil = disc * np.sqrt((pupil**2).sum() / disc.sum())
         guess = pupil_to_probe(pupil, found.wavelength, found.output_reciprocal_pixel,
                                found.defocus).astype(np.complex64)
     else:
@@ -159,13 +179,22 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "object_shape": list(object_shape), "detector_size": k,
         "object_padding": found.padding, "defocus": found.defocus, "preprocess": record,
     }
-    return xr.Dataset(
-        {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
-         "top_left": (("position", "yx"), top_left),
-         "positions": (("position", "xy"), positions),
-         "probe_guess": (("k_y", "k_x"), guess)},
-        coords={"xy": ["x", "y"], "yx": ["y", "x"]}, attrs=attrs,
-    )
+    variables = {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
+                 "top_left": (("position", "yx"), top_left),
+                 "positions": (("position", "xy"), positions),
+                 "probe_guess": (("k_y", "k_x"), guess)}
+    if ignored is not None:
+        variables["mask"] = (("k_y", "k_x"), ignored)
+        record["masked_pixels"] = int(ignored.sum())
+    return xr.Dataset(variables, coords={"xy": ["x", "y"], "yx": ["y", "x"]}, attrs=attrs)
+
+
+def _filled(image: np.ndarray, ignored: np.ndarray) -> np.ndarray:
+    """``image`` with each ignored pixel given the value of the nearest kept one."""
+    from scipy.ndimage import distance_transform_edt
+
+    nearest = distance_transform_edt(ignored, return_distances=False, return_indices=True)
+    return image[tuple(nearest)]
 
 
 def _plain(value: Any) -> Any:

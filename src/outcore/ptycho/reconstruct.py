@@ -1,20 +1,25 @@
-"""``reconstruct``: a preprocessed store in, object, probe and loss out (as an xarray Dataset).
+"""``reconstruct``: a preprocessed store in, object, probe, positions and loss out (as an
+xarray Dataset).
 
 The work happens in ``outcore.ptycho.engine`` on whatever Dask client is current; this module
-opens and checks the store, picks the starting state, writes results and checkpoints.
+opens and checks the store, makes the model (noise, detector mask, the propagator between
+slices) and the starting state (flat object, probe modes from the store's guess with the
+data's power, optionally a searched defocus), writes results and checkpoints.
 
-Checkpoints live in a directory ``work/``: ``checkpoint-<iteration>.zarr`` (object, probe and
-the loss so far) and ``latest.json`` naming the newest one, written after it. A resumed run
-starts from that state with the same batches, so it ends bit-identical to an uninterrupted
-run.
+Checkpoints live in a directory ``work/``: ``checkpoint-<iteration>.zarr`` (object, probe,
+positions and the loss so far) and ``latest.json`` naming the newest one, written after it.
+A resumed run starts from that state with the same batches, so it ends bit-identical to an
+uninterrupted run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,38 +27,54 @@ import distributed
 import numpy as np
 import xarray as xr
 
+from outcore.checks import choice
 from outcore.errors import LayoutError, OutcoreError
 from outcore.io.store import write_new
-from outcore.ptycho import engine
-from outcore.ptycho.engine import Result, Settings, State
-from outcore.ptycho.store import open_preprocessed
+from outcore.ptycho import engine, probe, quality, solver
+from outcore.ptycho.engine import Result
+from outcore.ptycho.kernels import Model
+from outcore.ptycho.optics import fresnel_propagator
+from outcore.ptycho.solver import Settings, State
+from outcore.ptycho.store import open_preprocessed, read_amplitudes
 
 LATEST = "latest.json"
 RECONSTRUCTION_LAYOUT = "ptycho-reconstruction"
+#: Positions read (evenly spread) to measure the data's power and noise before the run.
+SAMPLE_POSITIONS = 256
+DEFOCUS_SEARCH = ("auto", "on", "off")
 
 
-def reconstruct(pre: str | Path, *, iterations: int = 50, batch_size: int | None = None,
-                residency: str = "host", client: distributed.Client | None = None,
-                backend: str = "numpy", start: xr.Dataset | None = None,
+def default_batch(n_positions: int) -> int:
+    """The batch size when none is given: a sixteenth of the scan, 16 to 1024 positions."""
+    return min(n_positions, max(16, min(1024, math.ceil(n_positions / 16))))
+
+
+def reconstruct(pre: str | Path, *, iterations: int | None = None,
+                batch_size: int | None = None, residency: str = "host",
+                client: distributed.Client | None = None, backend: str = "numpy",
+                start: xr.Dataset | None = None, defocus_search: str = "auto",
                 **settings: Any) -> xr.Dataset:
     """Reconstruct the object and probe from the preprocessed store ``pre``.
 
-    Runs on ``client`` (default: the current Dask client). ``batch_size`` positions per
-    update (None: the whole scan); ``residency`` ``device``, ``host`` or ``disk``; further
-    ``engine.Settings`` fields (``step_object``, ``step_probe``, ``probe_start``, ``alpha``,
-    ``seed``, ``sub_batch``) by keyword. ``start``: a dataset with ``object`` and ``probe``
-    to start from (default: a flat object and the store's probe guess).
-    Returns ``object(y, x)``, ``probe(k_y, k_x)`` (complex64, coordinates in metres) and
-    ``loss(iteration)``.
+    Runs on ``client`` (default: the current Dask client). ``iterations`` (None: until the
+    loss settles, ``Settings.tolerance``), ``batch_size`` positions per update (None:
+    ``default_batch``), ``residency`` ``device``, ``host`` or ``disk``; further
+    ``solver.Settings`` fields by keyword (``noise``, ``probe_modes``, ``refine_positions``,
+    ``slices``, ...). ``start``: a reconstruction to go on from (default: a flat object and
+    the store's probe guess). ``defocus_search``: ``auto`` (when the guess has no defocus),
+    ``on`` or ``off``.
+    Returns the dataset of ``result_dataset``.
     """
     ds = open_input(pre)
-    chosen = Settings(iterations=iterations, batch_size=batch_size, residency=residency,
-                      **settings)
-    chosen.validate(ds.sizes["position"])
-    obj, probe = starting_state(ds, start)
-    result = engine.run(client or distributed.get_client(), pre, ds["top_left"].values, obj,
-                        probe, chosen, backend=backend, chunk=position_chunk(ds))
-    return result_dataset(result, ds, chosen)
+    n = ds.sizes["position"]
+    chosen = Settings(iterations=iterations, batch_size=batch_size or default_batch(n),
+                      residency=residency, **settings)
+    check(ds, chosen, defocus_search)
+    prepared = prepare(pre, ds, chosen, start, defocus_search)
+    result = engine.run(client or distributed.get_client(), pre, prepared.coords, prepared.obj,
+                        prepared.probe, chosen, model=prepared.model, backend=backend,
+                        chunk=position_chunk(ds), start_coords=prepared.start_coords)
+    return result_dataset(result, ds, chosen, prepared)
 
 
 def open_input(path: str | Path) -> xr.Dataset:
@@ -68,46 +89,224 @@ def position_chunk(ds: xr.Dataset) -> int:
     return int(chunks[0] if isinstance(chunks, tuple | list) else chunks or 1)
 
 
-def starting_state(ds: xr.Dataset, start: xr.Dataset | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """Object (Ny, Nx) and probe (K, K), complex64: ``start``'s, else flat and the guess."""
-    shape = tuple(int(n) for n in ds.attrs["object_shape"])
-    k = ds.sizes["k_y"]
-    if start is None:
-        return np.ones(shape, np.complex64), ds["probe_guess"].values.astype(np.complex64)
-    obj, probe = start["object"].values, start["probe"].values
-    if obj.shape != shape or probe.shape != (k, k):
-        raise LayoutError(f"The starting state has object {obj.shape} and probe {probe.shape}; "
-                          f"this store needs {shape} and {(k, k)}.",
-                          "start from a reconstruction of the same preprocessed store.")
-    return obj.astype(np.complex64), probe.astype(np.complex64)
+def coords_of(ds: xr.Dataset, positions: np.ndarray | None = None) -> np.ndarray:
+    """Window corners (n, 2) float64 (row, col) in object pixels of the store's positions
+    (or of ``positions`` (n, 2) metres, x y): ``position[::-1] / pixel_size - K / 2``."""
+    positions = ds["positions"].values if positions is None else positions
+    return np.asarray(positions, np.float64)[:, ::-1] / float(ds.attrs["pixel_size"]) \
+        - ds.sizes["k_y"] / 2
 
 
-def result_dataset(result: Result, ds: xr.Dataset, settings: Settings) -> xr.Dataset:
-    """The reconstruction as a Dataset, coordinates in metres."""
+def positions_of(ds: xr.Dataset, coords: np.ndarray) -> np.ndarray:
+    """The inverse of ``coords_of``: positions (n, 2) metres (x, y)."""
+    return (coords + ds.sizes["k_y"] / 2)[:, ::-1] * float(ds.attrs["pixel_size"])
+
+
+def model_of(ds: xr.Dataset, settings: Settings) -> Model:
+    """Noise model, the pixels the store's detector ``mask`` keeps (if it has one) and, for
+    several slices, the propagator over ``slice_thickness``."""
+    valid = ~ds["mask"].values.astype(bool) if "mask" in ds else None
+    propagator = None
+    if settings.slices > 1:
+        propagator = fresnel_propagator(ds.sizes["k_y"], float(ds.attrs["pixel_size"]),
+                                        float(ds.attrs["wavelength"]),
+                                        float(settings.slice_thickness))
+    return Model(settings.noise, valid, propagator)
+
+
+def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: float) -> None:
+    """Refuse positions whose windows could leave the object when refinement moves them by up
+    to ``bound`` pixels (OutcoreError, before any compute)."""
+    low = np.floor(coords - bound + 0.5)
+    high = np.floor(coords + bound + 0.5) + k
+    outside = (low < 0).any(axis=1) | (high > np.asarray(shape)).any(axis=1)
+    if outside.any():
+        first = int(np.argmax(outside))
+        need = int(np.ceil(bound + 0.5))
+        raise OutcoreError(
+            f"{int(outside.sum())} of {len(coords)} windows could leave the {shape[0]}x"
+            f"{shape[1]} object when position refinement moves them by up to {bound:g} "
+            f"pixels (e.g. position {first}).",
+            f"preprocess with --object-padding {need} or more, or give a smaller "
+            "--position-bound.")
+
+
+@dataclass
+class Prepared:
+    """What a run starts from: object (S, Ny, Nx), probe modes (M, K, K), positions
+    ``coords`` (n, 2) and those the refinement started from, the model, the data's power,
+    the noise floor (None unless counts) and what the defocus search found."""
+
+    obj: np.ndarray
+    probe: np.ndarray
+    coords: np.ndarray
+    start_coords: np.ndarray
+    model: Model
+    power: float
+    floor: float | None
+    search: dict[str, Any] | None = None
+
+
+def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> None:
+    """Refuse, before anything is read or computed, settings that this store cannot run
+    with: bad values, a defocus search that is not auto, on or off, positions that
+    refinement could move out of the object."""
+    settings.validate(ds.sizes["position"])
+    choice(defocus_search, DEFOCUS_SEARCH, "--defocus-search")
+    if settings.refine_positions:
+        check_bounds(coords_of(ds), ds.sizes["k_y"],
+                     tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)
+
+
+def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
+            start: xr.Dataset | None = None, defocus_search: str = "auto") -> Prepared:
+    """The starting state (see the module doc), after ``check``; reads ``SAMPLE_POSITIONS``
+    patterns (and, for the search, up to ``probe.SEARCH_POSITIONS``), nothing else."""
+    n = ds.sizes["position"]
+    shape = tuple(int(v) for v in ds.attrs["object_shape"])
+    model = model_of(ds, settings)
+    origin = coords_of(ds)
+    sample_index = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_POSITIONS)).astype(np.int64))
+    sample = read_amplitudes(path, sample_index)
+    kept = sample if model.valid is None else sample * model.valid
+    power_per_pattern = float((kept.astype(np.float64) ** 2).sum() / len(sample))
+    floor = quality.noise_floor(sample, n, settings.noise, model.valid)
+    if start is not None:
+        obj, modes, coords = _start_state(start, ds, settings)
+        return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor)
+    guess = probe.matched_power(ds["probe_guess"].values.astype(np.complex64)[None],
+                                power_per_pattern, model.valid)
+    found = None
+    if defocus_search == "on" or (defocus_search == "auto" and _unknown_defocus(ds)):
+        guess, found = _searched(path, ds, guess, origin, model, settings)
+    modes = probe.initial_modes(guess, settings.probe_modes)
+    obj = np.ones((settings.slices, *shape), np.complex64)
+    return Prepared(obj, modes, origin.copy(), origin, model, power_per_pattern * n, floor,
+                    found)
+
+
+def _unknown_defocus(ds: xr.Dataset) -> bool:
+    """Whether the store's probe guess is the mean pattern with no defocus given."""
+    record = ds.attrs.get("preprocess", {})
+    return record.get("probe") == "mean pattern" and not float(ds.attrs.get("defocus", 0.0))
+
+
+def _searched(path: str | Path, ds: xr.Dataset, guess: np.ndarray, coords: np.ndarray,
+              model: Model, settings: Settings) -> tuple[np.ndarray, dict[str, Any]]:
+    """The guess with the defocus that a short reconstruction of the central positions fits
+    best (``probe.search_defocus``), in this process, and the record of the search."""
+    index = probe.central_positions(coords)
+    amplitudes = read_amplitudes(path, index)
+    local = coords[index] - np.floor(coords[index].min(axis=0) + 0.5)
+    shape = tuple(int(v) for v in np.floor(local.max(axis=0) + 0.5) + ds.sizes["k_y"] + 1)
+    trial_settings = Settings(iterations=probe.SEARCH_ITERATIONS, batch_size=min(len(index), 16),
+                              probe_start=probe.SEARCH_ITERATIONS, noise=settings.noise,
+                              probe_centring=False)
+    trial_model = Model(settings.noise, model.valid)
+
+    def trial(candidate: np.ndarray) -> float:
+        state = State(np.ones((1, *shape), np.complex64), candidate, local.copy())
+        _, trajectory = solver.serial(lambda p: amplitudes[p], state, trial_settings,
+                                      trial_model)
+        return trajectory.losses[-1]
+
+    wavelength, pixel = float(ds.attrs["wavelength"]), float(ds.attrs["pixel_size"])
+    found = probe.search_defocus(guess, trial, wavelength, pixel)
+    record = {"defocus_change": found.change,
+              "defocus": float(ds.attrs.get("defocus", 0.0)) + found.change,
+              "losses": {f"{change:.6g}": loss for change, loss in found.losses.items()}}
+    return probe.defocused(guess, wavelength, pixel, found.change), record
+
+
+def _start_state(start: xr.Dataset, ds: xr.Dataset, settings: Settings
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Object, probe modes and positions of a reconstruction (or checkpoint) to go on from;
+    the store's positions where it holds none."""
+    shape = (settings.slices, *(int(v) for v in ds.attrs["object_shape"]))
+    k, n = ds.sizes["k_y"], ds.sizes["position"]
+    obj, modes = as_3d(np.asarray(start["object"].values)), as_3d(np.asarray(
+        start["probe"].values))
+    if obj.shape != shape or modes.shape != (settings.probe_modes, k, k):
+        raise LayoutError(f"The starting state has object {obj.shape} and probe "
+                          f"{modes.shape}; this run needs {shape} and "
+                          f"{(settings.probe_modes, k, k)}.",
+                          "start from a reconstruction of the same store with the same "
+                          "--slices and --probe-modes.")
+    if "coords" in start:
+        coords = np.asarray(start["coords"].values, np.float64)
+    else:
+        coords = coords_of(ds, start["positions"].values if "positions" in start else None)
+    if coords.shape != (n, 2):
+        raise LayoutError(f"The starting state has {coords.shape[0]} positions; the store has "
+                          f"{n}.", "start from a reconstruction of the same store.")
+    return obj.astype(np.complex64), modes.astype(np.complex64), coords
+
+
+def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
+                   prepared: Prepared) -> xr.Dataset:
+    """The reconstruction as a Dataset, coordinates in metres: ``object(y, x)`` (or
+    ``object(slice, y, x)``), ``probe(k_y, k_x)`` (or ``probe(mode, k_y, k_x)``), with the
+    object's global phase moved to the probe; ``loss(iteration)``; ``positions(position, xy)``
+    (refined, or as given) and, when refined, ``input_positions``. Attrs: the settings, why
+    the run stopped, the fitted phase ramp of the object (rad per metre, ``[y, x]``, and
+    over the illuminated field) and the global phase removed."""
     pixel = float(ds.attrs["pixel_size"])
-    ny, nx = result.obj.shape
-    k = result.probe.shape[-1]
+    obj, modes = as_3d(result.obj), as_3d(result.probe)
+    top_left = np.floor(result.coords + 0.5).astype(np.int64)
+    lit = quality.illuminated(modes, top_left, obj.shape[-2:])
+    obj, modes, phases = quality.without_global_phase(obj, modes, lit)
+    ramp = quality.phase_ramp(obj.prod(axis=0), lit)
+    ys, xs = np.nonzero(lit)
+    across = float(abs(ramp[0]) * (ys.max() - ys.min()) + abs(ramp[1]) * (xs.max() - xs.min()))
+    ny, nx = obj.shape[-2:]
+    k = modes.shape[-1]
     window = (np.arange(k) - k // 2) * pixel
+    object_dims = ("y", "x") if len(obj) == 1 else ("slice", "y", "x")
+    probe_dims = ("k_y", "k_x") if len(modes) == 1 else ("mode", "k_y", "k_x")
+    variables: dict[str, Any] = {
+        "object": (object_dims, obj[0] if len(obj) == 1 else obj,
+                   {"long_name": "object transmission"}),
+        "probe": (probe_dims, modes[0] if len(modes) == 1 else modes,
+                  {"long_name": "probe modes on their window (real space)"}),
+        "loss": ("iteration", result.loss,
+                 {"long_name": f"{settings.noise} loss summed over the iteration's batches"}),
+        "positions": (("position", "xy"), positions_of(ds, result.coords),
+                      {"units": "m", "long_name": "window centres the reconstruction used"}),
+    }
+    if settings.refine_positions:
+        variables["input_positions"] = (("position", "xy"), ds["positions"].values,
+                                        {"units": "m", "long_name": "positions of the input"})
     return xr.Dataset(
-        {
-            "object": (("y", "x"), result.obj, {"long_name": "object transmission"}),
-            "probe": (("k_y", "k_x"), result.probe,
-                      {"long_name": "probe on its window (real space)"}),
-            "loss": ("iteration", result.loss,
-                     {"long_name": "amplitude loss summed over the iteration's batches"}),
-        },
+        variables,
         coords={
             "y": ("y", np.arange(ny) * pixel, {"units": "m"}),
             "x": ("x", np.arange(nx) * pixel, {"units": "m"}),
             "k_y": ("k_y", window, {"units": "m"}),
             "k_x": ("k_x", window, {"units": "m"}),
             "iteration": np.arange(len(result.loss)),
+            "xy": ["x", "y"],
         },
         attrs={"outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel,
                "wavelength": float(ds.attrs["wavelength"]),
-               "settings": json.dumps(vars(settings))},
+               "settings": json.dumps(asdict(settings)), "stopped": result.stopped,
+               "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
+               "phase_ramp_rad_across_field": round(across, 6),
+               "global_phase_removed_rad": phases,
+               "defocus_search": json.dumps(prepared.search)},
     )
+
+
+def as_3d(array: np.ndarray) -> np.ndarray:
+    return array[None] if array.ndim == 2 else array
+
+
+def state_dataset(state: State, losses: list[float], done: int) -> xr.Dataset:
+    """A checkpoint: the state after ``done`` iterations and their losses."""
+    return xr.Dataset({"object": (("slice", "y", "x"), as_3d(state.obj)),
+                       "probe": (("mode", "k_y", "k_x"), as_3d(state.probe)),
+                       "coords": (("position", "yx"), state.coords),
+                       "loss": ("iteration", np.asarray(losses))},
+                      attrs={"iterations_done": done})
 
 
 # --- checkpoints ------------------------------------------------------------------------------
@@ -123,11 +322,7 @@ def checkpointer(work: Path, every: int, losses: list[float]) -> Callable[[int, 
         if (iteration + 1) % every:
             return
         name = f"checkpoint-{iteration + 1:06d}.zarr"
-        state_ds = xr.Dataset({"object": (("y", "x"), state.obj),
-                               "probe": (("k_y", "k_x"), state.probe),
-                               "loss": ("iteration", np.asarray(losses))},
-                              attrs={"iterations_done": iteration + 1})
-        write_new(state_ds, work / name)
+        write_new(state_dataset(state, losses, iteration + 1), work / name)
         previous = latest_checkpoint(work)
         pointer = work / (LATEST + ".partial")
         pointer.write_text(json.dumps({"checkpoint": name, "iterations_done": iteration + 1}))
@@ -147,7 +342,8 @@ def latest_checkpoint(work: Path) -> Path | None:
 
 
 def load_checkpoint(work: Path) -> tuple[xr.Dataset, int]:
-    """The newest checkpoint's dataset (object, probe, loss) and the iterations it holds."""
+    """The newest checkpoint's dataset (object, probe, positions, loss) and the iterations
+    it holds."""
     path = latest_checkpoint(work)
     if path is None or not path.exists():
         raise OutcoreError(f"There is no checkpoint in {work}.",

@@ -37,7 +37,10 @@ class Setup:
     """What ``preprocess`` will do, worked out from metadata (and the small positions).
 
     Lengths in metres, frequencies in 1/m, sizes in pixels. ``centre`` is ``"auto"``,
-    ``"none"`` or the ``(row, col)`` of zero frequency on the detector.
+    ``"none"`` or the ``(row, col)`` of zero frequency on the detector. ``mask``: the
+    detector's ``(Ky, Kx)`` bool, True where a pixel is ignored (bad pixels, beam stop).
+    ``aperture``: radius (output pixels) of a disc pupil for the probe guess instead of the
+    mean pattern.
     """
 
     source_shape: tuple[int, int]
@@ -54,6 +57,8 @@ class Setup:
     probe: np.ndarray | None = None
     probe_source: str = "mean pattern"
     source_attrs: dict[str, Any] = field(default_factory=dict)
+    mask: np.ndarray | None = None
+    aperture: float | None = None
 
     @property
     def k(self) -> int:
@@ -89,13 +94,17 @@ class Setup:
 def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A002
           centre: str | Sequence[float] = "auto", probe: np.ndarray | str | PathLike | None = None,
           defocus: float | None = None, object_padding: int = 0,
-          chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None
+          chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
+          mask: np.ndarray | str | PathLike | None = None, probe_aperture: float | None = None
           ) -> Setup:
     """Check a ``diffraction`` dataset and the options, reading no frame; return the Setup.
 
-    Raises LayoutError / OutcoreError (problem and fix) on a missing or bad wavelength or
-    reciprocal pixel, positions that do not match the frames, a crop larger than the
-    detector, a bin that does not divide the crop, or a probe of the wrong shape.
+    ``mask`` (a ``(Ky, Kx)`` bool array or .npy, True where a pixel is ignored; default: the
+    stack's ``mask`` variable, if any). Raises LayoutError / OutcoreError (problem and fix)
+    on a missing or bad wavelength or reciprocal pixel, positions that do not match the
+    frames, a crop larger than the detector, a bin that does not divide the crop, a probe
+    of the wrong shape, a mask whose shape differs from the patterns', or a probe aperture
+    that is not a positive radius inside the window.
     """
     for name in ("wavelength", "energy", "reciprocal_pixel_size", "detector_pixel_size",
                  "detector_distance", "scan_step"):
@@ -144,16 +153,57 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
         raise OutcoreError(f"--defocus {defocus} is not a number.", "give metres, e.g. 2e-5.")
     chosen = _centre(centre, shape)
     guess, source = None, "mean pattern"
+    if probe is not None and probe_aperture is not None:
+        raise OutcoreError("Both --probe and --probe-aperture were given.",
+                           "give one: a probe file, or the radius of an aperture.")
     if probe is not None:
         guess, source = _probe(probe, crop // bin)
+    if probe_aperture is not None:
+        if not (np.isfinite(probe_aperture) and 0 < probe_aperture <= crop // bin / 2):
+            raise OutcoreError(f"--probe-aperture {probe_aperture} is not a radius inside "
+                               f"the {crop // bin}-pixel window.",
+                               f"give a radius in output detector pixels, 0 to "
+                               f"{crop // bin // 2}.")
+        source = "aperture"
+    detector_mask = _mask(ds if mask is None else mask, shape)
     return Setup(
         source_shape=shape, crop=crop, bin=bin, centre=chosen, wavelength=wavelength,
         reciprocal_pixel=reciprocal, defocus=float(defocus),
         padding=at_least(object_padding, "--object-padding", 0),
         chunk_positions=at_least(chunk_positions, "--chunk-positions", 1),
         positions=positions, scan_shape=tuple(ds["data"].shape[:2]) if grid else None,
-        probe=guess, probe_source=source, source_attrs=dict(ds.attrs),
+        probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
+        aperture=None if probe_aperture is None else float(probe_aperture),
     )
+
+
+def _mask(source: xr.Dataset | np.ndarray | str | PathLike, shape: tuple[int, int]
+          ) -> np.ndarray | None:
+    """The detector mask (True = ignored) of a stack's ``mask`` variable or a given array or
+    .npy, checked against the detector's ``shape``; None when there is none."""
+    if isinstance(source, xr.Dataset):
+        if "mask" not in source.variables:
+            return None
+        mask, what = np.asarray(source["mask"].values), "The stack's mask variable"
+    elif isinstance(source, str | PathLike):
+        path = existing_path(source, "mask file")
+        mask, what = np.load(path), f"The mask {str(path)!r}"
+    else:
+        mask, what = np.asarray(source), "The mask"
+    if mask.shape != shape or mask.dtype.kind not in "bui":
+        raise LayoutError(
+            f"{what} has shape {mask.shape} and dtype {mask.dtype}; the patterns are "
+            f"{shape[0]}x{shape[1]}.",
+            f"give a ({shape[0]}, {shape[1]}) boolean mask of the detector, True where a "
+            "pixel is ignored (bad pixels, beam stop), before crop and bin.")
+    if mask.dtype.kind != "b" and not np.isin(mask, (0, 1)).all():
+        raise LayoutError(f"{what} holds values other than 0 and 1.",
+                          "give a boolean mask: True (1) where a pixel is ignored.")
+    mask = mask.astype(bool)
+    if mask.all():
+        raise LayoutError(f"{what} ignores every pixel.",
+                          "give True only where pixels are bad or blocked.")
+    return mask
 
 
 def _crop(crop: int | None, shape: tuple[int, int]) -> int:

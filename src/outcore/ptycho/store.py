@@ -67,7 +67,8 @@ def open_preprocessed(path: str | PathLike[str], *, check_values: bool = False) 
     """Open a preprocessed store lazily (dask chunks = the store's chunks) and check it.
 
     Checks, reading only the small arrays: the layout attr, the four variables with their
-    dims, dtypes and shapes, the attrs (wavelength, pixel_size, reciprocal_pixel_size,
+    dims, dtypes and shapes (and the optional detector ``mask(k_y, k_x)`` bool, True where a
+    pixel is ignored), the attrs (wavelength, pixel_size, reciprocal_pixel_size,
     object_shape, detector_size), that every window lies inside the object, that the
     positions agree with ``top_left``, and that the probe guess is finite.
     ``check_values=True`` adds one pass over ``amplitudes`` refusing NaN, Inf and negatives.
@@ -140,6 +141,10 @@ def check_preprocessed(ds: xr.Dataset, name: str = "the dataset",
                           "(more than half a pixel).", fix_rerun)
     if not np.isfinite(np.asarray(ds["probe_guess"].values)).all():
         raise LayoutError(f"{name}: probe_guess has NaN or Inf values.", fix_rerun)
+    if "mask" in ds.variables and (ds["mask"].dims != ("k_y", "k_x")
+                                   or ds["mask"].dtype != bool):
+        raise LayoutError(f"mask in {name} has dims {ds['mask'].dims} and dtype "
+                          f"{ds['mask'].dtype}; expected ('k_y', 'k_x') bool.", fix_rerun)
     if check_values:
         amplitudes = ds["amplitudes"].data
         bad = int(dask.compute((~(da.isfinite(amplitudes) & (amplitudes >= 0))).sum())[0])

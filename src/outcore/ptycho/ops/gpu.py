@@ -1,0 +1,54 @@
+"""cupy versions of ``outcore.ptycho.ops`` (their numpy twins are in ``cpu.py``): windows by
+fancy indexing, overlaps summed with ``cupyx.scatter_add``, ``cupyx.scipy.fft``, pinned host
+memory. cupy is imported on first use, so this module imports on machines without it."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+Array = Any
+
+
+def _index(top_left: np.ndarray, k: int) -> tuple[Array, Array]:
+    """Index arrays ``(rows (n, k, 1), cols (n, 1, k))`` on the device that cut each window."""
+    import cupy
+
+    offsets = cupy.arange(k)
+    rows = cupy.asarray(top_left[:, 0])[:, None] + offsets[None, :]
+    cols = cupy.asarray(top_left[:, 1])[:, None] + offsets[None, :]
+    return rows[:, :, None], cols[:, None, :]
+
+
+def fft() -> ModuleType:
+    import cupyx.scipy.fft
+
+    return cupyx.scipy.fft
+
+
+def windows(image: Array, top_left: np.ndarray, k: int) -> Array:
+    rows, cols = _index(top_left, k)
+    return image[rows, cols]
+
+
+def scatter_add(target: Array, top_left: np.ndarray, values: Array) -> None:
+    import cupy
+    import cupyx
+
+    rows, cols = (cupy.broadcast_to(i, values.shape) for i in _index(top_left, values.shape[-1]))
+    if cupy.iscomplexobj(values):
+        cupyx.scatter_add(target.real, (rows, cols), values.real)
+        cupyx.scatter_add(target.imag, (rows, cols), values.imag)
+    else:
+        cupyx.scatter_add(target, (rows, cols), values)
+
+
+def pinned(host: np.ndarray) -> np.ndarray:
+    """A copy of ``host`` in page-locked memory, so device copies run at full speed."""
+    import cupyx
+
+    out = cupyx.empty_pinned(host.shape, host.dtype)
+    out[...] = host
+    return out
