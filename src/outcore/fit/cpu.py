@@ -24,7 +24,7 @@ import math
 import numba
 import numpy as np
 
-from outcore.fit.kernels import (
+from outcore.fit.lm import (
     LAMBDA_DOWN,
     LAMBDA_RANGE,
     LAMBDA_START,

@@ -27,31 +27,23 @@ from typing import Any
 import numpy as np
 
 from outcore.backend import array_namespace
+from outcore.fit.lm import (
+    LAMBDA_DOWN,
+    LAMBDA_RANGE,
+    LAMBDA_START,
+    LAMBDA_UP,
+    SINGULAR_RCOND,
+    STATUS,
+    STATUS_NAMES,
+)
 from outcore.fit.models import Model, get_model
 
 Array = Any
 
-#: Status of a fit, by code: the code is the index (kept as a float in the packed output).
-STATUS_NAMES = (
-    "converged_f_tol",  # relative chi2 change, actual and predicted, below f_tol
-    "converged_x_tol",  # scaled step below x_tol times the scaled parameter norm
-    "converged_g_tol",  # largest gradient cosine below g_tol
-    "max_iterations",  # max_iterations steps without convergence; parameters are the last ones
-    "singular",  # normal matrix not invertible while stepping or at the solution; errors NaN
-    "invalid_input",  # bad pixels or too few of them; everything NaN
-)
-STATUS = {name: code for code, name in enumerate(STATUS_NAMES)}
-
-LAMBDA_START = 1e-3
-LAMBDA_UP = 10.0
-LAMBDA_DOWN = 10.0
-LAMBDA_RANGE = (1e-12, 1e16)
 #: Candidates whose model, Jacobian and start are computed at once on the host (numpy):
 #: few enough for their scratch to stay in a core's cache and to not grow with the chunk.
 #: On a GPU (cupy) the whole chunk goes at once, in fewer and larger kernels.
 HOST_BLOCK = 32
-#: A (Jacobi-scaled) normal matrix whose eigenvalue ratio falls below this is singular.
-SINGULAR_RCOND = 1e-12
 #: Models that numpy chunks fit with the compiled per-candidate loop of ``outcore.fit.cpu``
 #: (the same algorithm, 4-6 times faster on one core); the others, and every cupy chunk, run
 #: the array code below.
