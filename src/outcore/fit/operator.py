@@ -16,7 +16,14 @@ import xarray as xr
 from outcore import backend as backends
 from outcore.checks import at_least
 from outcore.errors import LayoutError
-from outcore.fit.kernels import STATUS_NAMES, fit_chunk, fit_columns, status_names
+from outcore.fit.kernels import (
+    COMPILED_MODELS,
+    STATUS_NAMES,
+    fit_chunk,
+    fit_columns,
+    status_names,
+    warm,
+)
 from outcore.fit.models import Model, get_model
 from outcore.io.layouts import validate
 
@@ -87,6 +94,8 @@ def fit_dipoles(
         blocks.append(_by_candidate(psf_value, chunk_size))
     elif psf_value is not None:
         shared_psf = np.asarray(psf_value, dtype=np.float64)
+    if resolved == "numpy" and model in COMPILED_MODELS:
+        warm()  # compile here once, so that workers load the loop from numba's cache
     columns = fit_columns(model)
     options = {"model": model, "max_iterations": max_iterations, "f_tol": f_tol, "x_tol": x_tol,
                "g_tol": g_tol, "scale_errors": scale_errors}
