@@ -55,6 +55,9 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
                    help="HDF5 path of the rotation angles (default /exchange/theta)")
     b.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
                    help="unit of --angles (default deg)")
+    from outcore.tomo import steps
+
+    steps.add_arguments(p, steps.CONVERT)
 
 
 def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
@@ -78,12 +81,20 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
     beamline_options = {name: getattr(args, name, None)
                         for name in ("flats", "darks", "angles", "angles_unit")}
     if args.beamline:
-        from outcore.tomo import beamline
+        from outcore.tomo import beamline, steps
 
         ds, layout = beamline.read_beamline_source(args.source, **options, **beamline_options,
                                                    dtype=args.dtype, shape=args.shape)
         stages = beamline.memory_model(ds)
+        corrections = steps.configure(args, ds, steps.CONVERT)
+        stages += steps.memory(corrections, ds)
+        ds = steps.apply(corrections, ds)
     else:
+        from outcore.tomo import steps
+
+        for flag in steps.requested(args, steps.CONVERT):
+            raise OutcoreError(f"{flag} applies to raw beamline scans only.",
+                               f"add --beamline, or drop {flag}.")
         for name, value in beamline_options.items():
             if value is not None:
                 flag = "--" + name.replace("_", "-")
@@ -109,6 +120,7 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
     if args.beamline:
         config["beamline"] = {key: value for key, value in beamline_options.items()
                               if value is not None}
+        config["corrections"] = steps.records(corrections)
     return Job("convert", config,
                plan, execute, inputs=[args.source] if Path(args.source).exists() else [],
                plan_fixes=["pass a smaller --frames-per-chunk"])

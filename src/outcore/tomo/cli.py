@@ -39,6 +39,7 @@ from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
+from outcore.tomo import steps
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
@@ -110,6 +111,7 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # --- checks -----------------------------------------------------------------------------------
+    steps.add_arguments(p, steps.RECONSTRUCT)
 
 
 def check_blocks(args: argparse.Namespace) -> None:
@@ -246,6 +248,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     method, window, iterations = _check_reconstruct_options(args)
     source = existing_path(args.input, "input").resolve()
     ds = io.open(source, layout="projections")
+    corrections = steps.configure(args, ds, steps.RECONSTRUCT)
+    raw, ds = ds, steps.apply(corrections, ds)
     geometry = Geometry.from_attrs(ds)
     earlier = None
     if args.resume:
@@ -264,10 +268,15 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         "input": str(source), "method": method, "window": window, "iterations": iterations,
         "checkpoint_every": args.checkpoint_every, "volume_shape": list(shape),
         "resume_from": str(earlier.path) if earlier else None,
-        "state": None,
+        "state": None, "corrections": steps.records(corrections),
     }
+    if earlier is not None and old.get("corrections", {}) != config["corrections"]:
+        raise OutcoreError("--resume needs the corrections of the earlier run "
+                           f"({old.get('corrections', {})}), not {config['corrections']}.",
+                           "pass the earlier run's correction options, or start a new run.")
     held: dict[str, Projector] = {}
-    stored = ds["projections"]
+    stored = raw["projections"]
+    corrected = steps.memory(corrections, raw)
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -276,15 +285,17 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                                               views, slab, stored.dtype, store_chunks)
         _record_blocks(config, held["projector"])
         if method not in ITERATIVE:
-            return method_plan(held["projector"], method, resources, store_chunks)
+            return method_plan(held["projector"], method, resources, store_chunks,
+                               extra=corrected)
         state = args.state
         if state == "auto":
             in_memory = method_plan(held["projector"], method, resources, store_chunks,
-                                    "memory")
+                                    "memory", extra=corrected)
             state = "memory" if in_memory.fits else "disk"
         every = args.checkpoint_every or CHECKPOINT_EVERY[state]
         config.update(state=state, checkpoint_every=every)
-        return method_plan(held["projector"], method, resources, store_chunks, state)
+        return method_plan(held["projector"], method, resources, store_chunks, state,
+                           extra=corrected)
 
     def execute(run: Run, client: distributed.Client) -> None:
         projector = held["projector"]
@@ -307,7 +318,7 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     def measure(client: distributed.Client) -> None:
         projector = held["projector"]
-        projections = stored.data.rechunk(projector.projection_chunks)
+        projections = ds["projections"].data.rechunk(projector.projection_chunks)
         compute(client, fbp(projections, projector, window).sum(), show=False)
 
     return Job("tomo reconstruct", config, plan, execute, inputs=[source],

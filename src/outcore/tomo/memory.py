@@ -19,6 +19,7 @@ llvmlite and the kernels' machine code.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -295,9 +296,11 @@ def state_bytes(projector: Projector, method: str, workers: int) -> int:
 
 
 def method_plan(projector: Projector, method: str, resources: Resources,
-                store_chunks: tuple[int, int] = (0, 0), state: str = "disk") -> Plan:
-    """The plan of ``method`` with ``projector``'s blocks on ``resources``; with
-    ``state="memory"`` each worker also holds its share of the solver's vectors."""
+                store_chunks: tuple[int, int] = (0, 0), state: str = "disk",
+                extra: Sequence[TaskMemory] = ()) -> Plan:
+    """The plan of ``method`` with ``projector``'s blocks on ``resources``, plus the
+    ``extra`` stages before it (corrections of the projections); with ``state="memory"``
+    each worker also holds its share of the solver's vectors."""
     held = state_bytes(projector, method, resources.workers) if state == "memory" else 0
-    return Plan.of(stages(projector, method, store_chunks), resources,
+    return Plan.of([*extra, *stages(projector, method, store_chunks)], resources,
                    baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)
