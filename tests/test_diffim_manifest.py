@@ -124,7 +124,7 @@ def test_a_shifted_wcs_is_refused(written):
     (lambda it: it["reference"].update(sha256="abc"), ["not 64 hex digits"]),
     (lambda it: it["reference"].update(path="missing.fits"), ["does not exist"]),
     (lambda it: it.update(flux_ratio=-1), ["flux_ratio -1"]),
-    (lambda it: it["reference"].update(hdu=3), ["no 2-D image HDU 3"]),
+    (lambda it: it["reference"].update(hdu=3), ["no image HDU 3 with 2 axes"]),
 ])
 def test_bad_items_are_refused_with_one_line(written, change, words):
     _, _, manifest = written

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from outcore.errors import InputNotFoundError, LayoutError, OutcoreError
+from outcore.io.importers.fits import hdu_index
 
 SCHEMA = "outcore.diffim-manifest/v1"
 FILE_KEYS = ("reference", "target", "reference_variance", "target_variance", "mask",
@@ -215,29 +216,13 @@ def _image_file(ref: dict[str, Any], where: str) -> ImageFile:
               "give images, variances and masks as FITS (convert other formats first).")
     try:
         with fits.open(path, memmap=True) as hdul:
-            index = _hdu_index(hdul, ref["hdu"], where, path)
+            index = hdu_index(hdul, ref["hdu"], path, axes=2)
             shape = tuple(int(n) for n in hdul[index].shape)
+    except LayoutError as err:
+        _fail(where, err.problem, 'set "hdu" to the index or EXTNAME of a 2-D image HDU.')
     except OSError as err:
         _fail(where, f"{path!r} cannot be read as FITS ({err}).", "check the file.")
     return ImageFile(path, index, shape, ref["sha256"])  # type: ignore[arg-type]
-
-
-def _hdu_index(hdul: Any, hdu: int | str | None, where: str, path: str) -> int:
-    images = [i for i, h in enumerate(hdul) if h.is_image and len(h.shape or ()) == 2]
-    if hdu is None and images:
-        return images[0]
-    if hdu is not None:
-        try:
-            index = hdul.index_of(hdu)
-        except (KeyError, IndexError):
-            index = None
-        if index in images:
-            return int(index)
-    listing = ", ".join(f"{i} {h.name!r} {tuple(h.shape or ())}" for i, h in enumerate(hdul))
-    asked = "" if hdu is None else f" {hdu!r}"
-    _fail(where, f"{Path(path).name!r} has no 2-D image HDU{asked}; its HDUs are {listing}.",
-          'set "hdu" to the index or EXTNAME of a 2-D image HDU.')
-    raise AssertionError  # unreachable
 
 
 def _astropy_fits() -> Any:

@@ -19,6 +19,7 @@ parameters, errors and statuses to rounding (tested against this array code).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -424,12 +425,14 @@ def _write(out: Array, rows: Array, p: Array, err: Array, singular: Array, cost:
     out[rows, 2 * npar + 3] = xp.where(singular, STATUS["singular"], status)
 
 
+@functools.cache
 def warm() -> None:
     """Compile the host loop of ``COMPILED_MODELS`` in this process, or load it from numba's
-    on-disk cache (``cache=True``): about 20 CPU seconds once per installation, then 1-3 s
-    per process (mostly ``import numba``) and 150 MiB more resident memory (VmHWM 364 MiB
-    instead of 211 MiB after a first fit, measured here). Calling it where a graph is built
-    compiles the loop once per machine instead of in every worker at once."""
+    on-disk cache (``cache=True``), once per process: about 20 CPU seconds once per
+    installation, then 1-3 s per process (mostly ``import numba``) and 150 MiB more resident
+    memory (VmHWM 364 MiB instead of 211 MiB after a first fit, measured here). Calling it
+    where a graph is built compiles the loop once per machine instead of in every worker at
+    once."""
     stamps = np.zeros((1, 5, 5))
     stamps[0, 2, 1], stamps[0, 2, 3] = 1.0, -1.0
     fit_chunk(stamps, max_iterations=1)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ def read_fits(
     path = existing_path(path, "FITS file")
     with reading(f"the FITS file {str(path)!r}", REWRITE_FIX), \
             fits.open(path, memmap=True) as hdul:
-        index = _hdu_index(hdul, hdu, path)
+        index = hdu_index(hdul, hdu, path)
         _refuse_truncated(hdul[index], index, path, fits)
         shape = tuple(hdul[index].shape)
         first = hdul[index].section[0:1]
@@ -79,9 +80,14 @@ def _refuse_truncated(hdu: Any, index: int, path: Any, fits: Any) -> None:
             f" the file has {size}.", REWRITE_FIX)
 
 
-def _hdu_index(hdul: Any, hdu: int | str | None, path: Any) -> int:
-    """Index of the HDU asked for, or of the first with 2 or more axes."""
-    images = [i for i, h in enumerate(hdul) if h.is_image and len(h.shape or ()) >= 2]
+def hdu_index(hdul: Any, hdu: int | str | None, path: Any, *, axes: int | None = None) -> int:
+    """Index of the image HDU asked for (index or EXTNAME), or of the first image HDU, with
+    exactly ``axes`` axes (``None``: 2 or more); a LayoutError listing the HDUs otherwise."""
+    def fits_axes(h: Any) -> bool:
+        n = len(h.shape or ())
+        return n == axes if axes is not None else n >= 2
+
+    images = [i for i, h in enumerate(hdul) if h.is_image and fits_axes(h)]
     if hdu is None and images:
         return images[0]
     if hdu is not None:
@@ -90,10 +96,11 @@ def _hdu_index(hdul: Any, hdu: int | str | None, path: Any) -> int:
         except (KeyError, IndexError):
             index = None
         if index is not None and index < len(hdul) and index in images:
-            return index
+            return int(index)
     listing = ", ".join(f"{i} {h.name!r} {tuple(h.shape or ())}" for i, h in enumerate(hdul))
     asked = "" if hdu is None else f" {hdu!r}"
+    kind = "2 or more axes" if axes is None else f"{axes} axes"
     raise LayoutError(
-        f"{str(path)!r} has no image HDU{asked} with 2 or more axes; its HDUs are: {listing}.",
-        "pass hdu= the index or EXTNAME of an image HDU with 2 or more axes.",
+        f"{Path(path).name!r} has no image HDU{asked} with {kind}; its HDUs are: {listing}.",
+        f"pass hdu= the index or EXTNAME of an image HDU with {kind}.",
     )
