@@ -42,7 +42,8 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
         "HDF5 frames, flats, darks and angles (Data Exchange paths, or an NXtomo entry whose "
         "image_key tells them apart) become the projections layout: "
         "-log((raw - dark) / (flat - dark)), streamed block by block. "
-        "Give the geometry with --attr: detector_pixel_size (required, m at the sample), "
+        "Give the geometry with --attr: detector_pixel_size (m at the sample; required "
+        "unless the NXtomo file records x_pixel_size), "
         "geometry (default parallel), source_distance and detector_distance (cone), "
         "detector_offset [v, u] (m; the rotation axis off the detector centre).")
     b.add_argument("--beamline", action="store_true",
