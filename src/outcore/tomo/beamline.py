@@ -163,7 +163,7 @@ def _normalised(reader: HDF5Frames, flats: np.ndarray, flat_weights: np.ndarray,
                 flat_mode: str, counts: dict[str, int] | None = None) -> xr.Dataset:
     """The lazy ``projections`` dataset: each block of ``reader``'s frames normalised by
     :func:`normalise_block` in the task that reads it."""
-    if not (flats[:, None] - darks[None] > 0).any():
+    if not any((flat - dark > 0).any() for flat in flats for dark in darks):
         raise LayoutError(
             "The flats minus the darks are zero or negative at every pixel, so no "
             "transmission can be computed.",

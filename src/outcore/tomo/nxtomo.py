@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from outcore.errors import LayoutError
+from outcore.io.importers import require
 from outcore.io.importers.hdf5 import HDF5Frames
 
 PROJECTION, FLAT, DARK, INVALID = 0, 1, 2, 3
@@ -55,8 +56,7 @@ class SelectedFrames(HDF5Frames):
     runs: tuple[tuple[int, int], ...]
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        import h5py
-
+        h5py = require("h5py")
         parts, offset = [], 0
         with h5py.File(self.path, "r") as f:
             node = f[self.dataset]
@@ -289,8 +289,7 @@ def read_scan(path: Any, *, dataset: str | None, angles: str | None, angles_unit
     Raises ``LayoutError`` naming the fix for a file without an NXtomo entry, bad keys, no
     projections, no flats, no darks (unless ``darks=False``) or mismatched angles.
     """
-    import h5py
-
+    h5py = require("h5py")
     with h5py.File(path, "r") as f:
         entry = find_entry(f, dataset, h5py)
         if entry is None or not entry.image_key:
