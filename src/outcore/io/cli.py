@@ -39,28 +39,24 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
                    help="raw only: the array's shape in C order, e.g. --shape 4096 256 256")
     b = p.add_argument_group(
         "raw beamline scans (--beamline)",
-        "HDF5 frames, flats, darks and angles (Data Exchange paths by default) become the "
-        "projections layout: -log((raw - dark) / (flat - dark)), streamed block by block. "
-        "Give the geometry with --attr: detector_pixel_size (required, m at the sample), "
+        "HDF5 frames, flats, darks and angles (Data Exchange paths, or an NXtomo entry whose "
+        "image_key tells them apart) become the projections layout: "
+        "-log((raw - dark) / (flat - dark)), streamed block by block. "
+        "Give the geometry with --attr: detector_pixel_size (m at the sample; required "
+        "unless the NXtomo file records x_pixel_size), "
         "geometry (default parallel), source_distance and detector_distance (cone), "
         "detector_offset [v, u] (m; the rotation axis off the detector centre).")
     b.add_argument("--beamline", action="store_true",
-                   help="normalise a raw HDF5 scan into the projections layout")
-    b.add_argument("--flats", default=argparse.SUPPRESS, metavar="PATH",
-                   help="HDF5 path of the flat (open-beam) frames (default /exchange/data_white)")
-    b.add_argument("--darks", default=argparse.SUPPRESS, metavar="PATH",
-                   help="HDF5 path of the dark frames (default /exchange/data_dark); "
-                        "'none' for a scan without darks")
-    b.add_argument("--angles", default=argparse.SUPPRESS, metavar="PATH",
-                   help="HDF5 path of the rotation angles (default /exchange/theta)")
-    b.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
-                   help="unit of --angles (default deg)")
-    from outcore.tomo import steps
+                   help="normalise a raw HDF5 scan (Data Exchange or NXtomo) into the "
+                        "projections layout")
+    from outcore.tomo import rawscan, steps
 
+    rawscan.add_arguments(b, source_options=False)
     steps.add_arguments(p, steps.CONVERT)
 
 
-def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
+def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` words of a repeatable option as a dict (OutcoreError naming ``flag``)."""
     pairs = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -71,35 +67,29 @@ def _pairs(items: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
-    chunks = {k: int(v) for k, v in _pairs(args.chunk, "--chunk").items()}
+    chunks = {k: int(v) for k, v in key_values(args.chunk, "--chunk").items()}
     hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
     options = dict(format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
-                   attrs=_pairs(args.attr, "--attr") or None, dims=args.dims,
-                   arrays=_pairs(args.array, "--array") or None,
+                   attrs=key_values(args.attr, "--attr") or None, dims=args.dims,
+                   arrays=key_values(args.array, "--array") or None,
                    frames_per_chunk=args.frames_per_chunk)
-    # given only when typed (their defaults depend on --beamline, so argparse shows none)
-    beamline_options = {name: getattr(args, name, None)
-                        for name in ("flats", "darks", "angles", "angles_unit")}
-    if args.beamline:
-        from outcore.tomo import beamline, steps
+    from outcore.tomo import beamline, rawscan, steps
 
-        ds, layout = beamline.read_beamline_source(args.source, **options, **beamline_options,
-                                                   dtype=args.dtype, shape=args.shape)
+    # given only when typed (their defaults depend on --beamline, so argparse shows none)
+    beamline_options = rawscan.given(args, source_options=False)
+    if args.beamline:
+        ds, layout = rawscan.read_beamline_source(args.source, **options, **beamline_options,
+                                                  dtype=args.dtype, shape=args.shape)
         stages = beamline.memory_model(ds)
         corrections = steps.configure(args, ds, steps.CONVERT)
         stages += steps.memory(corrections, ds)
         ds = steps.apply(corrections, ds)
     else:
-        from outcore.tomo import steps
-
         for flag in steps.requested(args, steps.CONVERT):
             raise OutcoreError(f"{flag} applies to raw beamline scans only.",
                                f"add --beamline, or drop {flag}.")
-        for name, value in beamline_options.items():
-            if value is not None:
-                flag = "--" + name.replace("_", "-")
-                raise OutcoreError(f"{flag} applies to raw beamline scans only.",
-                                   f"add --beamline, or drop {flag}.")
+        rawscan.refuse(beamline_options, "this conversion has no --beamline",
+                       "add --beamline, or drop {flag}.")
         ds, layout = io.read_source(args.source, **options, dtype=args.dtype,
                                     shape=args.shape)
         main_var = max(ds.data_vars.values(), key=lambda v: v.nbytes)
@@ -118,8 +108,7 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     config = {"source": str(args.source), "output": str(output), "layout": layout}
     if args.beamline:
-        config["beamline"] = {key: value for key, value in beamline_options.items()
-                              if value is not None}
+        config["beamline"] = beamline_options
         config["corrections"] = steps.records(corrections)
     return Job("convert", config,
                plan, execute, inputs=[args.source] if Path(args.source).exists() else [],

@@ -31,11 +31,10 @@ import xarray as xr
 from outcore.backend import array_namespace
 from outcore.checks import existing_path
 from outcore.errors import LayoutError
-from outcore.io.convert import detect_format
-from outcore.io.importers import frames_dataset, native, parse_attrs, require
+from outcore.io.importers import frames_dataset, native, require
 from outcore.io.importers.hdf5 import HDF5Frames, _dataset
-from outcore.io.layouts import validate
 from outcore.plan import TaskMemory
+from outcore.tomo import nxtomo
 
 #: Smallest transmission kept before the log (a dead or saturated pixel gives -log(eps)).
 EPS = 1e-6
@@ -50,6 +49,10 @@ GEOMETRY_ATTRS = ("geometry", "detector_pixel_size", "source_distance", "detecto
 #: Scratch of :func:`normalise` in float32 blocks besides its input and output (measured with
 #: tracemalloc: 3 for float32 frames, 3 plus the float32 copy of integer or float64 frames).
 NORMALISE_SCRATCH_BLOCKS = 3
+#: More scratch of :func:`normalise_block` for each of the flat and the dark made per frame
+#: (several groups, ``nearest`` or ``linear``; measured with tracemalloc: 3.2 blocks more
+#: when both are).
+PER_FRAME_SCRATCH_BLOCKS = 2
 
 
 def normalise(raw: Any, flat: Any, dark: Any, *, eps: float = EPS) -> Any:
@@ -104,14 +107,8 @@ def read_beamline_hdf5(
     if angles_unit not in ("degree", "radian"):
         raise LayoutError(f"angles_unit={angles_unit!r} is not a unit of angle.",
                           "pass angles_unit='degree' or angles_unit='radian'.")
-    if detector_pixel_size is None:
-        raise LayoutError(
-            "The projections layout needs the detector pixel size, which a raw scan's "
-            "data/flats/darks/angles do not give.",
-            "pass detector_pixel_size= the pixel pitch at the sample in metres (the camera "
-            "pixel divided by the optical magnification, e.g. 6.5e-6 / 10), one number or "
-            "[dv, du] (CLI: --attr detector_pixel_size=6.5e-7).",
-        )
+    layout_attrs = _layout_attrs(geometry, detector_pixel_size, source_distance,
+                                 detector_distance, attrs)
     with h5py.File(path, "r") as f:
         node = _named(f, data, "data", path, h5py)
         if node.ndim != 3:
@@ -137,120 +134,172 @@ def read_beamline_hdf5(
     if not np.isfinite(theta).all():
         raise LayoutError(f"{angles!r} holds non-finite angles.",
                           "repair the angles or pass angles= another dataset.")
-    if not (flat - dark > 0).any():
+    radians = np.deg2rad(theta) if angles_unit == "degree" else theta
+    ones = np.ones((n_views, 1))
+    return _normalised(reader, flat[None], ones, dark[None], ones, radians, layout_attrs,
+                       eps=eps, frames_per_chunk=frames_per_chunk, flat_mode="mean")
+
+
+def normalise_block(raw: Any, flat_weights: Any, flats: Any, dark_weights: Any, darks: Any,
+                    *, eps: float = EPS) -> Any:
+    """:func:`normalise` of a block of frames ``(n, v, u)`` whose flat (and dark) is a
+    weighted sum of group frames: ``flats`` ``(K, v, u)`` weighted by ``flat_weights``
+    ``(n, K)`` (one group: the same flat for every frame, never broadcast to a block)."""
+    xp = array_namespace(raw)
+
+    def per_frame(weights: Any, frames: Any) -> Any:
+        frames = xp.asarray(frames, dtype=xp.float32)
+        if frames.shape[0] == 1:
+            return frames[0]
+        return xp.tensordot(xp.asarray(weights, dtype=xp.float32), frames, axes=1)
+
+    return normalise(raw, per_frame(flat_weights, flats), per_frame(dark_weights, darks),
+                     eps=eps)
+
+
+def _normalised(reader: HDF5Frames, flats: np.ndarray, flat_weights: np.ndarray,
+                darks: np.ndarray, dark_weights: np.ndarray, radians: np.ndarray,
+                layout_attrs: dict[str, Any], *, eps: float, frames_per_chunk: int | None,
+                flat_mode: str, counts: dict[str, int] | None = None) -> xr.Dataset:
+    """The lazy ``projections`` dataset: each block of ``reader``'s frames normalised by
+    :func:`normalise_block` in the task that reads it."""
+    if not any((flat - dark > 0).any() for flat in flats for dark in darks):
         raise LayoutError(
-            f"flats {flats!r} minus darks {darks!r} is zero or negative at every pixel, so "
-            "no transmission can be computed.",
-            "check that flats= names the open-beam frames and darks= the closed-shutter "
+            "The flats minus the darks are zero or negative at every pixel, so no "
+            "transmission can be computed.",
+            "check that the flats are the open-beam frames and the darks the closed-shutter "
             "frames (not swapped, not the same dataset).",
         )
-    radians = np.deg2rad(theta) if angles_unit == "degree" else theta
     raw = reader.to_dask(frames_per_chunk)
-    ny, nx = frame
-    flat_d = da.from_array(flat.astype(np.float32), chunks=(ny, nx))
-    dark_d = da.from_array(dark.astype(np.float32), chunks=(ny, nx))
-    projections = da.blockwise(normalise, "ijk", raw, "ijk", flat_d, "jk", dark_d, "jk",
-                               eps=eps, dtype=np.float32,
-                               meta=np.empty((0, 0, 0), np.float32))
-    layout_attrs: dict[str, Any] = {"geometry": geometry,
-                                    "detector_pixel_size": _pixel(detector_pixel_size)}
-    if source_distance is not None:
-        layout_attrs["source_distance"] = float(source_distance)
-    if detector_distance is not None:
-        layout_attrs["detector_distance"] = float(detector_distance)
-    layout_attrs.update(attrs or {})
-    ds = frames_dataset(projections, "projections", f"{path}:{reader.dataset}",
+    views = raw.chunks[0]
+
+    def groups(frames: np.ndarray, weights: np.ndarray) -> tuple[da.Array, da.Array]:
+        return (da.from_array(weights, chunks=(views, weights.shape[1])),
+                da.from_array(frames.astype(np.float32), chunks=frames.shape))
+
+    flat_w, flat_d = groups(flats, flat_weights)
+    dark_w, dark_d = groups(darks, dark_weights)
+    projections = da.blockwise(normalise_block, "ijk", raw, "ijk", flat_w, "ig", flat_d, "gjk",
+                               dark_w, "ih", dark_d, "hjk", concatenate=True, eps=eps,
+                               dtype=np.float32, meta=np.empty((0, 0, 0), np.float32))
+    ds = frames_dataset(projections, "projections", f"{reader.path}:{reader.dataset}",
                         dims=("view", "v", "u"), attrs=layout_attrs,
                         arrays={"angles": radians})
-    ds["projections"].attrs.update(raw_dtype=reader.dtype.name, normalisation=(
-        "-log((raw - dark) / (flat - dark))"))
+    ds["projections"].attrs.update(
+        raw_dtype=reader.dtype.name, normalisation="-log((raw - dark) / (flat - dark))",
+        flat_mode=flat_mode, flat_groups=int(flats.shape[0]), dark_groups=int(darks.shape[0]),
+        **({"frames": counts} if counts else {}))
     return ds
 
 
-def read_beamline_source(
-    source: str | PathLike[str],
-    *,
-    format: str = "auto",
-    layout: str | None = None,
-    dataset: str | None = None,
-    flats: str | None = None,
-    darks: str | None = None,
-    angles: str | None = None,
-    angles_unit: str | None = None,
-    attrs: Mapping[str, Any] | None = None,
-    frames_per_chunk: int | None = None,
-    **refused: Any,
-) -> tuple[xr.Dataset, str]:
-    """``source`` (a raw HDF5 scan) as a validated, lazy ``projections`` dataset.
-
-    The reader of ``outcore convert --beamline``: internal paths default to Data Exchange's
-    (:data:`DXCHANGE`; ``darks="none"`` for a scan without darks), ``angles_unit`` is
-    ``deg`` (default) or ``rad``, and ``attrs`` (strings parsed as by ``--attr``) give the
-    geometry: ``detector_pixel_size`` (required), ``geometry`` (default ``parallel``),
-    ``source_distance`` and ``detector_distance`` (cone), and any other attr such as
-    ``detector_offset`` or ``voxel_size``. ``refused`` holds the other convert options
-    (``hdu``, ``dims``, ``arrays``, ``dtype``, ``shape``): any given raises ``LayoutError``. Reads
-    metadata, the angles and the flats and darks (averaged), never the frames.
-    """
-    fmt = detect_format(source) if format == "auto" else format
-    if fmt != "hdf5":
-        raise LayoutError(f"--beamline reads HDF5 files; {str(source)!r} is read as {fmt}.",
-                          "point at the scan's HDF5 file, or pass --format hdf5 if its suffix "
-                          "is not .h5, .hdf5, .hdf, .nxs or .nx5.")
-    if layout not in (None, "projections"):
-        raise LayoutError(f"--beamline makes the projections layout, not {layout!r}.",
-                          "drop --layout (or pass --layout projections).")
-    flags = {"hdu": "--hdu", "dims": "--dims", "arrays": "--array", "dtype": "--dtype",
-             "shape": "--shape"}
-    for name, value in refused.items():
-        if value not in (None, [], {}):
-            flag = flags.get(name, f"{name}=")
-            raise LayoutError(
-                f"{flag} does not apply to --beamline (the raw scan's paths are --dataset, "
-                "--flats, --darks and --angles).", f"drop {flag}.")
-    units = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
-    unit = units.get(angles_unit or "deg")
-    if unit is None:
-        raise LayoutError(f"--angles-unit {angles_unit!r} is not a unit of angle.",
-                          "pass --angles-unit deg or --angles-unit rad.")
-    given = parse_attrs(attrs or {})
-    geometry = {key: given.pop(key) for key in GEOMETRY_ATTRS if key in given}
-    kind = geometry.get("geometry", "parallel")
-    missing = [key for key in ("source_distance", "detector_distance") if key not in geometry]
-    if kind == "cone" and missing:
+def _layout_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
+                  detector_distance: Any, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The layout's attrs of a raw scan, refusing a missing pixel size, a cone without its
+    distances and distances that are not numbers."""
+    if detector_pixel_size is None:
+        raise LayoutError(
+            "The projections layout needs the detector pixel size, which this raw scan "
+            "does not give.",
+            "pass detector_pixel_size= the pixel pitch at the sample in metres (the camera "
+            "pixel divided by the optical magnification, e.g. 6.5e-6 / 10), one number or "
+            "[dv, du] (CLI: --attr detector_pixel_size=6.5e-7).",
+        )
+    layout_attrs: dict[str, Any] = {"geometry": geometry,
+                                    "detector_pixel_size": _pixel(detector_pixel_size)}
+    distances = {"source_distance": source_distance, "detector_distance": detector_distance}
+    missing = [key for key, value in distances.items() if value is None]
+    if geometry == "cone" and missing:
         raise LayoutError(
             f"A cone-beam scan needs source_distance and detector_distance (m, from the "
             f"rotation axis); {' and '.join(missing)} not given.",
             "pass them with --attr source_distance=M --attr detector_distance=M "
             "(attrs= in Python).")
-    for key in ("source_distance", "detector_distance"):
-        if key in geometry and (isinstance(geometry[key], bool)
-                                or not isinstance(geometry[key], int | float)):
-            raise LayoutError(f"{key}={geometry[key]!r} is not a length.",
+    for key, value in distances.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise LayoutError(f"{key}={value!r} is not a length.",
                               f"pass --attr {key}= a number of metres.")
-    darks = darks or DXCHANGE["darks"]
-    ds = read_beamline_hdf5(
-        source, data=dataset or DXCHANGE["data"], flats=flats or DXCHANGE["flats"],
-        darks=None if darks.lower() == "none" else darks, angles=angles or DXCHANGE["angles"],
-        angles_unit=unit, geometry=geometry.pop("geometry", kind),
-        attrs=given, frames_per_chunk=frames_per_chunk, **geometry,
-    )
-    return ds, validate(ds, "projections")
+        layout_attrs[key] = float(value)
+    layout_attrs.update(attrs or {})
+    return layout_attrs
+
+
+def read_nxtomo(
+    path: str | PathLike[str],
+    *,
+    dataset: str | None = None,
+    angles: str | None = None,
+    angles_unit: Literal["degree", "radian"] | None = None,
+    darks: bool = True,
+    flat_mode: str = "mean",
+    geometry: str = "parallel",
+    detector_pixel_size: float | Sequence[float] | None = None,
+    source_distance: float | None = None,
+    detector_distance: float | None = None,
+    attrs: Mapping[str, Any] | None = None,
+    eps: float = EPS,
+    frames_per_chunk: int | None = None,
+) -> xr.Dataset:
+    """The ``projections`` dataset of an NXtomo scan, normalised lazily block by block.
+
+    The frames of one dataset are told apart by ``image_key`` (``outcore.tomo.nxtomo``):
+    projections (0) are read block by block, each block only its own frames; flats (1) and
+    darks (2) are averaged per group when the dataset is made; invalid frames (3) are
+    skipped. ``flat_mode`` (``mean``, ``nearest``, ``linear``) says how the groups make the
+    flat and dark of each projection (``linear``: interpolated in time, by frame index,
+    between the groups around it). ``dataset`` picks the frames when the file holds several
+    entries; ``angles`` another angle dataset (per frame or per projection); ``darks=False``
+    takes the dark as zero. The pixel size, the detector's distance (``propagation_distance``
+    for parallel beam, ``detector_distance`` for cone) and the energy (``energy_kev``) come
+    from the file unless given here or in ``attrs``. Raises ``LayoutError`` naming the fix.
+    """
+    path = existing_path(path, "HDF5 file")
+    require("h5py")
+    if flat_mode not in nxtomo.FLAT_MODES:
+        raise LayoutError(f"flat_mode={flat_mode!r} is not one of {nxtomo.FLAT_MODES}.",
+                          "pass --flat-mode mean, nearest or linear.")
+    scan = nxtomo.read_scan(path, dataset=dataset, angles=angles, angles_unit=angles_unit,
+                            darks=darks, flat_mode=flat_mode)
+    found = dict(scan.found)
+    given = dict(attrs or {})
+    distance = found.pop("detector_distance", None)
+    if geometry == "cone":
+        detector_distance = detector_distance if detector_distance is not None else distance
+        source_distance = (source_distance if source_distance is not None
+                           else found.pop("source_distance", None))
+    elif distance is not None:
+        given.setdefault("propagation_distance", distance)
+    found.pop("source_distance", None)
+    if "energy_kev" in found:
+        given.setdefault("energy_kev", found.pop("energy_kev"))
+    pixel = detector_pixel_size if detector_pixel_size is not None else found.get(
+        "detector_pixel_size")
+    layout_attrs = _layout_attrs(geometry, pixel, source_distance, detector_distance, given)
+    radians = np.deg2rad(scan.angles) if scan.angle_unit == "degree" else scan.angles
+    return _normalised(scan.reader, scan.flats, scan.flat_weights, scan.darks,
+                       scan.dark_weights, radians, layout_attrs, eps=eps,
+                       frames_per_chunk=frames_per_chunk, flat_mode=flat_mode,
+                       counts=scan.counts)
 
 
 def memory_model(ds: xr.Dataset) -> list[TaskMemory]:
     """The task of a beamline import: read a block of raw frames and normalise it.
 
     Holds the raw block (its own dtype, ``raw_dtype``), its float32 copy and the float32
-    output, plus :data:`NORMALISE_SCRATCH_BLOCKS` float32 blocks of scratch.
+    output, plus :data:`NORMALISE_SCRATCH_BLOCKS` float32 blocks of scratch, plus
+    :data:`PER_FRAME_SCRATCH_BLOCKS` for each of the flat and the dark made per frame.
     """
     data = ds["projections"].data
+    attrs = ds["projections"].attrs
     frames = max(data.chunks[0])
     block = frames * math.prod(data.shape[1:])
-    raw = np.dtype(ds["projections"].attrs.get("raw_dtype", "float64")).itemsize
+    raw = np.dtype(attrs.get("raw_dtype", "float64")).itemsize
+    per_frame = sum(attrs.get(key, 1) > 1 for key in ("flat_groups", "dark_groups"))
+    scratch = NORMALISE_SCRATCH_BLOCKS + PER_FRAME_SCRATCH_BLOCKS * per_frame
     return [TaskMemory("read-and-normalise", tasks=len(data.chunks[0]),
                        input_bytes=block * (raw + 4), output_bytes=block * 4,
-                       transient_bytes=NORMALISE_SCRATCH_BLOCKS * block * 4,
+                       transient_bytes=scratch * block * 4,
                        read_bytes=block * raw, write_bytes=block * 4)]
 
 

@@ -35,11 +35,12 @@ from outcore import io
 from outcore.checks import at_least, choice, existing_path, positive
 from outcore.checks import shape as shape_of
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
+from outcore.io.cli import key_values
 from outcore.io.store import refuse_nonfinite
-from outcore.plan import Plan, Resources
+from outcore.plan import Plan, Resources, TaskMemory
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
-from outcore.tomo import steps
+from outcore.tomo import beamline, rawscan, steps
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
@@ -93,7 +94,9 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="projections store (.zarr)")
+    p.add_argument("--input", required=True,
+                   help="projections store (.zarr), or a raw HDF5 scan (Data Exchange or "
+                        "NXtomo), normalised on the way")
     p.add_argument("--method", default="fbp", metavar="{fbp,sirt,cgls}",
                    help="fbp (FDK for cone beam), or an iterative solver")
     p.add_argument("--iterations", type=int, default=None,
@@ -108,10 +111,15 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
                    help="volume to reconstruct (default: the store's volume_shape attr, "
                         "else the detector's field of view)")
     _block_arguments(p)
+    rawscan.add_arguments(p.add_argument_group(
+        "raw HDF5 scans as --input",
+        "normalised block by block in the reconstruction's graph, as by convert --beamline; "
+        "give the geometry the file lacks with --attr (detector_pixel_size, ...)"),
+        source_options=True)
+    steps.add_arguments(p, steps.RECONSTRUCT)
 
 
 # --- checks -----------------------------------------------------------------------------------
-    steps.add_arguments(p, steps.RECONSTRUCT)
 
 
 def check_blocks(args: argparse.Namespace) -> None:
@@ -247,7 +255,7 @@ def _check_reconstruct_options(args: argparse.Namespace) -> tuple[str, str | Non
 def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     method, window, iterations = _check_reconstruct_options(args)
     source = existing_path(args.input, "input").resolve()
-    ds = io.open(source, layout="projections")
+    ds, read_stages, scan = _projections_input(args, source)
     corrections = steps.configure(args, ds, steps.RECONSTRUCT)
     raw, ds = ds, steps.apply(corrections, ds)
     geometry = Geometry.from_attrs(ds)
@@ -270,13 +278,15 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         "resume_from": str(earlier.path) if earlier else None,
         "state": None, "corrections": steps.records(corrections),
     }
+    if scan:
+        config["beamline"] = scan
     if earlier is not None and old.get("corrections", {}) != config["corrections"]:
         raise OutcoreError("--resume needs the corrections of the earlier run "
                            f"({old.get('corrections', {})}), not {config['corrections']}.",
                            "pass the earlier run's correction options, or start a new run.")
     held: dict[str, Projector] = {}
     stored = raw["projections"]
-    corrected = steps.memory(corrections, raw)
+    corrected = read_stages + steps.memory(corrections, raw)
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -327,6 +337,23 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
                measure=measure if method == "fbp" else None,
                device_fixes=["pass a smaller --slab / --views-per-block"])
+
+
+def _projections_input(args: argparse.Namespace, source: Path
+                       ) -> tuple[xr.Dataset, list[TaskMemory], dict[str, Any] | None]:
+    """The projections of ``--input``, the plan stages of reading them, and the raw-scan
+    options given: a store opened as it is, or a raw HDF5 scan normalised lazily (its
+    options refused for a store)."""
+    options = rawscan.given(args, source_options=True)
+    if not rawscan.is_raw_scan(source):
+        rawscan.refuse(options, f"{str(source)!r} is a projections store",
+                       "drop {flag}, or pass --input the raw HDF5 scan.")
+        return io.open(source, layout="projections"), [], None
+    attrs = options.get("attr")
+    read = {**options, "attrs": key_values(attrs, "--attr") if attrs else None}
+    read.pop("attr", None)
+    ds, _ = rawscan.read_beamline_source(source, **read)
+    return ds, beamline.memory_model(ds), dict(options)
 
 
 def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: str | None,
