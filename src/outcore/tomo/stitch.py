@@ -19,11 +19,14 @@ the direct view's columns, so the axis sits ``(ceil(o) - o) / 2`` pixel off its 
 du`` (left), less than half a pixel and 0 for a whole overlap; the stored offset of the input
 (the axis as far as anyone knew) is replaced by it.
 
-Finding the overlap (``auto``): on a few pairs of opposite views, the zero-mean normalised
-cross-correlation of the direct view and the mirrored one, for every whole shift at once by
-FFT, then refined to a fraction of a pixel by maximising it over the spline-shifted mirror.
-This reads the few view pairs when the step is configured (before the run's plan: the
-stitched width depends on it), a small read on the client.
+Finding the overlap (``auto``): on a few pairs of opposite views (``REGISTER_PAIRS`` pairs,
+``REGISTER_ROWS`` rows each), Lin's concordance of the direct view and the mirrored one over
+the columns they share, for every whole shift at once (the products by FFT), then refined to
+a fraction of a pixel by maximising it over the spline-shifted mirror within a column of the
+best whole shift. The concordance, unlike a correlation, scores 1 only for equal values, so
+smooth profiles that merely look alike and empty air at the far edges do not pass for an
+overlap. This reads those view pairs when the step is configured (before the run's plan: the
+stitched width depends on it), a small read in the client process.
 
 Streaming: the view axis is cut so that block ``k`` of the first half and block ``k`` of the
 second hold views ``i`` and ``i + n / 2``; one task holds one pair of blocks and writes one
@@ -285,7 +288,7 @@ class Stitch:
     join: HalfAcquisition
     given: str
     found: bool
-    correlation: float | None = None
+    concordance: float | None = None
     name: str = "stitch"
 
     def apply(self, ds: xr.Dataset) -> xr.Dataset:
@@ -322,7 +325,7 @@ class Stitch:
     def record(self) -> dict[str, Any]:
         return {"half_acquisition": self.given, "overlap": round(self.join.overlap, 4),
                 "axis_side": self.join.side, "found": self.found,
-                "correlation": None if self.correlation is None else round(self.correlation, 6)}
+                "concordance": None if self.concordance is None else round(self.concordance, 6)}
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -361,8 +364,8 @@ def _configure(args: argparse.Namespace, ds: xr.Dataset) -> Stitch | None:
                            f"pixels (the detector has {nu} columns).",
                            "pass an overlap smaller than the detector, or auto.")
     if overlap is None:
-        join, correlation = find_overlap(data, side)
-        return Stitch(join, given, True, correlation)
+        join, concordance = find_overlap(data, side)
+        return Stitch(join, given, True, concordance)
     if side is None:
         left, right = (side_score(data, overlap, s) for s in SIDES)
         side = "right" if right >= left else "left"
