@@ -216,6 +216,15 @@ def test_parker_weighted_short_scan_fdk_matches_the_full_turn(cone_scans, monkey
     assert _mid_plane_error(fbp(data, projector).compute(), reference) > 0.1
 
 
+def test_parker_weights_follow_the_sense_of_rotation(cone_scans):
+    reference, projector, _ = cone_scans
+    geometry = projector.geometry
+    backwards = Projector(geometry.with_angles(-geometry.angles), projector.volume_shape,
+                          "views", 32, CONE_N)
+    data = backwards.project(ball(projector.volume_shape, 10.0, centre=(0, 4, -3)))
+    assert _mid_plane_error(fbp(data, backwards).compute(), reference) < 0.005
+
+
 def test_parker_weights_sum_to_one_over_conjugate_rays():
     arc, fan = np.pi + 0.5, np.linspace(-0.2, 0.2, 9)
     beta = np.linspace(0, arc, 301)

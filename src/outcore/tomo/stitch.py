@@ -333,7 +333,7 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
                        help="stitch a 360-degree offset-axis scan into a 180-degree one of "
                             "twice the field of view: opposite views overlap by OVERLAP "
                             "pixels, or found by registration (auto)")
-    group.add_argument("--axis-side", choices=SIDES, default=None,
+    group.add_argument("--axis-side", metavar="left|right", default=None,
                        help="the detector edge the rotation axis is near (found when not "
                             "given; with --half-acquisition)")
 
