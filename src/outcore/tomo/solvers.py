@@ -101,7 +101,8 @@ def fbp(projections: Any, projector: Projector, window: str = "ram-lak") -> da.A
 
 
 def fdk(projections: Any, projector: Projector, window: str = "ram-lak") -> da.Array:
-    """Feldkamp-Davis-Kress reconstruction of a full-turn circular cone-beam scan."""
+    """Feldkamp-Davis-Kress reconstruction of a circular cone-beam scan: a full turn, or a
+    short scan (half a turn plus the fan angle, or more) with Parker's weights."""
     g = projector.geometry
     if g.kind != "cone":
         raise ValueError("fdk needs a cone-beam geometry; use fbp for the parallel beam.")
@@ -115,8 +116,68 @@ def fdk(projections: Any, projector: Projector, window: str = "ram-lak") -> da.A
     cosine = g.source_distance / np.sqrt(g.source_distance**2 + u[None, :] ** 2
                                          + v[:, None] ** 2)
     weighted = data * cosine.astype(projector.dtype)[None]
+    view_weights = _view_weights(g.n_views)
+    arc = short_scan_arc(g)
+    if arc is not None:
+        turn = 1.0 if g.angles[-1] > g.angles[0] else -1.0  # the sense of rotation
+        fan = -turn * np.arctan(u / g.source_distance)  # Parker's fan angle of each column
+        weighted = _parker_weighted(weighted, g.angles, fan, arc)
+        view_weights = np.full(g.n_views, arc / (g.n_views - 1))
     q = filter_rows(weighted, ramp_filter(nu, du * scale, window), projector.backend)
-    return projector.weighted_backproject(q, _view_weights(g.n_views))
+    return projector.weighted_backproject(q, view_weights)
+
+
+def short_scan_arc(geometry: Any) -> float | None:
+    """The arc (radians, first view to last) of a cone-beam scan shorter than a full turn,
+    None for a full turn (``n`` views ``2 pi / n`` apart). A short scan must be evenly spaced
+    and cover half a turn plus the fan angle of the detector (ValueError otherwise)."""
+    angles = np.asarray(geometry.angles, np.float64)
+    n = angles.size
+    step = abs(float(angles[-1] - angles[0])) / max(n - 1, 1)
+    if n < 2 or n * step >= 2 * math.pi - step / 2:
+        return None
+    if not np.allclose(np.abs(np.diff(angles)), step, rtol=0, atol=1e-6 * max(step, 1e-12)):
+        raise ValueError("a cone-beam short scan (less than a full turn) needs evenly spaced "
+                         "angles for its Parker weights.")
+    arc = (n - 1) * step
+    nu = geometry.detector_shape[1]
+    du, ou = geometry.detector_pixel_size[1], geometry.detector_offset[1]
+    scale = geometry.source_distance / (geometry.source_distance + geometry.detector_distance)
+    u = ((np.arange(nu) - (nu - 1) / 2) * du + ou) * scale
+    fan = 2 * float(np.max(np.abs(np.arctan(u / geometry.source_distance))))
+    if arc < math.pi + fan - 1e-9:
+        raise ValueError(f"a cone-beam short scan needs 180 degrees plus the fan angle "
+                         f"({math.degrees(math.pi + fan):.2f} degrees) of views; this one "
+                         f"covers {math.degrees(arc):.2f}.")
+    return arc
+
+
+def parker_weights(beta: np.ndarray, fan: np.ndarray, arc: float) -> np.ndarray:
+    """Parker's (1982) short-scan weights ``(view, column)``, generalised to an arc longer
+    than the minimum: ``beta (view,)`` the angle from the first view, ``fan (column,)`` each
+    column's fan angle (signed so that the ray ``(beta, fan)`` is measured again at
+    ``(beta + pi + 2 fan, -fan)``), ``arc = pi + 2 delta`` with ``delta`` at least the largest
+    ``|fan|``. Each pair of conjugate rays sums to 1; rays seen once weigh 1."""
+    delta = (arc - math.pi) / 2
+    b, g = np.asarray(beta, np.float64)[:, None], np.asarray(fan, np.float64)[None, :]
+    rise, fall = delta - g, delta + g
+    w = np.ones(np.broadcast_shapes(b.shape, g.shape))
+    start = b < 2 * rise
+    w = np.where(start, np.sin(np.pi / 4 * b / np.where(rise > 0, rise, 1)) ** 2, w)
+    end = b > math.pi - 2 * g
+    return np.where(end, np.sin(np.pi / 4 * (arc - b) / np.where(fall > 0, fall, 1)) ** 2, w)
+
+
+def _parker_weighted(projections: da.Array, angles: np.ndarray, fan: np.ndarray, arc: float
+                     ) -> da.Array:
+    """``projections (view, v, u)`` times Parker's weights, block by block."""
+    beta = np.abs(np.asarray(angles, np.float64) - float(angles[0]))
+
+    def block(x: np.ndarray, block_info: dict | None = None) -> np.ndarray:
+        (v0, v1), _, (u0, u1) = block_info[0]["array-location"]
+        return x * parker_weights(beta[v0:v1], fan[u0:u1], arc).astype(x.dtype)[:, None, :]
+
+    return projections.map_blocks(block, dtype=projections.dtype)
 
 
 def _view_weights(n_views: int) -> np.ndarray:

@@ -58,8 +58,11 @@ class Step:
     verbs: frozenset[str] = frozenset({RECONSTRUCT, CONVERT})
 
 
+# the step modules import Step from here, so they are imported once it is defined
+from outcore.tomo import stitch  # noqa: E402
+
 #: The steps in the order they are applied.
-STEPS: tuple[Step, ...] = ()
+STEPS: tuple[Step, ...] = (stitch.STEP,)
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
