@@ -26,8 +26,6 @@ import pytest
 import xarray as xr
 
 from outcore.errors import OutcoreError
-
-# steps before stitch: the step modules import steps, which imports them after its Step
 from outcore.tomo import Geometry, Projector, ball, fbp, scan_for, solvers, steps, stitch
 from outcore.tomo.stitch import HalfAcquisition
 

@@ -15,51 +15,17 @@ in either and its options are checked once.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import xarray as xr
 
 from outcore.plan import TaskMemory
+from outcore.tomo import stitch
+from outcore.tomo.correction import CONVERT, RECONSTRUCT, Correction, Step
 
-#: The verbs that apply corrections (a step names those it serves).
-RECONSTRUCT = "tomo reconstruct"
-CONVERT = "convert"
-
-
-class Correction(Protocol):
-    """One configured correction of a ``projections`` dataset."""
-
-    name: str
-
-    def apply(self, ds: xr.Dataset) -> xr.Dataset:
-        """The corrected dataset, lazy (same layout; its shape, angles or attrs may change)."""
-        ...
-
-    def memory(self, ds: xr.Dataset) -> list[TaskMemory]:
-        """The tasks the correction adds to a graph on ``ds`` (its input), for the plan."""
-        ...
-
-    def record(self) -> dict[str, Any]:
-        """What the run records of it (options and anything found), JSON-ready."""
-        ...
-
-
-@dataclass(frozen=True)
-class Step:
-    """A correction as the verbs see it: its options and the check that configures it."""
-
-    name: str
-    add_arguments: Callable[[argparse._ArgumentGroup], None]
-    configure: Callable[[argparse.Namespace, xr.Dataset], Correction | None]
-    options: tuple[str, ...]
-    """The ``argparse`` destinations of its options (each defaults to None)."""
-    verbs: frozenset[str] = frozenset({RECONSTRUCT, CONVERT})
-
-
-# the step modules import Step from here, so they are imported once it is defined
-from outcore.tomo import stitch  # noqa: E402
+__all__ = ["CONVERT", "RECONSTRUCT", "STEPS", "Correction", "Step", "add_arguments",
+           "apply", "configure", "memory", "records", "requested"]
 
 #: The steps in the order they are applied.
 STEPS: tuple[Step, ...] = (stitch.STEP,)

@@ -47,7 +47,7 @@ import xarray as xr
 
 from outcore.errors import OutcoreError
 from outcore.plan import TaskMemory
-from outcore.tomo import steps
+from outcore.tomo.correction import Step
 from outcore.tomo.geometry import Geometry
 
 SIDES: tuple[str, ...] = ("left", "right")
@@ -381,4 +381,4 @@ def side_score(projections: da.Array, overlap: float, side: str) -> float:
     return _scorer(direct, opposite[:, ::-1], shift, shift)(shift)
 
 
-STEP = steps.Step("stitch", _add_arguments, _configure, options=("half_acquisition", "axis_side"))
+STEP = Step("stitch", _add_arguments, _configure, options=("half_acquisition", "axis_side"))
