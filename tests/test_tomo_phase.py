@@ -133,6 +133,18 @@ def test_dask_path_matches_a_numpy_twin(stack):
     np.testing.assert_allclose(lazy.compute(), _twin(stack, z, pad[0]), rtol=0, atol=2e-6)
 
 
+@pytest.mark.gpu
+def test_gpu_twin_equals_cpu(stack):
+    import cupy
+
+    pad = phase.pads(DELTA / BETA, ENERGY, 0.05, (PIXEL, PIXEL))
+    on_gpu = phase.filter_frames(cupy.asarray(stack), pad=pad, **options(0.05))
+    assert isinstance(on_gpu, cupy.ndarray) and on_gpu.dtype == np.float32
+    np.testing.assert_allclose(cupy.asnumpy(on_gpu),
+                               phase.filter_frames(stack, pad=pad, **options(0.05)),
+                               rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("pad_mode", ["edge", "symmetric"])
 def test_chunking_v_and_u_does_not_change_the_answer(stack, pad_mode):
     z = 0.005  # pad 66 pixels: halos about as wide as the 70 x 80 chunks
@@ -235,6 +247,17 @@ def test_options_override_the_store_attrs_and_are_recorded():
     assert record["delta_beta"] == 800.0 and record["wavelength"] == pytest.approx(LAMBDA)
     out = given.apply(ds)  # lazy: the poisoned stack is not computed
     assert out.attrs["paganin_delta_beta"] == 800.0 and out.attrs["energy_kev"] == 20.0
+
+
+def test_reconstruct_refuses_paganin_without_a_distance(tmp_path, capsys):
+    store = tmp_path / "scan.zarr"
+    outcore.save(_dataset(np.zeros((4, 16, 16), np.float32), energy_kev=ENERGY), store,
+                 layout="projections")
+    assert main(["tomo", "reconstruct", "--input", str(store), "--paganin", "1000", *COMMON,
+                 "--output-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "--propagation-distance" in err and "Fix:" in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_reconstruct_with_paganin_end_to_end(tmp_path):
