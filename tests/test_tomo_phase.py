@@ -160,6 +160,8 @@ def test_chunking_v_and_u_does_not_change_the_answer(stack, pad_mode):
     expected = whole.compute()
     np.testing.assert_allclose(rechunked.compute(), expected, rtol=0, atol=1e-6)
     np.testing.assert_allclose(halos.compute(), expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="pad_mode"):
+        phase.paganin(chunked, pad_mode="wrap", **options(z))
 
 
 def test_memory_model_bounds_tracemalloc():

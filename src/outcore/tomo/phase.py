@@ -144,6 +144,8 @@ def paganin(projections: da.Array, *, delta_beta: float, energy_kev: float, dist
     ``whole_frame_bytes`` (re-chunked to whole frames, about as many bytes a chunk as the
     store's); else halo blocks by ``map_overlap`` with the pad width as depth.
     """
+    if pad_mode not in PAD_MODES:
+        raise ValueError(f"pad_mode={pad_mode!r} is not one of {', '.join(PAD_MODES)}.")
     options = dict(delta_beta=delta_beta, energy_kev=energy_kev, distance=distance,
                    pixel=pixel, pad_mode=pad_mode)
     pad = pads(delta_beta, energy_kev, distance, pixel)
