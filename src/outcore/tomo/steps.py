@@ -6,8 +6,8 @@ of a 360-degree scan, ring removal filters each sinogram. Each correction's modu
 :class:`Step`: the command-line options it adds and ``configure``, which checks those options
 against the dataset before any compute (raising a one-line ``OutcoreError`` that names the
 fix) and returns the configured :class:`Correction`, or None when the options do not ask for
-it. :data:`STEPS` holds the steps in the order they are applied, the physical one; both
-``outcore tomo reconstruct`` and ``outcore convert --beamline`` go through
+it. :data:`STEPS` (``_steps()``) holds the steps in the order they are applied, the
+physical one; both ``outcore tomo reconstruct`` and ``outcore convert --beamline`` go through
 :func:`add_arguments`, :func:`configure` and :func:`apply`, so a correction behaves the same
 in either and its options are checked once.
 """
@@ -58,13 +58,23 @@ class Step:
     verbs: frozenset[str] = frozenset({RECONSTRUCT, CONVERT})
 
 
-#: The steps in the order they are applied.
-STEPS: tuple[Step, ...] = ()
+def _steps() -> tuple[Step, ...]:
+    """The steps in the order they are applied (``STEPS``). Imported on first use: each step
+    module imports ``Step`` from here, and may be imported first."""
+    from outcore.tomo import rings
+
+    return (rings.STEP,)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "STEPS":
+        return _steps()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
     """Add the options of every step that serves ``verb`` in one group of ``parser``."""
-    chosen = [step for step in STEPS if verb in step.verbs]
+    chosen = [step for step in _steps() if verb in step.verbs]
     if chosen:
         group = parser.add_argument_group("corrections of the projections (applied in order: "
                                           + ", ".join(step.name for step in chosen) + ")")
@@ -74,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
 
 def requested(args: argparse.Namespace, verb: str) -> list[str]:
     """The options of ``verb``'s steps given in ``args``, as flags (``--rings``)."""
-    return ["--" + dest.replace("_", "-") for step in STEPS if verb in step.verbs
+    return ["--" + dest.replace("_", "-") for step in _steps() if verb in step.verbs
             for dest in step.options if getattr(args, dest, None) is not None]
 
 
@@ -85,7 +95,7 @@ def configure(args: argparse.Namespace, ds: xr.Dataset, verb: str) -> list[Corre
     the shape and attrs it will be applied to.
     """
     corrections: list[Correction] = []
-    for step in STEPS:
+    for step in _steps():
         if verb not in step.verbs:
             continue
         correction = step.configure(args, ds)
