@@ -204,9 +204,9 @@ def test_the_plan_of_a_scan_larger_than_the_workers_fits_under_a_small_limit():
         assert plan.fits, plan.table()
         assert 1 <= correction.rows < 512
         names = [s.name for s in stages]
-        assert "rings-filter" in names and any(n.startswith("reslice-to-sinograms") for n in
+        assert "rings-filter" in names and any(n.startswith("to-sinograms") for n in
                                                names)
-        assert any(n.startswith("reslice-to-projections") for n in names)
+        assert any(n.startswith("to-projections") for n in names)
         # twice the rows no longer fit: the rows are the most the limit allows
         bigger = rings.RingRemoval(method, correction.params, 2 * correction.rows)
         assert not Plan(bigger.memory(ds), workers=2, memory_limit=limit,

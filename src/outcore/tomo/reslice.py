@@ -104,8 +104,8 @@ def round_trip_stages(chunks: Chunks, shape: Sequence[int], rows: int,
                       itemsize: int) -> tuple[list[TaskMemory], list[TaskMemory]]:
     """The stages of re-slicing ``chunks`` to sinograms of ``rows`` rows and of coming back."""
     sinograms = sinogram_chunks(shape, rows)
-    return (stages(chunks, sinograms, itemsize, "reslice-to-sinograms"),
-            stages(sinograms, chunks, itemsize, "reslice-to-projections"))
+    return (stages(chunks, sinograms, itemsize, "to-sinograms"),
+            stages(sinograms, chunks, itemsize, "to-projections"))
 
 
 def candidate_rows(nv: int) -> list[int]:
