@@ -250,3 +250,46 @@ def test_the_step_is_wired_into_both_verbs():
         ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
         (correction,) = steps.configure(args, ds, verb)
         assert steps.records([correction])["rings"]["size"] == 5
+
+
+def test_both_verbs_apply_the_step_as_its_numpy_twin(tmp_path):
+    """convert --beamline --rings writes the filtered -log(T); tomo reconstruct --rings
+    reconstructs the filtered scan (the FBP of that store without --rings)."""
+    from outcore import io
+    from outcore.cli import main
+    from outcore.runs import load_summary
+
+    h5py = pytest.importorskip("h5py")
+    rng = np.random.default_rng(5)
+    line = rng.random((48, 3, 40)).astype(np.float32)  # line integrals (view, v, u)
+    gains = rng.uniform(0.98, 1.02, (3, 40))
+    with h5py.File(tmp_path / "raw.h5", "w") as f:
+        f["/exchange/data"] = (4000.0 * gains * np.exp(-line)).astype(np.float32)
+        f["/exchange/data_white"] = np.full((2, 3, 40), 4000.0, np.float32)
+        f["/exchange/data_dark"] = np.zeros((2, 3, 40), np.float32)
+        f["/exchange/theta"] = np.linspace(0, 180, 48, endpoint=False)
+    common = ["--cluster", "threads", "--workers", "2", "--no-progress",
+              "--output-dir", str(tmp_path / "runs")]
+    assert main(["convert", str(tmp_path / "raw.h5"), str(tmp_path / "rings.zarr"),
+                 "--beamline", "--attr", "detector_pixel_size=1.0", "--frames-per-chunk", "8",
+                 "--rings", "fft", "--rings-size", "9", *common, "--name", "convert"]) == 0
+    got = io.open(tmp_path / "rings.zarr", layout="projections")["projections"].values
+    ringed = (line - np.log(gains)[None]).astype(np.float32)
+    want = rings.filter_block(ringed, "fft", {"size": 9, "sigma": 1.0})
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)  # float32 normalisation
+    corrections = load_summary(tmp_path / "runs" / "convert")["config"]["corrections"]
+    assert corrections == {"rings": {"method": "fft", "size": 9, "sigma": 1.0,
+                                     "rows_per_chunk": 3}}
+    # reconstructing the raw-normalised store with --rings == reconstructing the filtered one
+    assert main(["convert", str(tmp_path / "raw.h5"), str(tmp_path / "plain.zarr"),
+                 "--beamline", "--attr", "detector_pixel_size=1.0", *common,
+                 "--name", "plain"]) == 0
+    volumes = []
+    for name, store, options in (("with", "plain.zarr", ["--rings", "fft", "--rings-size", "9"]),
+                                 ("filtered", "rings.zarr", [])):
+        assert main(["tomo", "reconstruct", "--input", str(tmp_path / store), *options,
+                     *common, "--name", name]) == 0
+        volumes.append(io.open(tmp_path / "runs" / name / "volume.zarr",
+                               layout="volume")["volume"].values)
+    np.testing.assert_allclose(volumes[0], volumes[1], rtol=0,
+                               atol=1e-4 * np.abs(volumes[1]).max())
