@@ -87,8 +87,7 @@ def remove_stripes_fft(sinogram: np.ndarray, size: int, sigma: float) -> np.ndar
     mirrored = np.concatenate([sinogram, sinogram[::-1]], axis=0).astype(np.float64)
     spectrum = fft.rfft2(mirrored)
     keep = np.exp(-((size * fft.rfftfreq(nu)) ** 2) / 2)  # low column frequencies kept
-    stripes = np.exp(-(np.fft.fftfreq(2 * n_views, 1.0 / (2 * n_views)) ** 2)
-                     / (2 * sigma**2))
+    stripes = 1 - _damping(2 * n_views, sigma)  # view frequencies near 0
     spectrum *= 1 - stripes[:, None] * (1 - keep[None, :])
     return fft.irfft2(spectrum, s=mirrored.shape)[:n_views].astype(sinogram.dtype)
 
@@ -161,7 +160,7 @@ class RingRemoval:
         data = ds["projections"].data
         sinograms = reslice.to_sinograms(data, self.rows)
         filtered = sinograms.map_blocks(filter_block, self.method, self.params,
-                                        dtype=data.dtype, name="rings-filter")
+                                        dtype=data.dtype, token="rings-filter")
         out = ds.copy()
         out["projections"] = (ds["projections"].dims,
                               reslice.to_projections(filtered, data.chunks),
