@@ -21,14 +21,14 @@ from typing import Any
 import xarray as xr
 
 from outcore.plan import TaskMemory
-from outcore.tomo import phase, stitch
+from outcore.tomo import phase, rings, stitch
 from outcore.tomo.correction import CONVERT, RECONSTRUCT, Correction, Step
 
 __all__ = ["CONVERT", "RECONSTRUCT", "STEPS", "Correction", "Step", "add_arguments",
            "apply", "configure", "memory", "records", "requested"]
 
 #: The steps in the order they are applied.
-STEPS: tuple[Step, ...] = (phase.STEP, stitch.STEP)
+STEPS: tuple[Step, ...] = (phase.STEP, stitch.STEP, rings.STEP)
 
 
 def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
