@@ -39,7 +39,8 @@ from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
-from outcore.tomo import steps
+from outcore.tomo import center_cli, steps
+from outcore.tomo.center import center_of, find_center, sample_rows
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
@@ -107,6 +108,7 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--volume-shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
                    help="volume to reconstruct (default: the store's volume_shape attr, "
                         "else the detector's field of view)")
+    center_cli.add_center_option(p)
     _block_arguments(p)
 
 
@@ -251,6 +253,9 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     corrections = steps.configure(args, ds, steps.RECONSTRUCT)
     raw, ds = ds, steps.apply(corrections, ds)
     geometry = Geometry.from_attrs(ds)
+    center = center_cli.wanted_center(args.center, geometry)
+    if isinstance(center, float):
+        geometry = center_cli.with_center(geometry, center)
     earlier = None
     if args.resume:
         earlier = earlier_run(args.resume_from, method, source, iterations)
@@ -262,13 +267,14 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     partition = _same(args.partition, old.get("partition"), "--partition") or "views"
     views = _same(args.views_per_block, old.get("views_per_block"), "--views-per-block")
     slab = _same(args.slab, old.get("slab"), "--slab")
+    center = _same(center, old.get("center"), "--center")
     _check_volume(geometry, shape, "give a smaller --volume-shape (the store's voxel_size "
                   "attr sets the voxel).")
     config: dict[str, Any] = {
         "input": str(source), "method": method, "window": window, "iterations": iterations,
         "checkpoint_every": args.checkpoint_every, "volume_shape": list(shape),
         "resume_from": str(earlier.path) if earlier else None,
-        "state": None, "corrections": steps.records(corrections),
+        "state": None, "corrections": steps.records(corrections), "center": center,
     }
     if earlier is not None and old.get("corrections", {}) != config["corrections"]:
         raise OutcoreError("--resume needs the corrections of the earlier run "
@@ -277,6 +283,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     held: dict[str, Projector] = {}
     stored = raw["projections"]
     corrected = steps.memory(corrections, raw)
+    if center == center_cli.AUTO:
+        corrected += center_cli.center_stages(ds, len(center_rows(geometry)))
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -298,17 +306,24 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                            extra=corrected)
 
     def execute(run: Run, client: distributed.Client) -> None:
+        if center == center_cli.AUTO:
+            held["projector"] = _find_center(run, client, ds, held["projector"], source)
         projector = held["projector"]
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
             volume, found = _solve(run, projector, ds, method, window, iterations,
                                    config["checkpoint_every"], earlier, config["state"])
+            offset = projector.geometry.detector_offset
             ds_out = volume_dataset(volume, geometry.voxel_size, method=method,
                                     source=config["input"], window=window,
+                                    detector_offset=list(offset),
+                                    center=center_of_geometry(projector.geometry),
                                     iterations=iterations if method in ITERATIVE else None)
             io.save(ds_out, out, layout="volume")
         seconds = run.record["timings_s"]["reconstruct"]
         passes = found.pop("projector_passes")
+        run.metric(center=round(center_of_geometry(projector.geometry), 4),
+                   detector_offset=list(offset))
         run.metric(method=method, volume_shape=list(shape), views=geometry.n_views,
                    seconds=seconds, projector_passes=passes,
                    gups=round(math.prod(shape) * geometry.n_views * passes / seconds / 1e9, 6),
@@ -327,6 +342,36 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
                measure=measure if method == "fbp" else None,
                device_fixes=["pass a smaller --slab / --views-per-block"])
+
+
+def center_rows(geometry: Geometry) -> list[int]:
+    """The rows ``--center auto`` searches."""
+    return sample_rows(geometry.detector_shape[0])
+
+
+def center_of_geometry(geometry: Geometry) -> float:
+    """The axis column of ``geometry`` in pixels."""
+    return center_of(geometry.detector_offset[1], geometry.detector_shape[1],
+                     geometry.detector_pixel_size[1])
+
+
+def _find_center(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Projector,
+                 source: Path) -> Projector:
+    """``--center auto``: the centre found on the corrected projections (recorded in the
+    run's ``center.json`` and metrics) and the projector rebuilt, same blocks, around it."""
+    geometry = projector.geometry
+    out = run.add_output(center_cli.CENTER_JSON)
+    with run.timing("center"):
+        found = find_center(ds["projections"].data, geometry.angles, client,
+                            center_rows(geometry))
+    out.write_text(json.dumps(center_cli.center_record(found, geometry, str(source)),
+                              indent=2))
+    run.metric(**center_cli.center_metrics(found, geometry))
+    print(center_cli.describe(found), flush=True)
+    return Projector(center_cli.with_center(geometry, found.center), projector.volume_shape,
+                     projector.partition, projector.views_per_block, projector.slab,
+                     split_every=projector.split_every, backend=projector.backend,
+                     dtype=projector.dtype)
 
 
 def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: str | None,
@@ -388,6 +433,7 @@ def write_slices(run: Run, volume_path: Path, title: str) -> None:
 
 
 VERBS = [
+    center_cli.VERB,
     Verb("tomo simulate", "project a phantom over a parallel or cone-beam scan into a "
          "projections store", simulate_arguments, make_simulate_job),
     Verb("tomo reconstruct", "reconstruct a volume from a projections store (FBP/FDK, SIRT, "
