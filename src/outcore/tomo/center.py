@@ -44,13 +44,14 @@ Method = Literal["vo", "opposite"]
 METHODS: tuple[str, ...] = ("auto", "vo", "opposite")
 #: Rows sampled along v when none are given.
 DEFAULT_ROWS = 5
-#: Vo's metric: the object's radius as a fraction of the detector's half width.
-RATIO = 0.5
+#: Vo's metric: the object's radius as a fraction of the detector's half width (1: it may
+#: fill the field of view; smaller ratios bias the centre of a large object).
+RATIO = 1.0
 #: Coarse search: binned to at most this many columns and views.
-COARSE_COLUMNS = 256
-COARSE_VIEWS = 512
+COARSE_COLUMNS = 128
+COARSE_VIEWS = 360
 #: Fine stage: views decimated to at most this many.
-FINE_VIEWS = 1440
+FINE_VIEWS = 4000
 #: A clear Vo minimum is this far below the median of the coarse curve (fraction of it).
 VO_CONTRAST = 0.2
 #: A clear registration: the opposite views' correlation coefficient at the found shift.
@@ -135,10 +136,12 @@ class _Mirror:
 
 def _wedge(n_views: int, nu: int, ratio: float) -> np.ndarray:
     """Mask of the double wedge of a full-turn sinogram of ``2 n_views`` views, on the
-    ``rfft2`` grid: ``|p| > pi * ratio * q`` with ``q >= 2`` (column sums left out)."""
+    ``rfft2`` grid: ``|p| > pi * ratio * q`` with ``2 <= q <= n_views / pi`` (column sums
+    left out, and the frequencies whose wedge the views undersample, where an object filling
+    the detector aliases in angle)."""
     p = np.abs(sfft.fftfreq(2 * n_views) * 2 * n_views)[:, None]
     q = (sfft.rfftfreq(nu) * nu)[None, :]
-    return (p > np.pi * ratio * q) & (q >= 2)
+    return (p > np.pi * ratio * q) & (q >= 2) & (q <= n_views / np.pi)
 
 
 def _vo_metric(sinogram: np.ndarray, mirror: _Mirror, mask: np.ndarray, center: float) -> float:

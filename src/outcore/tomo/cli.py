@@ -433,12 +433,12 @@ def write_slices(run: Run, volume_path: Path, title: str) -> None:
 
 
 VERBS = [
-    center_cli.VERB,
     Verb("tomo simulate", "project a phantom over a parallel or cone-beam scan into a "
          "projections store", simulate_arguments, make_simulate_job),
     Verb("tomo reconstruct", "reconstruct a volume from a projections store (FBP/FDK, SIRT, "
          "CGLS) into a run directory", reconstruct_arguments, make_reconstruct_job,
          tunable=TUNABLE),
+    center_cli.VERB,
 ]
 DEMO = DemoStage("--tomo-size", 48,
                  "edge of the phantom volume reconstructed by FBP at the end", run_stage)
