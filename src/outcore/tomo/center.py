@@ -12,9 +12,10 @@ Two methods, chosen by the scan's angular span:
   turn. At the right centre that full-turn sinogram is a real one, whose 2-D spectrum is
   nearly empty in the double wedge ``|p| > pi * ratio * |q|`` (angular harmonic ``p``,
   detector frequency index ``q``, object within ``ratio`` of the half-width); a wrong centre
-  breaks it at the joins and fills the wedge. A coarse search on a binned sinogram over half
-  pixels is followed by a bounded scalar minimisation at full resolution (the mirror is
-  shifted in Fourier space, so ``c`` is continuous).
+  breaks it at the joins and fills the wedge (its energy there, weighed by ``1 / q^2``). A
+  coarse search on a binned sinogram over half pixels is followed by a bounded scalar
+  minimisation at full resolution (the mirror is shifted in Fourier space, so ``c`` is
+  continuous).
 - ``opposite`` (full-turn scans): registration of opposite projections. Each view at
   ``theta`` is paired with the view at ``theta + pi`` flipped along u, which is the first one
   shifted by ``d = 2 c - (nu - 1)``; the cross-power spectra of all pairs are summed, the
@@ -135,20 +136,23 @@ class _Mirror:
 
 
 def _wedge(n_views: int, nu: int, ratio: float) -> np.ndarray:
-    """Mask of the double wedge of a full-turn sinogram of ``2 n_views`` views, on the
-    ``rfft2`` grid: ``|p| > pi * ratio * q`` with ``2 <= q <= n_views / pi`` (column sums
-    left out, and the frequencies whose wedge the views undersample, where an object filling
-    the detector aliases in angle)."""
+    """Weights of the double wedge of a full-turn sinogram of ``2 n_views`` views, on the
+    ``rfft2`` grid: ``1 / q^2`` where ``|p| > pi * ratio * q`` and ``2 <= q <= n_views / pi``,
+    else 0. Column sums are left out, and so are the frequencies whose wedge the views
+    undersample (an object filling the detector aliases there in angle); ``1 / q^2`` weighs a
+    shift error's join (its energy falls with q) against the noise (flat in q)."""
     p = np.abs(sfft.fftfreq(2 * n_views) * 2 * n_views)[:, None]
     q = (sfft.rfftfreq(nu) * nu)[None, :]
-    return (p > np.pi * ratio * q) & (q >= 2) & (q <= n_views / np.pi)
+    inside = (p > np.pi * ratio * q) & (q >= 2) & (q <= n_views / np.pi)
+    return np.where(inside, 1 / np.maximum(q, 1) ** 2, 0.0)
 
 
-def _vo_metric(sinogram: np.ndarray, mirror: _Mirror, mask: np.ndarray, center: float) -> float:
-    """Energy of the full-turn sinogram of ``center`` in the wedge, per unit of total."""
+def _vo_metric(sinogram: np.ndarray, mirror: _Mirror, wedge: np.ndarray, center: float) -> float:
+    """Weighted energy of the full-turn sinogram of ``center`` in the wedge, per unit of its
+    total energy."""
     full = np.concatenate([sinogram, mirror.about(center)])
     power = np.abs(sfft.rfft2(full)) ** 2
-    return float(power[mask].sum() / power.sum())
+    return float((power * wedge).sum() / power.sum())
 
 
 def _bin(sinogram: np.ndarray, columns: int, views: int) -> tuple[np.ndarray, int]:
@@ -175,15 +179,15 @@ def center_vo(sinogram: np.ndarray, radius: float | None = None,
     centre_b = (nb - 1) / 2
     trials = np.arange(-math.floor(2 * radius / b), math.floor(2 * radius / b) + 1) / 2
     mirror = _Mirror(coarse, math.ceil(2 * radius / b) + 2)
-    mask = _wedge(coarse.shape[0], nb, ratio)
-    curve = np.array([_vo_metric(coarse, mirror, mask, centre_b + t) for t in trials])
+    wedge = _wedge(coarse.shape[0], nb, ratio)
+    curve = np.array([_vo_metric(coarse, mirror, wedge, centre_b + t) for t in trials])
     best = int(np.argmin(curve))
     contrast = 0.0 if best in (0, len(trials) - 1) else 1 - curve[best] / np.median(curve)
     rough = (centre_b + trials[best]) * b + (b - 1) / 2
     fine = sinogram[::max(1, math.ceil(n / FINE_VIEWS))]
     mirror = _Mirror(fine, math.ceil(2 * (radius + b)) + 2)
-    mask = _wedge(fine.shape[0], nu, ratio)
-    found = minimize_scalar(lambda c: _vo_metric(fine, mirror, mask, c),
+    wedge = _wedge(fine.shape[0], nu, ratio)
+    found = minimize_scalar(lambda c: _vo_metric(fine, mirror, wedge, c),
                             bounds=(rough - b, rough + b), method="bounded",
                             options={"xatol": 1e-3})
     return float(found.x), float(contrast)

@@ -8,6 +8,8 @@
 ``tomo reconstruct`` reads such a store and writes into its run directory ``volume.zarr``
 (``volume`` layout, values in 1/m), ``slices.png`` (the three central slices) and, for
 ``sirt`` and ``cgls``, the solver's work directory ``work/`` (zarr vectors, ``state.json``).
+``--center VALUE`` puts the rotation axis at detector column VALUE (``detector_offset``);
+``--center auto`` finds it first on the cluster and adds ``center.json`` (see center_cli).
 ``--resume --resume-from RUN_DIR`` links the earlier run's ``work/`` into the new run
 directory and goes on from its last checkpoint, with the earlier run's blocks and partition,
 so the volume equals that of an uninterrupted run bit for bit.
