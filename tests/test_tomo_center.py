@@ -222,3 +222,17 @@ def test_centre_helpers_refuse_bad_values():
     assert centre.check_center(95.0, 96) == 95.0
     with pytest.raises(OutcoreError, match="half turn"):
         centre.scan_method(np.linspace(0, 1.0, 30))
+
+
+def test_a_cone_beam_scan_is_refused_before_compute(tmp_path, capsys):
+    geometry = Geometry.cone(np.arange(16) * np.pi / 8, (8, 24), 0.3, 0.2,
+                             detector_pixel_size=1e-3, voxel_size=1e-3)
+    store = tmp_path / "cone.zarr"
+    outcore.save(projections_dataset(da.ones(geometry.projection_shape, np.float32), geometry,
+                                     (8, 16, 16), "none"), store, layout="projections")
+    for verb in (["tomo", "center"], ["tomo", "reconstruct", "--center", "auto"]):
+        assert main([*verb, "--input", str(store), *COMMON, "--output-dir",
+                     str(tmp_path / "runs")]) != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "parallel-beam" in err[0] and "--center VALUE" in err[0]
+    assert not (tmp_path / "runs").exists()
