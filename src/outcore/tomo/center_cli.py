@@ -29,6 +29,7 @@ from outcore.runs import Run
 from outcore.tomo import center as centre
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
+from outcore.tomo.projector import Projector
 from outcore.verbs import Job, Verb
 
 CENTER_JSON = "center.json"
@@ -78,6 +79,35 @@ def with_center(geometry: Geometry, column: float) -> Geometry:
     du = geometry.detector_pixel_size[1]
     return dataclasses.replace(geometry, detector_offset=(
         geometry.detector_offset[0], centre.offset_of(column, nu, du)))
+
+
+def axis_column(geometry: Geometry) -> float:
+    """The axis column of ``geometry`` in pixels."""
+    return centre.center_of(geometry.detector_offset[1], geometry.detector_shape[1],
+                            geometry.detector_pixel_size[1])
+
+
+def center_rows(geometry: Geometry) -> list[int]:
+    """The rows ``--center auto`` searches."""
+    return centre.sample_rows(geometry.detector_shape[0])
+
+
+def find_in_run(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Projector,
+                source: Path) -> Projector:
+    """``--center auto``: the centre found on ``ds`` (the corrected projections; recorded in
+    the run's ``center.json`` and metrics) and the projector rebuilt around it, same blocks."""
+    geometry = projector.geometry
+    out = run.add_output(CENTER_JSON, verify=lambda p: json.loads(Path(p).read_text()))
+    with run.timing("center"):
+        found = centre.find_center(ds["projections"].data, geometry.angles, client,
+                                   center_rows(geometry))
+    out.write_text(json.dumps(center_record(found, geometry, str(source)), indent=2))
+    run.metric(**center_metrics(found, geometry))
+    print(describe(found), flush=True)
+    return Projector(with_center(geometry, found.center), projector.volume_shape,
+                     projector.partition, projector.views_per_block, projector.slab,
+                     split_every=projector.split_every, backend=projector.backend,
+                     dtype=projector.dtype)
 
 
 def center_stages(ds: xr.Dataset, rows: int) -> list[TaskMemory]:

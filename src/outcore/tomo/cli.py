@@ -42,7 +42,6 @@ from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
 from outcore.tomo import center_cli, steps
-from outcore.tomo.center import center_of, find_center, sample_rows
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
@@ -286,7 +285,7 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     stored = raw["projections"]
     corrected = steps.memory(corrections, raw)
     if center == center_cli.AUTO:
-        corrected += center_cli.center_stages(ds, len(center_rows(geometry)))
+        corrected += center_cli.center_stages(ds, len(center_cli.center_rows(geometry)))
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -309,7 +308,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     def execute(run: Run, client: distributed.Client) -> None:
         if center == center_cli.AUTO:
-            held["projector"] = _find_center(run, client, ds, held["projector"], source)
+            held["projector"] = center_cli.find_in_run(run, client, ds, held["projector"],
+                                                         source)
         projector = held["projector"]
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
@@ -319,12 +319,12 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
             ds_out = volume_dataset(volume, geometry.voxel_size, method=method,
                                     source=config["input"], window=window,
                                     detector_offset=list(offset),
-                                    center=center_of_geometry(projector.geometry),
+                                    center=center_cli.axis_column(projector.geometry),
                                     iterations=iterations if method in ITERATIVE else None)
             io.save(ds_out, out, layout="volume")
         seconds = run.record["timings_s"]["reconstruct"]
         passes = found.pop("projector_passes")
-        run.metric(center=round(center_of_geometry(projector.geometry), 4),
+        run.metric(center=round(center_cli.axis_column(projector.geometry), 4),
                    detector_offset=list(offset))
         run.metric(method=method, volume_shape=list(shape), views=geometry.n_views,
                    seconds=seconds, projector_passes=passes,
@@ -344,36 +344,6 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
                measure=measure if method == "fbp" else None,
                device_fixes=["pass a smaller --slab / --views-per-block"])
-
-
-def center_rows(geometry: Geometry) -> list[int]:
-    """The rows ``--center auto`` searches."""
-    return sample_rows(geometry.detector_shape[0])
-
-
-def center_of_geometry(geometry: Geometry) -> float:
-    """The axis column of ``geometry`` in pixels."""
-    return center_of(geometry.detector_offset[1], geometry.detector_shape[1],
-                     geometry.detector_pixel_size[1])
-
-
-def _find_center(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Projector,
-                 source: Path) -> Projector:
-    """``--center auto``: the centre found on the corrected projections (recorded in the
-    run's ``center.json`` and metrics) and the projector rebuilt, same blocks, around it."""
-    geometry = projector.geometry
-    out = run.add_output(center_cli.CENTER_JSON)
-    with run.timing("center"):
-        found = find_center(ds["projections"].data, geometry.angles, client,
-                            center_rows(geometry))
-    out.write_text(json.dumps(center_cli.center_record(found, geometry, str(source)),
-                              indent=2))
-    run.metric(**center_cli.center_metrics(found, geometry))
-    print(center_cli.describe(found), flush=True)
-    return Projector(center_cli.with_center(geometry, found.center), projector.volume_shape,
-                     projector.partition, projector.views_per_block, projector.slab,
-                     split_every=projector.split_every, backend=projector.backend,
-                     dtype=projector.dtype)
 
 
 def _solve(run: Run, projector: Projector, ds: xr.Dataset, method: str, window: str | None,
