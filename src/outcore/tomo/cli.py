@@ -8,6 +8,8 @@
 ``tomo reconstruct`` reads such a store and writes into its run directory ``volume.zarr``
 (``volume`` layout, values in 1/m), ``slices.png`` (the three central slices) and, for
 ``sirt`` and ``cgls``, the solver's work directory ``work/`` (zarr vectors, ``state.json``).
+``--center VALUE`` puts the rotation axis at detector column VALUE (``detector_offset``);
+``--center auto`` finds it first on the cluster and adds ``center.json`` (see center_cli).
 ``--resume --resume-from RUN_DIR`` links the earlier run's ``work/`` into the new run
 directory and goes on from its last checkpoint, with the earlier run's blocks and partition,
 so the volume equals that of an uninterrupted run bit for bit.
@@ -40,7 +42,7 @@ from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources, TaskMemory
 from outcore.progress import compute
 from outcore.runs import Run, check_png, link_tree, resumed_run
-from outcore.tomo import beamline, rawscan, steps
+from outcore.tomo import beamline, center_cli, rawscan, steps
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
@@ -110,6 +112,7 @@ def reconstruct_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--volume-shape", type=int, nargs=3, default=None, metavar=("Z", "Y", "X"),
                    help="volume to reconstruct (default: the store's volume_shape attr, "
                         "else the detector's field of view)")
+    center_cli.add_center_option(p)
     _block_arguments(p)
     rawscan.add_arguments(p.add_argument_group(
         "raw HDF5 scans as --input",
@@ -259,6 +262,9 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     corrections = steps.configure(args, ds, steps.RECONSTRUCT)
     raw, ds = ds, steps.apply(corrections, ds)
     geometry = Geometry.from_attrs(ds)
+    center = center_cli.wanted_center(args.center, geometry)
+    if isinstance(center, float):
+        geometry = center_cli.with_center(geometry, center)
     earlier = None
     if args.resume:
         earlier = earlier_run(args.resume_from, method, source, iterations)
@@ -270,13 +276,14 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     partition = _same(args.partition, old.get("partition"), "--partition") or "views"
     views = _same(args.views_per_block, old.get("views_per_block"), "--views-per-block")
     slab = _same(args.slab, old.get("slab"), "--slab")
+    center = _same(center, old.get("center"), "--center")
     _check_volume(geometry, shape, "give a smaller --volume-shape (the store's voxel_size "
                   "attr sets the voxel).")
     config: dict[str, Any] = {
         "input": str(source), "method": method, "window": window, "iterations": iterations,
         "checkpoint_every": args.checkpoint_every, "volume_shape": list(shape),
         "resume_from": str(earlier.path) if earlier else None,
-        "state": None, "corrections": steps.records(corrections),
+        "state": None, "corrections": steps.records(corrections), "center": center,
     }
     if scan:
         config["beamline"] = scan
@@ -287,6 +294,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     held: dict[str, Projector] = {}
     stored = raw["projections"]
     corrected = read_stages + steps.memory(corrections, raw)
+    if center == center_cli.AUTO:
+        corrected += center_cli.center_stages(ds, len(center_cli.center_rows(geometry)))
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -308,17 +317,25 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                            extra=corrected)
 
     def execute(run: Run, client: distributed.Client) -> None:
+        if center == center_cli.AUTO:
+            held["projector"] = center_cli.find_in_run(run, client, ds, held["projector"],
+                                                         source)
         projector = held["projector"]
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
             volume, found = _solve(run, projector, ds, method, window, iterations,
                                    config["checkpoint_every"], earlier, config["state"])
+            offset = projector.geometry.detector_offset
             ds_out = volume_dataset(volume, geometry.voxel_size, method=method,
                                     source=config["input"], window=window,
+                                    detector_offset=list(offset),
+                                    center=center_cli.axis_column(projector.geometry),
                                     iterations=iterations if method in ITERATIVE else None)
             io.save(ds_out, out, layout="volume")
         seconds = run.record["timings_s"]["reconstruct"]
         passes = found.pop("projector_passes")
+        run.metric(center=round(center_cli.axis_column(projector.geometry), 4),
+                   detector_offset=list(offset))
         run.metric(method=method, volume_shape=list(shape), views=geometry.n_views,
                    seconds=seconds, projector_passes=passes,
                    gups=round(math.prod(shape) * geometry.n_views * passes / seconds / 1e9, 6),
@@ -420,6 +437,7 @@ VERBS = [
     Verb("tomo reconstruct", "reconstruct a volume from a projections store (FBP/FDK, SIRT, "
          "CGLS) into a run directory", reconstruct_arguments, make_reconstruct_job,
          tunable=TUNABLE),
+    center_cli.VERB,
 ]
 DEMO = DemoStage("--tomo-size", 48,
                  "edge of the phantom volume reconstructed by FBP at the end", run_stage)

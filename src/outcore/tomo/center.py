@@ -1,0 +1,380 @@
+"""The rotation centre of a parallel-beam scan, found on a few sinograms, sub-pixel.
+
+The centre is the rotation axis' detector column in pixels, 0-based and fractional (the
+tomopy/algotom convention). The geometry stores it as ``detector_offset`` u: a pixel's
+centre sits at ``u = (iu - (nu - 1) / 2) * du + offset_u`` and the axis at ``u = 0``, so the
+axis column is ``c = (nu - 1) / 2 - offset_u / du`` (:func:`offset_of`, :func:`center_of`).
+
+Two methods, chosen by the scan's angular span:
+
+- ``vo`` (half-turn scans): Vo's Fourier-space metric. For a trial centre ``c`` the sinogram
+  over ``[0, pi)`` is followed by its mirror about ``c`` (the views ``theta + pi``), a full
+  turn. At the right centre that full-turn sinogram is a real one, whose 2-D spectrum is
+  nearly empty in the double wedge ``|p| > pi * ratio * |q|`` (angular harmonic ``p``,
+  detector frequency index ``q``, object within ``ratio`` of the half-width); a wrong centre
+  breaks it at the joins and fills the wedge (its energy there, weighed by ``1 / q^2``). A
+  coarse search on a binned sinogram over half pixels is followed by a bounded scalar
+  minimisation at full resolution (the mirror is shifted in Fourier space, so ``c`` is
+  continuous).
+- ``opposite`` (full-turn scans): registration of opposite projections. Each view at
+  ``theta`` is paired with the view at ``theta + pi`` flipped along u, which is the first one
+  shifted by ``d = 2 c - (nu - 1)``; the cross-power spectra of all pairs are summed, the
+  whitened (phase) correlation gives the integer peak and the correlation, evaluated at a
+  continuous shift, its sub-pixel maximum.
+
+:func:`find_center` runs one task per sampled row on the cluster (each reads one sinogram,
+``(view, u)``, never the stack), fits a tilt (centre linear in the row) and refuses a scan
+whose centre cannot be found with a one-line error that names the fix (``--center VALUE``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import dask
+import numpy as np
+from scipy import fft as sfft
+from scipy.optimize import minimize_scalar
+
+from outcore.errors import OutcoreError
+from outcore.plan import TaskMemory
+
+Method = Literal["vo", "opposite"]
+METHODS: tuple[str, ...] = ("auto", "vo", "opposite")
+#: Rows sampled along v when none are given.
+DEFAULT_ROWS = 5
+#: Vo's metric: the object's radius as a fraction of the detector's half width (1: it may
+#: fill the field of view; smaller ratios bias the centre of a large object).
+RATIO = 1.0
+#: Coarse search: binned to at most this many columns and views.
+COARSE_COLUMNS = 128
+COARSE_VIEWS = 360
+#: Fine stage: views decimated to at most this many.
+FINE_VIEWS = 4000
+#: A clear Vo minimum is this far below the median of the coarse curve (fraction of it).
+VO_CONTRAST = 0.2
+#: A clear registration: the opposite views' correlation coefficient at the found shift.
+MATCH = 0.5
+#: A tilt is reported as significant when the fit moves the centre by this many pixels over
+#: the detector's height.
+TILT_PIXELS = 0.25
+FIX = "pass the centre yourself: --center VALUE (the axis column in pixels)"
+
+
+# --- conventions ------------------------------------------------------------------------------
+
+
+def offset_of(center: float, nu: int, du: float) -> float:
+    """``detector_offset`` u (length units) that puts the axis at column ``center``."""
+    return ((nu - 1) / 2 - center) * du
+
+
+def center_of(offset_u: float, nu: int, du: float) -> float:
+    """The axis column of a detector of ``nu`` pixels of ``du`` shifted by ``offset_u``."""
+    return (nu - 1) / 2 - offset_u / du
+
+
+def check_center(center: float, nu: int, flag: str = "--center") -> float:
+    """Refuse a centre outside the detector's columns ``[0, nu - 1]``."""
+    if not math.isfinite(center) or not 0 <= center <= nu - 1:
+        raise OutcoreError(f"{flag} {center} is outside the detector (columns 0 to {nu - 1}).",
+                           f"give the axis column in pixels, 0 <= {flag} <= {nu - 1}, or "
+                           f"{flag} auto to find it.")
+    return float(center)
+
+
+def scan_method(angles: np.ndarray) -> Method:
+    """``opposite`` for a full turn, ``vo`` for a half turn (radians); refuses a shorter scan."""
+    angles = np.sort(np.asarray(angles, np.float64))
+    step = float(np.median(np.diff(angles))) if angles.size > 1 else 0.0
+    span = float(angles[-1] - angles[0]) + step
+    if angles.size >= 4 and span >= 2 * math.pi - 1.5 * step:
+        return "opposite"
+    if angles.size >= 4 and span >= math.pi - 1.5 * step:
+        return "vo"
+    raise OutcoreError(f"the scan spans {math.degrees(span):.1f} degrees over {angles.size} "
+                       "views; finding the centre needs a half turn at least.", FIX + ".")
+
+
+def sample_rows(nv: int, count: int = DEFAULT_ROWS) -> list[int]:
+    """``count`` distinct detector rows spread along v (inside its central 80 % when there
+    is room, else over all of it)."""
+    if nv <= count:
+        return list(range(nv))
+    for lo in (0.1, 0.0):
+        rows = {round(r) for r in np.linspace(lo * (nv - 1), (1 - lo) * (nv - 1), count)}
+        if len(rows) == count:
+            break
+    return sorted(rows)
+
+
+# --- Vo's method (half turn) ------------------------------------------------------------------
+
+
+class _Mirror:
+    """The sinogram mirrored about a trial centre, shifted in Fourier space.
+
+    ``sinogram (view, u)``; the flipped sinogram is padded with its edge values by ``pad``
+    columns so that a shift of up to ``pad`` does not wrap the object round."""
+
+    def __init__(self, sinogram: np.ndarray, pad: int) -> None:
+        self.nu = sinogram.shape[1]
+        self.pad = pad
+        flipped = np.pad(sinogram[:, ::-1], ((0, 0), (pad, pad)), mode="edge")
+        self.length = flipped.shape[1]
+        self.spectrum = sfft.rfft(flipped, axis=1)
+        self.k = np.arange(self.spectrum.shape[1])
+
+    def about(self, center: float) -> np.ndarray:
+        """``s(theta, 2 c - u)`` for ``u = 0 .. nu - 1``."""
+        d = 2 * center - (self.nu - 1)
+        phase = np.exp(-2j * np.pi * self.k * d / self.length)
+        shifted = sfft.irfft(self.spectrum * phase, self.length, axis=1)
+        return shifted[:, self.pad:self.pad + self.nu]
+
+
+def _wedge(n_views: int, nu: int, ratio: float) -> np.ndarray:
+    """Weights of the double wedge of a full-turn sinogram of ``2 n_views`` views, on the
+    ``rfft2`` grid: ``1 / q^2`` where ``|p| > pi * ratio * q`` and ``2 <= q <= n_views / pi``,
+    else 0. Column sums are left out, and so are the frequencies whose wedge the views
+    undersample (an object filling the detector aliases there in angle); ``1 / q^2`` weighs a
+    shift error's join (its energy falls with q) against the noise (flat in q)."""
+    p = np.abs(sfft.fftfreq(2 * n_views) * 2 * n_views)[:, None]
+    q = (sfft.rfftfreq(nu) * nu)[None, :]
+    inside = (p > np.pi * ratio * q) & (q >= 2) & (q <= n_views / np.pi)
+    return np.where(inside, 1 / np.maximum(q, 1) ** 2, 0.0)
+
+
+def _vo_metric(sinogram: np.ndarray, mirror: _Mirror, wedge: np.ndarray, center: float) -> float:
+    """Weighted energy of the full-turn sinogram of ``center`` in the wedge, per unit of its
+    total energy."""
+    full = np.concatenate([sinogram, mirror.about(center)])
+    power = np.abs(sfft.rfft2(full)) ** 2
+    return float((power * wedge).sum() / power.sum())
+
+
+def _bin(sinogram: np.ndarray, columns: int, views: int) -> tuple[np.ndarray, int]:
+    """The sinogram with its columns averaged by a factor b (to at most ``columns``) and its
+    views decimated (to at most ``views``), and b."""
+    n, nu = sinogram.shape
+    b = max(1, math.ceil(nu / columns))
+    step = max(1, math.ceil(n / views))
+    cut = sinogram[::step, :nu - nu % b]
+    return cut.reshape(cut.shape[0], -1, b).mean(axis=2), b
+
+
+def center_vo(sinogram: np.ndarray, radius: float | None = None,
+              ratio: float = RATIO) -> tuple[float, float]:
+    """Centre (column) and contrast of a half-turn ``sinogram (view, u)`` by Vo's metric.
+
+    ``radius``: pixels either side of the detector centre searched (default ``nu / 4``).
+    The contrast is ``1 - min / median`` of the coarse curve (0 when the minimum sits at the
+    edge of the search)."""
+    n, nu = sinogram.shape
+    radius = nu / 4 if radius is None else radius
+    coarse, b = _bin(sinogram, COARSE_COLUMNS, COARSE_VIEWS)
+    nb = coarse.shape[1]
+    centre_b = (nb - 1) / 2
+    trials = np.arange(-math.floor(2 * radius / b), math.floor(2 * radius / b) + 1) / 2
+    mirror = _Mirror(coarse, math.ceil(2 * radius / b) + 2)
+    wedge = _wedge(coarse.shape[0], nb, ratio)
+    curve = np.array([_vo_metric(coarse, mirror, wedge, centre_b + t) for t in trials])
+    best = int(np.argmin(curve))
+    contrast = 0.0 if best in (0, len(trials) - 1) else 1 - curve[best] / np.median(curve)
+    rough = (centre_b + trials[best]) * b + (b - 1) / 2
+    fine = sinogram[::max(1, math.ceil(n / FINE_VIEWS))]
+    mirror = _Mirror(fine, math.ceil(2 * (radius + b)) + 2)
+    wedge = _wedge(fine.shape[0], nu, ratio)
+    found = minimize_scalar(lambda c: _vo_metric(fine, mirror, wedge, c),
+                            bounds=(rough - b, rough + b), method="bounded",
+                            options={"xatol": 1e-3})
+    return float(found.x), float(contrast)
+
+
+def half_turn(sinogram: np.ndarray, angles: np.ndarray) -> np.ndarray:
+    """The views of ``sinogram (view, u)`` in the first half turn ``[theta_0, theta_0 + pi)``
+    (to within half a step), in the order of their angles (radians)."""
+    order = np.argsort(angles)
+    ordered = np.asarray(angles, np.float64)[order]
+    step = float(np.median(np.diff(ordered)))
+    return sinogram[order[ordered < ordered[0] + np.pi - 0.5 * step]]
+
+
+# --- registration of opposite projections (full turn) -----------------------------------------
+
+
+def opposite_pairs(angles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices ``(i, j)`` of the views with ``angles[j] = angles[i] + pi`` to within half a
+    step (radians)."""
+    angles = np.asarray(angles, np.float64)
+    order = np.argsort(angles)
+    ordered = angles[order]
+    step = float(np.median(np.diff(ordered)))
+    at = np.clip(np.searchsorted(ordered, ordered + np.pi), 1, len(ordered) - 1)
+    nearer = np.where(np.abs(ordered[at - 1] - ordered - np.pi)
+                      < np.abs(ordered[at] - ordered - np.pi), at - 1, at)
+    good = np.abs(ordered[nearer] - ordered - np.pi) < 0.5 * step
+    return order[good], order[nearer[good]]
+
+
+def center_opposite(sinogram: np.ndarray, angles: np.ndarray) -> tuple[float, float]:
+    """Centre (column) and match of a full-turn ``sinogram (view, u)``.
+
+    The match is the correlation coefficient of the pairs at the found shift (their means
+    left out): near 1 for a scan, near 0 for noise."""
+    nu = sinogram.shape[1]
+    first, second = opposite_pairs(angles)
+    if first.size == 0:
+        raise OutcoreError("the scan has no views half a turn apart.", FIX + ".")
+    length = sfft.next_fast_len(2 * nu)
+    pad = ((0, 0), (0, length - nu))
+    a = sfft.rfft(np.pad(sinogram[first], pad, mode="edge"), axis=1)
+    b = sfft.rfft(np.pad(sinogram[second][:, ::-1], pad, mode="edge"), axis=1)
+    a[:, 0] = b[:, 0] = 0  # the means
+    cross = (a * np.conj(b)).sum(axis=0)
+    whitened = sfft.irfft(cross / np.maximum(np.abs(cross), 1e-12 * np.abs(cross).max()
+                                             + 1e-300), length)
+    peak = int(np.argmax(whitened))
+    k = np.arange(cross.size)
+    weights = np.where(k == length // 2, 1.0, 2.0)
+
+    def correlation(s: float) -> float:
+        return -float(np.real(weights * cross * np.exp(2j * np.pi * k * s / length)).sum())
+
+    shift = peak if peak <= length // 2 else peak - length
+    found = minimize_scalar(correlation, bounds=(shift - 1, shift + 1), method="bounded",
+                            options={"xatol": 1e-3})
+    energy = math.sqrt((weights * np.abs(a) ** 2).sum() * (weights * np.abs(b) ** 2).sum())
+    match = -found.fun / energy if energy > 0 else 0.0
+    return float((found.x + nu - 1) / 2), float(match)
+
+
+# --- one row, many rows -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowCenter:
+    """The centre found on one sinogram: ``center`` in pixels (None when not found),
+    ``quality`` (Vo: contrast; opposite: match) and why it was not found."""
+
+    row: int
+    center: float | None
+    quality: float
+    problem: str | None = None
+
+
+def row_center(sinogram: np.ndarray, angles: np.ndarray, row: int, method: Method,
+               radius: float | None = None) -> RowCenter:
+    """The centre of one sinogram ``(view, u)``: a task of :func:`find_center`."""
+    sinogram = np.asarray(sinogram, np.float64)
+    if not np.isfinite(sinogram).all():
+        return RowCenter(row, None, 0.0, "non-finite values")
+    spread = float(np.ptp(sinogram))
+    if spread <= 1e-6 * max(float(np.abs(sinogram).max()), 1e-30) or spread == 0:
+        return RowCenter(row, None, 0.0, "flat sinogram (no object)")
+    if method == "vo":
+        center, quality = center_vo(half_turn(sinogram, angles), radius)
+        clear = quality >= VO_CONTRAST
+    else:
+        center, quality = center_opposite(sinogram, angles)
+        clear = quality >= MATCH
+    if not clear:
+        return RowCenter(row, None, quality, "no clear minimum" if method == "vo"
+                         else "no clear correlation peak")
+    return RowCenter(row, center, quality)
+
+
+@dataclass(frozen=True)
+class Tilt:
+    """The centre as a line in the row: ``center(v) = intercept + slope * v`` (pixels);
+    ``significant`` when it moves by ``TILT_PIXELS`` or more over the detector's height."""
+
+    slope: float
+    intercept: float
+    angle_deg: float
+    significant: bool
+
+
+@dataclass(frozen=True)
+class Center:
+    """What :func:`find_center` found: the centre at the detector's middle row (from the
+    tilt fit when there are two rows or more), the method, the rows and the fit."""
+
+    center: float
+    method: Method
+    rows: list[RowCenter]
+    ranges: list[tuple[int, int]]
+    tilt: Tilt | None
+    detector_rows: int
+    detector_columns: int
+
+    def record(self) -> dict[str, Any]:
+        """``center.json``: the centre, the method, per slice range and the tilt."""
+        found = {r.row: r for r in self.rows}
+        return {
+            "center": self.center, "method": self.method,
+            "detector_shape": [self.detector_rows, self.detector_columns],
+            "ranges": [{"rows": list(span), **asdict(found[row])}
+                       for row, span in zip(sorted(found), self.ranges, strict=True)],
+            "tilt": None if self.tilt is None else asdict(self.tilt),
+        }
+
+
+def fit_tilt(rows: list[int], centers: list[float], nv: int) -> Tilt | None:
+    """The least-squares line of the centres against their rows (None under two rows)."""
+    if len(rows) < 2:
+        return None
+    slope, intercept = np.polyfit(np.asarray(rows, np.float64), np.asarray(centers), 1)
+    return Tilt(float(slope), float(intercept), float(math.degrees(math.atan(slope))),
+                bool(abs(slope) * max(nv - 1, 1) >= TILT_PIXELS))
+
+
+def _ranges(rows: list[int], nv: int) -> list[tuple[int, int]]:
+    """The slice range each sampled row stands for: the rows nearer it than its neighbours."""
+    cuts = [0, *[(a + b + 1) // 2 for a, b in zip(rows, rows[1:], strict=False)], nv]
+    return list(zip(cuts, cuts[1:], strict=False))
+
+
+def find_center(projections: Any, angles: np.ndarray, client: Any = None,
+                rows: list[int] | None = None, method: str = "auto",
+                radius: float | None = None) -> Center:
+    """The rotation centre of ``projections (view, v, u)`` (a dask array; only the sampled
+    rows are read, one sinogram per task) over ``angles`` (radians).
+
+    ``client``: a ``distributed.Client`` to compute on (None: dask's current scheduler).
+    ``rows``: detector rows to use (default :func:`sample_rows`). ``method``: ``auto``
+    (``opposite`` for a full turn, else ``vo``), ``vo`` or ``opposite``. Raises OutcoreError
+    naming ``--center VALUE`` when no row gives a clear centre.
+    """
+    nview, nv, nu = projections.shape
+    chosen: Method = scan_method(angles) if method == "auto" else method  # type: ignore
+    if chosen == "opposite" and opposite_pairs(angles)[0].size == 0:
+        raise OutcoreError("--center-method opposite needs views half a turn apart; the scan "
+                           "has none.", "use the vo method, or " + FIX + ".")
+    rows = sample_rows(nv) if rows is None else sorted(set(rows))
+    angles = np.asarray(angles, np.float64)
+    tasks = [dask.delayed(row_center)(projections[:, row, :], angles, row, chosen, radius)
+             for row in rows]
+    if client is None:
+        found = list(dask.compute(*tasks))
+    else:
+        found = client.gather(client.compute(tasks))
+    good = [r for r in found if r.center is not None]
+    if not good:
+        problems = "; ".join(f"row {r.row}: {r.problem}" for r in found)
+        raise OutcoreError(f"the rotation centre cannot be found ({chosen} method; {problems}).",
+                           FIX + ".")
+    tilt = fit_tilt([r.row for r in good], [r.center for r in good], nv)
+    middle = (nv - 1) / 2
+    center = good[0].center if tilt is None else tilt.intercept + tilt.slope * middle
+    return Center(float(center), chosen, found, _ranges(rows, nv), tilt, nv, nu)
+
+
+def memory(n_views: int, nu: int, rows: int = DEFAULT_ROWS) -> TaskMemory:
+    """The plan's stage of :func:`find_center`: one sinogram per task, in float64, with the
+    full-turn sinogram's spectrum and the padded mirror (about 12 copies at the peak)."""
+    sinogram = n_views * nu * 8
+    return TaskMemory("find-center", rows, input_bytes=n_views * nu * 4, output_bytes=64,
+                      transient_bytes=12 * sinogram)
