@@ -221,7 +221,7 @@ def outcore_path(args: argparse.Namespace, raw: Path, truth: dict, *, center: st
     centre = (["--center", "auto"] if center == "auto" else
               ["--center", repr(truth["center"])] if given else [])
     offset = center != "auto" and not given  # the true centre as the store's attr instead
-    window = ["--window", args.window]
+    window = ["--window", args.window, "--volume-shape", *[str(args.n)] * 3]
 
     def command(run: Path) -> list[str]:
         if have["raw_input"]:
@@ -251,7 +251,7 @@ def algotom_path(args: argparse.Namespace, raw: Path, truth: dict, *, center: st
                 "auto" if center == "auto" else repr(truth["center"]),
                 "--rings", "sort" if rings else "none",
                 "--ratio", "none" if ratio is None else repr(ratio), "--window", args.window,
-                "--threads", str(args.peer_threads)]
+                "--threads", str(args.peer_threads), "--size", str(args.n)]
 
     return command, note
 

@@ -5,9 +5,10 @@
 
 A Shepp-Logan phantom ``(n, n, n)`` (``outcore.tomo.phantom``), scaled to an attenuation of
 ``--attenuation / (n * pixel)`` per metre at its peak, is projected by outcore's ``Projector``
-over ``--views`` parallel views on a half turn, onto a detector of ``n`` rows and ``n``
-columns of ``--pixel-size`` metres whose rotation axis sits at column ``(n - 1) / 2 +
-center_offset`` (0-based, fractional: the tomopy/algotom convention). outcore's geometry
+over ``--views`` parallel views on a half turn, onto a detector of ``n`` rows and ``nu = n +
+2 (ceil(|center_offset|) + 1)`` columns (the volume seen whole at every angle) of
+``--pixel-size`` metres whose rotation axis sits at column ``(nu - 1) / 2 + center_offset``
+(0-based, fractional: the tomopy/algotom convention). outcore's geometry
 puts the axis at ``u = 0`` and pixel ``iu`` at ``u = (iu - (nu - 1) / 2) * du + offset_u``, so
 the scan's ``detector_offset`` is ``-center_offset * du``. Each view block then becomes
 detector counts, streamed through ``dask.array.store`` into the HDF5 datasets, so that
@@ -103,10 +104,18 @@ def _counts(p: np.ndarray, gains: np.ndarray, *, flux: float, seed: int, phase: 
     return np.clip(counts, 0, np.iinfo(np.uint16).max).astype(np.uint16)
 
 
+def detector_width(n: int, center_offset: float) -> int:
+    """Columns that see the whole ``n``-wide volume with the axis ``center_offset`` off the
+    centre: ``n`` plus a margin of ``ceil(|offset|) + 1`` on each side (an even excess, so the
+    volume's ``n`` columns sit centred in a reconstruction ``nu`` wide)."""
+    return n + 2 * (math.ceil(abs(center_offset)) + 1)
+
+
 def geometry_for(n: int, views: int, center_offset: float, pixel: float) -> Geometry:
-    """Parallel scan: ``views`` over a half turn, ``n x n`` pixels of ``pixel`` m, the axis at
-    column ``(n - 1) / 2 + center_offset``."""
-    return Geometry.parallel(uniform_angles(views), (n, n), detector_pixel_size=pixel,
+    """Parallel scan: ``views`` over a half turn, ``n`` rows and ``detector_width`` columns of
+    ``pixel`` m, the axis at column ``(nu - 1) / 2 + center_offset``."""
+    nu = detector_width(n, center_offset)
+    return Geometry.parallel(uniform_angles(views), (n, nu), detector_pixel_size=pixel,
                              voxel_size=pixel, detector_offset=(0.0, -center_offset * pixel))
 
 
@@ -137,17 +146,19 @@ def simulate(path: Path, *, n: int, views: int, center_offset: float, gain: floa
                           memory_limit="1 GiB")
     p = projector.project(mu * shepp_logan(shape, chunks=(projector.slab, -1, -1)))
     p = p.rechunk((views_per_block, -1, -1))
-    gains = gains_for((n, n), gain, seed)
+    nu = geometry.detector_shape[1]
+    gains = gains_for((n, nu), gain, seed)
     wavelength = HC_KEV_M / energy_kev
     optics = (dict(delta_beta=delta_beta, wavelength=wavelength, distance=distance, pixel=pixel)
               if phase else None)
     counts = da.map_blocks(_counts, p, gains, flux=flux, seed=seed, phase=optics,
                            dtype=np.uint16, meta=np.empty((0, 0, 0), np.uint16))
     rng = np.random.default_rng([seed, 3])
-    flat = (rng.poisson(flux, (flats, n, n)) + rng.poisson(DARK_COUNTS, (flats, n, n))
+    frame = (n, nu)
+    flat = (rng.poisson(flux, (flats, *frame)) + rng.poisson(DARK_COUNTS, (flats, *frame))
             ).astype(np.uint16)
-    dark = rng.poisson(DARK_COUNTS, (darks, n, n)).astype(np.uint16)
-    after = (rng.poisson(flux, (flats, n, n)) + rng.poisson(DARK_COUNTS, (flats, n, n))
+    dark = rng.poisson(DARK_COUNTS, (darks, *frame)).astype(np.uint16)
+    after = (rng.poisson(flux, (flats, *frame)) + rng.poisson(DARK_COUNTS, (flats, *frame))
              ).astype(np.uint16)
     degrees = np.degrees(geometry.angles)
     t0 = time.perf_counter()
@@ -155,17 +166,18 @@ def simulate(path: Path, *, n: int, views: int, center_offset: float, gain: floa
     targets, sources, regions = [], [counts], [None]
     truth_h5 = path.with_name(path.stem + ".truth.h5")
     with h5py.File(partial, "w") as f:
-        chunks = (1, n, n)
+        chunks = (1, *frame)
         if layout == "dxchange":
-            data = f.create_dataset("/exchange/data", (views, n, n), np.uint16, chunks=chunks)
+            data = f.create_dataset("/exchange/data", (views, *frame), np.uint16,
+                                    chunks=chunks)
             f["/exchange/data_white"] = flat
             f["/exchange/data_dark"] = dark
             f["/exchange/theta"] = degrees
             regions = [None]
         else:
             total = darks + flats + views + flats
-            data = f.create_dataset("/entry/instrument/detector/data", (total, n, n), np.uint16,
-                                    chunks=chunks)
+            data = f.create_dataset("/entry/instrument/detector/data", (total, *frame),
+                                    np.uint16, chunks=chunks)
             data[:darks] = dark
             data[darks:darks + flats] = flat
             data[darks + flats + views:] = after
@@ -187,8 +199,8 @@ def simulate(path: Path, *, n: int, views: int, center_offset: float, gain: floa
         truth_file = None
         if truth_projections:
             truth_file = h5py.File(truth_h5, "w")
-            targets.append(truth_file.create_dataset("/projections", (views, n, n), np.float32,
-                                                     chunks=chunks))
+            targets.append(truth_file.create_dataset("/projections", (views, *frame),
+                                                     np.float32, chunks=chunks))
             sources.append(p)
             regions.append(None)
         try:
@@ -198,7 +210,7 @@ def simulate(path: Path, *, n: int, views: int, center_offset: float, gain: floa
             if truth_file is not None:
                 truth_file.close()
     partial.rename(path)
-    truth = {"n": n, "views": views, "center": (n - 1) / 2 + center_offset,
+    truth = {"n": n, "nu": nu, "views": views, "center": (nu - 1) / 2 + center_offset,
              "center_offset": center_offset, "detector_offset_u": -center_offset * pixel,
              "pixel_size": pixel, "mu_peak": mu, "gain_amplitude": gain, "gains": gains,
              "phase": phase, "delta_beta": delta_beta, "energy_kev": energy_kev,

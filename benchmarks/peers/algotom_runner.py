@@ -32,7 +32,8 @@ and astra only, and does what an algotom user's script does, step by step:
   threads). The volume ``(z, y, x)`` is written in outcore's orientation and units (1/m): ASTRA's
   image rows run from the largest ``y`` down (``peers/astra_runner.py``), so each slice is
   flipped along ``y``, and divided by the pixel size (``detector_pixel_size`` of the file's
-  root attrs).
+  root attrs); ``--size`` keeps the centred ``size x size`` of each ``nu x nu`` slice (the
+  volume outcore reconstructs with ``--volume-shape``).
 
 Prints one JSON line: seconds per step, the centre, the versions.
 """
@@ -130,7 +131,10 @@ def run_path(args: argparse.Namespace) -> dict:
     report["center"] = centre
     report["center_s"] = round(time.perf_counter() - t1, 4)
     pixel = pixel_size(args.raw)
-    volume = np.lib.format.open_memmap(partial_of(args.out), "w+", np.float32, (nv, nu, nu))
+    size = args.size or nu
+    cut = slice((nu - size) // 2, (nu - size) // 2 + size)  # the centred size x size
+    volume = np.lib.format.open_memmap(partial_of(args.out), "w+", np.float32,
+                                       (nv, size, size))
     rings = rec = 0.0
     for v0 in range(0, nv, args.chunk_rows):
         band = np.array(proj[:, v0:v0 + args.chunk_rows, :])
@@ -144,7 +148,8 @@ def run_path(args: argparse.Namespace) -> dict:
                                       ncore=args.threads)
         t4 = time.perf_counter()
         rings, rec = rings + t3 - t2, rec + t4 - t3
-        volume[v0:v0 + band.shape[1]] = np.moveaxis(slices, 1, 0)[:, ::-1, :] / pixel
+        image = np.moveaxis(slices, 1, 0)[:, ::-1, :][:, cut, cut]
+        volume[v0:v0 + band.shape[1]] = image / pixel
     volume.flush()
     del volume, proj
     scratch.unlink()
@@ -178,6 +183,8 @@ def main() -> int:
     path.add_argument("--window", default="hann")
     path.add_argument("--chunk-rows", type=int, default=32)
     path.add_argument("--threads", type=int, default=os.cpu_count())
+    path.add_argument("--size", type=int, default=None,
+                      help="keep the centred SIZE x SIZE of each slice (default: all)")
     args = parser.parse_args()
     if getattr(args, "out", None) is not None and args.out.exists():
         raise SystemExit(f"{args.out} exists; give a new output path")
