@@ -110,9 +110,16 @@ def missing(have: dict[str, bool], *needs: str) -> str | None:
 # --- inputs -------------------------------------------------------------------------------
 
 
+#: The scans each case reads.
+SCANS = {"fbp": ("scan",), "center": ("scan",), "rings": ("scan", "clean"),
+         "paganin": ("phase",), "path": ("phase",)}
+
+
 def make_scans(args: argparse.Namespace, folder: Path) -> dict[str, float]:
-    """``scan.h5``, ``clean.h5`` and ``phase.h5`` (see the module doc), made once."""
+    """The scans of ``args.cases`` among ``scan.h5``, ``clean.h5`` and ``phase.h5`` (see the
+    module doc), each made once."""
     prepare = {}
+    needed = {name for case in args.cases for name in SCANS[case]}
     common = dict(n=args.n, views=args.views, center_offset=args.center_offset,
                   pixel=args.pixel_size, seed=args.seed)
     for name, extra in (("scan", dict(gain=args.gain)), ("clean", dict(gain=0.0)),
@@ -120,7 +127,7 @@ def make_scans(args: argparse.Namespace, folder: Path) -> dict[str, float]:
                                        energy_kev=args.energy, distance=args.distance,
                                        truth_projections=True))):
         path = folder / f"{name}.h5"
-        if not path.exists():
+        if name in needed and not path.exists():
             truth = raw_scan.simulate(path, **common, **extra)
             prepare[f"simulate_{name}"] = round(truth["simulate_s"], 3)
     return prepare
