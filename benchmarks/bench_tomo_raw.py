@@ -325,8 +325,13 @@ def case_center(args, work, folder, have, prepare) -> None:
     raw = folder / "scan.h5"
     truth = raw_scan.load_truth(raw)
     store = folder / "proj.zarr"
-    convert_once(args, folder, raw, store, prepare, offset=False)
     base = {**scan_case(args), "true_center": truth["center"]}
+    lacks = missing(have, "center_verb")
+    if lacks and not args.peers:  # nothing to run: no store to convert
+        report("tomo-raw-center", [Contender("outcore", "outcore", base, list, dict,
+                                             note=lacks)], prepare)
+        return
+    convert_once(args, folder, raw, store, prepare, offset=False)
     error = lambda c: None if c is None else round(c - truth["center"], 4)  # noqa: E731
 
     def judge_outcore(run: Path, _: Measured) -> dict:
@@ -345,7 +350,7 @@ def case_center(args, work, folder, have, prepare) -> None:
         lambda run: [*outcore_command(), "tomo", "center", "--input", str(store),
                      *cluster_options(args), "--output-dir", str(run), "--name", "out",
                      "--no-progress"],
-        judge_outcore, note=missing(have, "center_verb"))]
+        judge_outcore, note=lacks)]
     if args.peers:
         python, note = peer_python_algotom()
         contenders.append(Contender(
