@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from outcore import backend
+from outcore import backend, cluster
 
 MPIRUN = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
 
@@ -21,3 +21,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         if item.get_closest_marker("mpi") and MPIRUN is None:
             item.add_marker(no_mpi)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster():
+    """``shared_cluster(workers=2, memory_limit=...)``: a client of a local process cluster
+    started once per test module for each (workers, memory_limit, other options) and stopped
+    when the module ends, for tests that only compute on it. Starting one costs seconds of
+    CPU (worker processes importing the stack), so tests that neither kill its workers, nor
+    read their peak memory (a lifetime high-water mark), nor need a cluster of their own share
+    it. While it runs it is dask's default scheduler in that module (as any client is)."""
+    clients: dict[tuple, object] = {}
+
+    def get(workers: int = 2, memory_limit: str | int = "1GiB", **options):
+        key = (workers, memory_limit, *sorted(options.items()))
+        if key not in clients:
+            clients[key] = cluster.start("local", workers=workers, memory_limit=memory_limit,
+                                         **options)
+        client = clients[key]
+        client.wait_for_workers(workers, timeout=60)
+        return client
+
+    yield get
+    for client in clients.values():
+        cluster.stop(client)

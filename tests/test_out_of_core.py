@@ -23,11 +23,19 @@ MiB = 2**20
 FRAME = 256  # 256 KiB float32 frames
 
 
+SQUARE = 16  # pixels per side of a frame's constant squares
+
+
 def _frames(start: int, stop: int) -> np.ndarray:
-    """Deterministic, incompressible frames start..stop, shape (n, FRAME, FRAME) float32."""
+    """Deterministic frames start..stop, shape (n, FRAME, FRAME) float32: squares of
+    SQUARE x SQUARE pixels of uniform random values. Piecewise constant, so the store is
+    small on disk and cheap to write and decode, while every decoded chunk is full size in
+    a worker's memory (what the memory limit is about)."""
     out = np.empty((stop - start, FRAME, FRAME), np.float32)
+    side = FRAME // SQUARE
     for i in range(start, stop):
-        out[i - start] = np.random.default_rng(i).random((FRAME, FRAME), dtype=np.float32)
+        squares = np.random.default_rng(i).random((side, side), dtype=np.float32)
+        out[i - start] = squares.repeat(SQUARE, axis=0).repeat(SQUARE, axis=1)
     return out
 
 
@@ -48,7 +56,7 @@ def test_a_store_4x_worker_memory_streams_under_each_limit(tmp_path):
     # dask pauses it (80 % of the limit) for memory it cannot free, and the run stalls: the
     # planner's baseline refuses such limits.
     limit = 400 * MiB
-    frames, chunk = 6400, 32  # 1.56 GiB store, 8 MiB chunks: 4 x (1 worker x 400 MiB)
+    frames, chunk = 6400, 32  # 1.56 GiB of frames, 8 MiB chunks: 4 x (1 worker x 400 MiB)
     client = cluster.start("local", workers=1, memory_limit=limit)
     try:
         path = tmp_path / "big.zarr"

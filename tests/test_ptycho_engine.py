@@ -66,7 +66,8 @@ def everything(tmp_path_factory):
     return store, scan.corners() + errors, obj, probe, settings, model, scan
 
 
-def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(everything):
+def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(everything,
+                                                                              shared_cluster):
     """The engine on 1, 2 and 3 workers and in every residency against its numpy twin
     ``solver.serial``, with every option on: the same losses (1e-5 relative, float32
     state), object, probe modes and refined positions."""
@@ -78,12 +79,12 @@ def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(
     assert np.abs(twin.coords - coords).max() > 0.01  # the positions did move
     results = {}
     for workers in (1, 2, 3):
-        with cluster.connect("local", workers=workers, memory_limit=LIMIT) as client:
-            residencies = engine.RESIDENCIES if workers == 2 else ("host",)
-            for residency in residencies:
-                results[workers, residency] = engine.run(
-                    client, store, coords, obj, probe, replace(settings, residency=residency),
-                    model=model, chunk=8)
+        client = shared_cluster(workers, LIMIT)
+        residencies = engine.RESIDENCIES if workers == 2 else ("host",)
+        for residency in residencies:
+            results[workers, residency] = engine.run(
+                client, store, coords, obj, probe, replace(settings, residency=residency),
+                model=model, chunk=8)
     for key, result in results.items():
         np.testing.assert_allclose(result.loss, trajectory.losses, rtol=1e-5, err_msg=str(key))
         np.testing.assert_allclose(result.obj, twin.obj, atol=1e-5, err_msg=str(key))
@@ -93,7 +94,7 @@ def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(
         assert result.obj.shape == obj.shape and result.probe.shape == probe.shape
 
 
-def test_serial_twin_gives_the_same_trajectory(scan, store):
+def test_serial_twin_gives_the_same_trajectory(scan, store, shared_cluster):
     """The cluster's run against a plain loop over the same batches with the kernels."""
     from outcore.ptycho import kernels
 
@@ -108,38 +109,37 @@ def test_serial_twin_gives_the_same_trajectory(scan, store):
                                         alpha=settings.alpha)
             total += terms.loss
         losses.append(total)
-    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
-        result = _run(client, scan, store, iterations=4, batch_size=40, probe_start=1)
+    result = _run(shared_cluster(2, LIMIT), scan, store, iterations=4, batch_size=40,
+                  probe_start=1)
     np.testing.assert_allclose(result.loss, losses, rtol=1e-6)
     np.testing.assert_allclose(result.obj, obj, atol=1e-5)
 
 
-def test_noise_free_scan_reconstructs_within_2_percent(scan, store):
-    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
-        result = _run(client, scan, store, iterations=40, batch_size=32)
+def test_noise_free_scan_reconstructs_within_2_percent(scan, store, shared_cluster):
+    result = _run(shared_cluster(2, LIMIT), scan, store, iterations=40, batch_size=32)
     assert _error(scan, result.obj) < 0.02
     assert result.loss[-1] < 1e-2 * result.loss[0]
 
 
-def test_noisy_scan_improves_monotonically_at_first(tmp_path):
+def test_noisy_scan_improves_monotonically_at_first(tmp_path, shared_cluster):
     noisy = make_scan(dose=1e5, seed=2)
     store = write_store(noisy, tmp_path / "noisy.zarr")
     errors = []
-    with cluster.connect("local", workers=1, memory_limit=LIMIT) as client:
-        engine.run(client, store, noisy.top_left, np.ones(noisy.truth.shape, np.complex64),
-                   noisy.guess, engine.Settings(iterations=8, batch_size=32), chunk=16,
-                   on_iteration=lambda i, loss, state: errors.append(_error(noisy, state.obj)))
+    engine.run(shared_cluster(1, LIMIT), store, noisy.top_left,
+               np.ones(noisy.truth.shape, np.complex64), noisy.guess,
+               engine.Settings(iterations=8, batch_size=32), chunk=16,
+               on_iteration=lambda i, loss, state: errors.append(_error(noisy, state.obj)))
     assert np.all(np.diff(errors) < 0), errors
     assert errors[-1] < 0.7 * errors[0]
 
 
-def test_resumed_run_equals_uninterrupted(scan, store):
-    with cluster.connect("local", workers=2, memory_limit=LIMIT) as client:
-        whole = _run(client, scan, store, iterations=6)
-        first = _run(client, scan, store, iterations=3)
-        rest = engine.run(client, store, scan.top_left, first.obj, first.probe,
-                          engine.Settings(iterations=6, batch_size=32), chunk=16,
-                          start_iteration=3, losses=first.loss)
+def test_resumed_run_equals_uninterrupted(scan, store, shared_cluster):
+    client = shared_cluster(2, LIMIT)
+    whole = _run(client, scan, store, iterations=6)
+    first = _run(client, scan, store, iterations=3)
+    rest = engine.run(client, store, scan.top_left, first.obj, first.probe,
+                      engine.Settings(iterations=6, batch_size=32), chunk=16,
+                      start_iteration=3, losses=first.loss)
     np.testing.assert_array_equal(rest.obj, whole.obj)
     np.testing.assert_array_equal(rest.probe, whole.probe)
     np.testing.assert_array_equal(rest.loss, whole.loss)
