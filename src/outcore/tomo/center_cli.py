@@ -5,7 +5,8 @@ cluster (``outcore.tomo.center.find_center``) and writes ``center.json`` into it
 directory: the centre at the detector's middle row, the method, the centre of each slice
 range, the tilt fit and the ``detector_offset`` that puts the axis there; it prints the
 centre. ``tomo reconstruct --center VALUE`` reconstructs with the axis at column VALUE;
-``--center auto`` finds it first, in the run, on the corrected projections. See
+``--center auto`` finds it first, in the run, on the projections through the corrections that
+move the axis (stitching; not the filters). See
 docs/operators/tomography-center.md.
 """
 
@@ -94,8 +95,9 @@ def center_rows(geometry: Geometry) -> list[int]:
 
 def find_in_run(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Projector,
                 source: Path) -> Projector:
-    """``--center auto``: the centre found on ``ds`` (the corrected projections; recorded in
-    the run's ``center.json`` and metrics) and the projector rebuilt around it, same blocks."""
+    """``--center auto``: the centre found on ``ds`` (the projections through the corrections
+    that move the axis, ``steps.for_center``; recorded in the run's ``center.json`` and
+    metrics) and the projector rebuilt around it, same blocks."""
     geometry = projector.geometry
     out = run.add_output(CENTER_JSON, verify=lambda p: json.loads(Path(p).read_text()))
     with run.timing("center"):

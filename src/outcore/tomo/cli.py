@@ -46,7 +46,7 @@ from outcore.tomo import beamline, center_cli, rawscan, steps
 from outcore.tomo.demo import run_stage
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset, volume_dataset
-from outcore.tomo.memory import method_plan
+from outcore.tomo.memory import method_plan, raw_frames_per_block
 from outcore.tomo.phantom import PHANTOMS, make_phantom
 from outcore.tomo.projector import Projector, fitting_projector
 from outcore.tomo.solvers import STATE, WINDOWS, cgls, fbp, sirt
@@ -294,8 +294,9 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
     held: dict[str, Projector] = {}
     stored = raw["projections"]
     corrected = read_stages + steps.memory(corrections, raw)
+    searched = steps.for_center(corrections, raw)  # what --center auto reads
     if center == center_cli.AUTO:
-        corrected += center_cli.center_stages(ds, len(center_cli.center_rows(geometry)))
+        corrected += center_cli.center_stages(searched, len(center_cli.center_rows(geometry)))
     store_chunks = (math.prod(len(c) for c in stored.chunks),
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
@@ -318,8 +319,8 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     def execute(run: Run, client: distributed.Client) -> None:
         if center == center_cli.AUTO:
-            held["projector"] = center_cli.find_in_run(run, client, ds, held["projector"],
-                                                         source)
+            held["projector"] = center_cli.find_in_run(run, client, searched,
+                                                         held["projector"], source)
         projector = held["projector"]
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
@@ -370,6 +371,12 @@ def _projections_input(args: argparse.Namespace, source: Path
     read = {**options, "attrs": key_values(attrs, "--attr") if attrs else None}
     read.pop("attr", None)
     ds, _ = rawscan.read_beamline_source(source, **read)
+    if "frames_per_chunk" not in options:  # blocks sized for the workers' memory
+        data = ds["projections"]
+        frames = raw_frames_per_block(args, data.shape[1] * data.shape[2],
+                                      np.dtype(data.attrs.get("raw_dtype", "float32")).itemsize)
+        if frames < max(data.chunks[0]):
+            ds, _ = rawscan.read_beamline_source(source, **read, frames_per_chunk=frames)
     return ds, beamline.memory_model(ds), dict(options)
 
 

@@ -21,9 +21,12 @@ CONVERT = "convert"
 
 
 class Correction(Protocol):
-    """One configured correction of a ``projections`` dataset."""
+    """One configured correction of a ``projections`` dataset. ``moves_axis``: whether it
+    changes where the rotation axis lies on the detector (stitching does; a filter does not),
+    so whether a centre search must see it."""
 
     name: str
+    moves_axis: bool
 
     def apply(self, ds: xr.Dataset) -> xr.Dataset:
         """The corrected dataset, lazy (same layout; its shape, angles or attrs may change)."""

@@ -232,6 +232,7 @@ class Paganin:
     pixel: tuple[float, float]
     pad_mode: str = "edge"
     name: str = "paganin"
+    moves_axis: bool = False
 
     @property
     def pad(self) -> tuple[int, int]:

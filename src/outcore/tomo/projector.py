@@ -215,14 +215,19 @@ class Projector:
                 f"views_per_block={self.views_per_block}, slab={self.slab})")
 
 
+#: Stages whose tasks hold one block of views whatever the slab (thinner slabs do not help).
+VIEW_BLOCK_STAGES = frozenset({"ramp-filter", "update-projections"})
+
+
 def fitting_projector(geometry: Geometry, shape: tuple[int, int, int], partition: str,
                       method: str, resources: Resources, views_per_block: int | None = None,
                       slab: int | None = None, dtype: Any = np.float32,
                       store_chunks: tuple[int, int] = (0, 0)) -> Projector:
     """A projector whose blocks fit ``resources``: the given blocks, else ``suggest_blocks``'
-    (for the projector's own tasks), with the slab halved until ``method``'s stages
-    (``outcore.tomo.memory.method_stages``) fit too. Without a memory limit the blocks are
-    chosen for ``DEFAULT_LIMIT``."""
+    (for the projector's own tasks), with the view blocks halved while the largest of
+    ``method``'s stages (``outcore.tomo.memory.method_stages``) is one held per view block
+    (``VIEW_BLOCK_STAGES``), else the slab, until they fit too. Without a memory limit the
+    blocks are chosen for ``DEFAULT_LIMIT``."""
     limit = resources.memory_limit or DEFAULT_LIMIT
     views, planes = views_per_block, slab
     if views is None or planes is None:
@@ -231,15 +236,21 @@ def fitting_projector(geometry: Geometry, shape: tuple[int, int, int], partition
                                threads_per_worker=resources.threads_per_worker, dtype=dtype)
         views, planes = views or found[0], planes or found[1]
 
-    def build(planes: int) -> Projector:
+    def build(views: int, planes: int) -> Projector:
         return Projector(geometry, shape, partition, views, planes,  # type: ignore[arg-type]
                          backend=resources.backend, dtype=dtype)
 
     limited = replace(resources, memory_limit=limit)
-    projector = build(planes)
-    while slab is None and projector.slab > 1 and not method_plan(
-            projector, method, limited, store_chunks).fits:
-        projector = build(math.ceil(projector.slab / 2))
+    projector = build(views, planes)
+    while not (plan := method_plan(projector, method, limited, store_chunks)).fits:
+        thinner_views = views_per_block is None and projector.views_per_block > 1
+        thinner_slab = slab is None and projector.slab > 1
+        if thinner_views and (plan.largest_task.name in VIEW_BLOCK_STAGES or not thinner_slab):
+            projector = build(math.ceil(projector.views_per_block / 2), projector.slab)
+        elif thinner_slab:
+            projector = build(projector.views_per_block, math.ceil(projector.slab / 2))
+        else:
+            break
     return projector
 
 

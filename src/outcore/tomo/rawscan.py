@@ -29,7 +29,7 @@ from outcore.tomo import beamline, nxtomo
 SHARED = {"flats": "--flats", "darks": "--darks", "angles": "--angles",
           "angles_unit": "--angles-unit", "flat_mode": "--flat-mode"}
 #: Those ``tomo reconstruct`` adds (``convert`` has them for every format).
-SOURCE = {"dataset": "--dataset", "attr": "--attr"}
+SOURCE = {"dataset": "--dataset", "attr": "--attr", "frames_per_chunk": "--frames-per-chunk"}
 UNITS = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
 
 
@@ -45,6 +45,9 @@ def add_arguments(group: argparse._ArgumentGroup, *, source_options: bool) -> No
                            metavar="KEY=VALUE",
                            help="geometry attr of the scan, e.g. detector_pixel_size=6.5e-7 "
                                 "(repeatable)")
+        group.add_argument("--frames-per-chunk", type=int, default=argparse.SUPPRESS,
+                           metavar="N", help="raw frames read per task (default: as many as "
+                                             "the worker memory limit leaves room for)")
     group.add_argument("--flats", default=argparse.SUPPRESS, metavar="PATH",
                        help="Data Exchange: HDF5 path of the flat (open-beam) frames "
                             "(default /exchange/data_white)")

@@ -30,9 +30,7 @@ docs/operators/tomography-rings.md compares them on smooth and sharp-edged objec
 from __future__ import annotations
 
 import argparse
-import logging
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +41,7 @@ from outcore.errors import OutcoreError
 from outcore.plan import F64, TaskMemory
 from outcore.tomo import reslice
 from outcore.tomo.correction import Step
-from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
-
-log = logging.getLogger(__name__)
+from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, asked_memory_limit
 
 #: The filters ``--rings`` names.
 METHODS: tuple[str, ...] = ("sort", "fft", "wavelet")
@@ -55,6 +51,11 @@ DEFAULTS: dict[str, dict[str, float]] = {
     "fft": {"size": 31, "sigma": 1.0},
     "wavelet": {"sigma": 1.0, "level": 4},
 }
+#: A default filter width is at most the detector's width over this (rounded to odd, at
+#: least 3): the filter's width is a share of the detector, not a number of pixels. Measured
+#: on a smooth 32-pixel object on a 42-column detector (FBP against the truth, no rings):
+#: fft of width 31 leaves 27.6 % error, width 11 4.4 %, width 5 1.2 % (1.1 % unfiltered).
+NARROWEST_STRIPE_FRACTION = 8
 #: The wavelet of the ``wavelet`` filter (Münch et al. use Daubechies wavelets).
 WAVELET = "db5"
 
@@ -157,6 +158,7 @@ class RingRemoval:
     params: dict[str, float]
     rows: int
     name: str = "rings"
+    moves_axis: bool = False
 
     def apply(self, ds: xr.Dataset) -> xr.Dataset:
         data = ds["projections"].data
@@ -225,6 +227,8 @@ def _params(args: argparse.Namespace, method: str, shape: tuple[int, ...]) -> di
                                f"drop {flag}, or use a --rings method that takes it "
                                f"({', '.join(m for m in METHODS if key in DEFAULTS[m])}).")
         params[key] = value
+    if "size" in params and getattr(args, "rings_size", None) is None:
+        params["size"] = max(3, min(params["size"], (nu // NARROWEST_STRIPE_FRACTION) | 1))
     if "size" in params and not 1 <= params["size"] <= nu:
         raise OutcoreError(f"--rings-size {params['size']} is not a width within the "
                            f"detector's {nu} columns.", f"give --rings-size 1 to {nu}.")
@@ -244,18 +248,6 @@ def _params(args: argparse.Namespace, method: str, shape: tuple[int, ...]) -> di
     return params
 
 
-def _memory_limit(args: argparse.Namespace) -> int | None:
-    """The memory per worker the run asks for (``--memory-limit``, else dask's ``auto``: the
-    machine's memory shared by its cores), bytes; the rows are chosen for it, and the run's
-    plan checks them against the workers it gets."""
-    from distributed.worker_memory import parse_memory_limit
-
-    given = getattr(args, "memory_limit", None)
-    threads = getattr(args, "threads_per_worker", None) or 1
-    return parse_memory_limit("auto" if given is None else given, threads,
-                              total_cores=os.cpu_count() or 1, logger=log)
-
-
 def configure(args: argparse.Namespace, ds: xr.Dataset) -> RingRemoval | None:
     """The ``rings`` correction ``args`` ask for, checked against ``ds``, or None."""
     method = getattr(args, "rings", None)
@@ -273,7 +265,7 @@ def configure(args: argparse.Namespace, ds: xr.Dataset) -> RingRemoval | None:
     params = _params(args, method, data.shape)
     probe = RingRemoval(method, params, 1)
     rows = reslice.sinogram_rows(
-        data.chunks, data.shape, data.dtype.itemsize, _memory_limit(args),
+        data.chunks, data.shape, data.dtype.itemsize, asked_memory_limit(args),
         getattr(args, "threads_per_worker", None) or 1,
         lambda r: [probe.filter_stage(data.shape, data.dtype.itemsize, r)],
         baseline_bytes=TOMO_WORKER_BASELINE_BYTES)

@@ -25,7 +25,7 @@ from outcore.tomo import phase, rings, stitch
 from outcore.tomo.correction import CONVERT, RECONSTRUCT, Correction, Step
 
 __all__ = ["CONVERT", "RECONSTRUCT", "STEPS", "Correction", "Step", "add_arguments",
-           "apply", "configure", "memory", "records", "requested"]
+           "apply", "configure", "for_center", "memory", "records", "requested"]
 
 #: The steps in the order they are applied.
 STEPS: tuple[Step, ...] = (phase.STEP, stitch.STEP, rings.STEP)
@@ -69,6 +69,13 @@ def apply(corrections: Sequence[Correction], ds: xr.Dataset) -> xr.Dataset:
     for correction in corrections:
         ds = correction.apply(ds)
     return ds
+
+
+def for_center(corrections: Sequence[Correction], ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` through the corrections that move the axis only, lazily: what a centre search
+    reads. A filter such as ring removal does not move the axis, and reading a few rows
+    through it would run it on every row (its sinograms are re-sliced from whole views)."""
+    return apply([c for c in corrections if c.moves_axis], ds)
 
 
 def memory(corrections: Sequence[Correction], ds: xr.Dataset) -> list[TaskMemory]:

@@ -290,6 +290,7 @@ class Stitch:
     found: bool
     concordance: float | None = None
     name: str = "stitch"
+    moves_axis: bool = True
 
     def apply(self, ds: xr.Dataset) -> xr.Dataset:
         data = ds["projections"].data
