@@ -6,6 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import dask
 import pytest
 
 from outcore import backend, cluster
@@ -42,6 +43,9 @@ def shared_cluster():
         client.wait_for_workers(workers, timeout=60)
         return client
 
+    scheduler = dask.config.get("scheduler", None)
     yield get
-    for client in clients.values():
+    for client in reversed(list(clients.values())):  # each close restores the one before
         cluster.stop(client)
+    # later modules must not find the closed clients' "dask.distributed" as their scheduler
+    dask.config.set(scheduler=scheduler)
