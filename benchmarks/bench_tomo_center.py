@@ -1,0 +1,127 @@
+"""The rotation centre of half-turn sinograms: outcore's Vo search against algotom's.
+
+Groups of sinograms ``(view, u)`` with a known centre, each tool asked for the centre of each
+one sinogram at a time (accuracy, not the command: ``bench_tomo_raw.py --cases center`` times
+the verbs as whole processes):
+
+- ``discsN_noiseS``: analytic sinograms of three discs (``tests/test_tomo_center.py``'s, scaled
+  to ``N`` columns) over ``1.4 N`` views, the axis at +3.7, -3.7 and +1.23 px from the middle,
+  with white noise of ``S`` times the peak;
+- ``rings128``: 14 rows of a 128^3 Shepp-Logan scan simulated by ``raw_scan.py`` (360 views,
+  the axis 3.7 px off, detector gains of +-2 % that the flats miss, Poisson noise),
+  flat-fielded to line integrals.
+
+outcore: ``outcore.tomo.center.center_vo``; algotom: ``find_center_vo`` with its defaults
+(``ncore=1``) in its own venv (``--algotom-python``, as made by
+``peers/make_algotom_venv.sh``). One JSON line per group and tool: the largest and mean
+absolute errors (pixels) and the median seconds per sinogram.
+
+    .venv/bin/python benchmarks/bench_tomo_center.py \
+        --algotom-python benchmarks/peers/.venv-algotom/bin/python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+from common import line, skipped
+
+from outcore.tomo.center import center_vo, half_turn
+
+BENCH = "tomo-center-accuracy"
+HERE = Path(__file__).parent
+RUNNER = HERE / "peers" / "algotom_center_runner.py"
+#: (x, y, radius, density) of the discs at 128 columns, pixels from the axis.
+DISCS = ((0.0, 0.0, 14.0, 1.0), (6.0, -4.0, 5.0, 0.8), (-9.0, 7.0, 3.0, 1.5))
+OFFSETS = (3.7, -3.7, 1.23)
+
+
+def disc_sinogram(n: int, center: float) -> np.ndarray:
+    """Analytic ``(1.4 n, n)`` half-turn sinogram of ``DISCS`` scaled to ``n`` columns."""
+    angles = np.arange(int(1.4 * n)) * np.pi / int(1.4 * n)
+    u = np.arange(n)[None, :] - center
+    out = np.zeros((angles.size, n))
+    for x, y, r, density in (tuple(v * n / 128 for v in d[:3]) + (d[3],) for d in DISCS):
+        u0 = (x * np.cos(angles) + y * np.sin(angles))[:, None]
+        out += 2 * density * np.sqrt(np.clip(r * r - (u - u0) ** 2, 0, None))
+    return out
+
+
+def disc_group(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centres = np.array([(n - 1) / 2 + off for off in OFFSETS])
+    sinograms = [disc_sinogram(n, c) for c in centres]
+    return np.stack([s + noise * s.max() * rng.standard_normal(s.shape) for s in sinograms]), \
+        centres
+
+
+def ring_group(work: Path) -> tuple[np.ndarray, np.ndarray]:
+    raw = work / "rings128.h5"
+    subprocess.run([sys.executable, str(HERE / "raw_scan.py"), str(raw), "--n", "128",
+                    "--views", "360", "--center-offset", "3.7", "--gain", "0.02"],
+                   check=True, stdout=subprocess.DEVNULL)
+    with h5py.File(raw, "r") as f:
+        data = f["/exchange/data"][()].astype(np.float64)
+        flat, dark = (f[k][()].mean(axis=0) for k in ("/exchange/data_white",
+                                                      "/exchange/data_dark"))
+        angles = np.deg2rad(f["/exchange/theta"][()])
+    p = -np.log(np.clip((data - dark) / (flat - dark), 1e-6, None))
+    truth = float(np.load(work / "rings128.truth.npz")["center"])
+    rows = range(8, 120, 8)
+    return np.stack([half_turn(p[:, r, :], angles) for r in rows]), np.full(len(rows), truth)
+
+
+def report(tool: str, group: str, centres: list[float], truth: np.ndarray,
+           walls: list[float], **extra: object) -> None:
+    errors = np.abs(np.asarray(centres) - truth)
+    line(BENCH, tool, {"group": group, "sinograms": len(truth)}, "s_per_sinogram",
+         float(np.median(walls)), walls, max_abs_error_px=round(float(errors.max()), 4),
+         mean_abs_error_px=round(float(errors.mean()), 4), **extra)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.02])
+    p.add_argument("--no-rings", dest="rings", action="store_false")
+    p.add_argument("--algotom-python", default=None, help="python of a venv with algotom")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        groups = {f"discs{n}_noise{s}": disc_group(n, s, seed)
+                  for seed, (n, s) in enumerate((n, s) for n in args.sizes for s in args.noise)}
+        if args.rings:
+            groups["rings128"] = ring_group(work)
+        peer = work / "peer"
+        peer.mkdir()
+        for name, (sinograms, _) in groups.items():
+            np.save(peer / f"{name}.npy", sinograms.astype(np.float32))
+        if args.algotom_python:
+            subprocess.run([args.algotom_python, str(RUNNER), str(peer)], check=True)
+            theirs = json.loads((peer / "algotom.json").read_text())
+        for name, (sinograms, truth) in groups.items():
+            centres, walls = [], []
+            for sinogram in sinograms:
+                start = time.perf_counter()
+                centres.append(center_vo(sinogram)[0])
+                walls.append(time.perf_counter() - start)
+            report("outcore", name, centres, truth, walls)
+            if args.algotom_python:
+                group = theirs["groups"][name]
+                report("algotom", name, group["centers"], truth, group["walls"],
+                       algotom=theirs["algotom"])
+            else:
+                skipped(BENCH, "algotom", {"group": name}, "s_per_sinogram",
+                        "pass --algotom-python (a venv made by peers/make_algotom_venv.sh)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
