@@ -115,6 +115,28 @@ def test_opposite_views_find_a_full_turn_centre():
     assert abs(result.center - _truth(geometry)) < 0.1
 
 
+class _CountingFrames:
+    """An array-like over ``data`` that counts the blocks read from it."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        self.data, self.shape, self.dtype, self.ndim = data, data.shape, data.dtype, data.ndim
+        self.reads: list[tuple] = []
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        self.reads.append(key)
+        return self.data[key]
+
+
+def test_the_sampled_rows_read_each_block_once(scan):
+    _, projections = scan
+    frames = _CountingFrames(projections)
+    stack = da.from_array(frames, chunks=(40, -1, -1), asarray=False,
+                          meta=np.empty((0, 0, 0), projections.dtype))
+    found = centre.find_center(stack, np.arange(VIEWS) * np.pi / VIEWS, rows=[1, 3, 5])
+    assert abs(found.center - _truth(_geometry(np.pi))) < 0.1
+    assert len(frames.reads) == 3  # the three view blocks, not three per row
+
+
 def test_a_tilted_axis_is_fitted_along_v():
     angles = np.arange(180) * np.pi / 180
     nv, slope = 9, 0.08

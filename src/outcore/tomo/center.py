@@ -23,9 +23,10 @@ Two methods, chosen by the scan's angular span:
   whitened (phase) correlation gives the integer peak and the correlation, evaluated at a
   continuous shift, its sub-pixel maximum.
 
-:func:`find_center` runs one task per sampled row on the cluster (each reads one sinogram,
-``(view, u)``, never the stack), fits a tilt (centre linear in the row) and refuses a scan
-whose centre cannot be found with a one-line error that names the fix (``--center VALUE``).
+:func:`find_center` runs one task per sampled row on the cluster (each takes one sinogram,
+``(view, u)``, never the stack; the file's blocks are read once for all rows), fits a tilt
+(centre linear in the row) and refuses a scan whose centre cannot be found with a one-line
+error that names the fix (``--center VALUE``).
 """
 
 from __future__ import annotations
@@ -307,6 +308,12 @@ def row_center(sinogram: np.ndarray, angles: np.ndarray, row: int, method: Metho
     return RowCenter(row, center, quality)
 
 
+def _block_center(block: np.ndarray, angles: np.ndarray, row: int, method: Method,
+                  radius: float | None) -> RowCenter:
+    """:func:`row_center` of a chunk ``(view, 1, u)`` holding one row's sinogram."""
+    return row_center(block[:, 0, :], angles, row, method, radius)
+
+
 @dataclass(frozen=True)
 class Tilt:
     """The centre as a line in the row: ``center(v) = intercept + slope * v`` (pixels);
@@ -376,8 +383,11 @@ def find_center(projections: Any, angles: np.ndarray, client: Any = None,
                            "has none.", "use the vo method, or " + FIX + ".")
     rows = sample_rows(nv) if rows is None else sorted(set(rows))
     angles = np.asarray(angles, np.float64)
-    tasks = [dask.delayed(row_center)(projections[:, row, :], angles, row, chosen, radius)
-             for row in rows]
+    # the sampled rows in one slice, one chunk per row, and their tasks from one graph: a
+    # task per row slicing the stack itself read every block of the file once per row
+    sinograms = projections[:, rows, :].rechunk((-1, 1, -1)).to_delayed().ravel()
+    tasks = [dask.delayed(_block_center)(block, angles, row, chosen, radius)
+             for block, row in zip(sinograms, rows, strict=True)]
     if client is None:
         found = list(dask.compute(*tasks))
     else:
