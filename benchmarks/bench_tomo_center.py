@@ -12,12 +12,11 @@ the verbs as whole processes):
   flat-fielded to line integrals.
 
 outcore: ``outcore.tomo.center.center_vo``; algotom: ``find_center_vo`` with its defaults
-(``ncore=1``) in its own venv (``--algotom-python``, as made by
-``peers/make_algotom_venv.sh``). One JSON line per group and tool: the largest and mean
-absolute errors (pixels) and the median seconds per sinogram.
+(``ncore=1``) in its own venv (``--algotom-python``, by default the one
+``peers/make_algotom_venv.sh`` makes). One JSON line per group and tool: the largest and
+mean absolute errors (pixels) and the median seconds per sinogram.
 
-    .venv/bin/python benchmarks/bench_tomo_center.py \
-        --algotom-python benchmarks/peers/.venv-algotom/bin/python
+    .venv/bin/python benchmarks/bench_tomo_center.py [--sizes 128 512] [--noise 0 0.02]
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ from outcore.tomo.center import center_vo, half_turn
 BENCH = "tomo-center-accuracy"
 HERE = Path(__file__).parent
 RUNNER = HERE / "peers" / "algotom_center_runner.py"
+ALGOTOM = HERE / "peers" / ".venv-algotom" / "bin" / "python"
 #: (x, y, radius, density) of the discs at 128 columns, pixels from the axis.
 DISCS = ((0.0, 0.0, 14.0, 1.0), (6.0, -4.0, 5.0, 0.8), (-9.0, 7.0, 3.0, 1.5))
 OFFSETS = (3.7, -3.7, 1.23)
@@ -92,7 +92,8 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[128, 512])
     p.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.02])
     p.add_argument("--no-rings", dest="rings", action="store_false")
-    p.add_argument("--algotom-python", default=None, help="python of a venv with algotom")
+    p.add_argument("--algotom-python", default=str(ALGOTOM) if ALGOTOM.exists() else None,
+                   help="python of a venv with algotom (default: peers/.venv-algotom's)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)

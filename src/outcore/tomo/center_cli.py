@@ -114,12 +114,12 @@ def find_in_run(run: Run, client: distributed.Client, ds: xr.Dataset, projector:
 
 def center_stages(ds: xr.Dataset, rows: int) -> list[TaskMemory]:
     """The plan's stages of a centre search on ``ds``: reading the store chunks that hold
-    the sampled rows, and one search task per row."""
+    the sampled rows (each once, for all the rows it holds), and one search task per row."""
     stored = ds["projections"]
     n_views, _, nu = stored.shape
     chunk = math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize
-    read = TaskMemory("read-center-rows", rows * len(stored.chunks[0]), input_bytes=0,
-                      output_bytes=chunk, read_bytes=chunk)
+    read = TaskMemory("read-center-rows", len(stored.chunks[0]) * min(rows, len(stored.chunks[1])),
+                      input_bytes=0, output_bytes=chunk, read_bytes=chunk)
     return [read, centre.memory(n_views, nu, rows)]
 
 
