@@ -9,7 +9,9 @@ the verbs as whole processes):
   with white noise of ``S`` times the peak;
 - ``rings128``: 14 rows of a 128^3 Shepp-Logan scan simulated by ``raw_scan.py`` (360 views,
   the axis 3.7 px off, detector gains of +-2 % that the flats miss, Poisson noise),
-  flat-fielded to line integrals.
+  flat-fielded to line integrals;
+- ``phase256``: the 5 rows ``tomo center`` samples of a 256^3 scan of the same kind with
+  Fresnel phase contrast (``raw_scan.py --phase``: fringes at every edge).
 
 outcore: ``outcore.tomo.center.center_vo``; algotom: ``find_center_vo`` with its defaults
 (``ncore=1``) in its own venv (``--algotom-python``, by default the one
@@ -33,7 +35,7 @@ import h5py
 import numpy as np
 from common import line, skipped
 
-from outcore.tomo.center import center_vo, half_turn
+from outcore.tomo.center import center_vo, half_turn, sample_rows
 
 BENCH = "tomo-center-accuracy"
 HERE = Path(__file__).parent
@@ -63,20 +65,21 @@ def disc_group(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]
         centres
 
 
-def ring_group(work: Path) -> tuple[np.ndarray, np.ndarray]:
-    raw = work / "rings128.h5"
-    subprocess.run([sys.executable, str(HERE / "raw_scan.py"), str(raw), "--n", "128",
-                    "--views", "360", "--center-offset", "3.7", "--gain", "0.02"],
+def scan_group(work: Path, n: int, rows: list[int], *flags: str) -> tuple[np.ndarray, np.ndarray]:
+    """Half-turn sinograms of ``rows`` of an ``n^3`` scan simulated by ``raw_scan.py``."""
+    raw = work / f"scan{n}{''.join(flags)}.h5"
+    subprocess.run([sys.executable, str(HERE / "raw_scan.py"), str(raw), "--n", str(n),
+                    "--views", "360", "--center-offset", "3.7", "--gain", "0.02", *flags],
                    check=True, stdout=subprocess.DEVNULL)
     with h5py.File(raw, "r") as f:
-        data = f["/exchange/data"][()].astype(np.float64)
-        flat, dark = (f[k][()].mean(axis=0) for k in ("/exchange/data_white",
-                                                      "/exchange/data_dark"))
+        data = f["/exchange/data"][:, rows, :].astype(np.float64)
+        flat, dark = (f[k][:, rows, :].mean(axis=0) for k in ("/exchange/data_white",
+                                                                "/exchange/data_dark"))
         angles = np.deg2rad(f["/exchange/theta"][()])
     p = -np.log(np.clip((data - dark) / (flat - dark), 1e-6, None))
-    truth = float(np.load(work / "rings128.truth.npz")["center"])
-    rows = range(8, 120, 8)
-    return np.stack([half_turn(p[:, r, :], angles) for r in rows]), np.full(len(rows), truth)
+    truth = float(np.load(raw.with_name(raw.stem + ".truth.npz"))["center"])
+    return (np.stack([half_turn(p[:, i, :], angles) for i in range(len(rows))]),
+            np.full(len(rows), truth))
 
 
 def report(tool: str, group: str, centres: list[float], truth: np.ndarray,
@@ -91,7 +94,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[128, 512])
     p.add_argument("--noise", type=float, nargs="+", default=[0.0, 0.02])
-    p.add_argument("--no-rings", dest="rings", action="store_false")
+    p.add_argument("--no-scans", dest="scans", action="store_false",
+                   help="the discs only (no simulated rings128 and phase256 scans)")
     p.add_argument("--algotom-python", default=str(ALGOTOM) if ALGOTOM.exists() else None,
                    help="python of a venv with algotom (default: peers/.venv-algotom's)")
     args = p.parse_args()
@@ -99,8 +103,9 @@ def main() -> None:
         work = Path(folder)
         groups = {f"discs{n}_noise{s}": disc_group(n, s, seed)
                   for seed, (n, s) in enumerate((n, s) for n in args.sizes for s in args.noise)}
-        if args.rings:
-            groups["rings128"] = ring_group(work)
+        if args.scans:
+            groups["rings128"] = scan_group(work, 128, list(range(8, 120, 8)))
+            groups["phase256"] = scan_group(work, 256, sample_rows(256), "--phase")
         peer = work / "peer"
         peer.mkdir()
         for name, (sinograms, _) in groups.items():

@@ -17,7 +17,7 @@ def test_bench_reports_the_discs_centre_within_a_tenth_of_a_pixel():
     env = {**os.environ, "PYTHONPATH": str(Path(outcore.__file__).parents[1])}
     done = subprocess.run(
         [sys.executable, str(BENCH / "bench_tomo_center.py"), "--sizes", "64", "--noise", "0",
-         "--no-rings", "--algotom-python", ""], capture_output=True, text=True, env=env,
+         "--no-scans", "--algotom-python", ""], capture_output=True, text=True, env=env,
         timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(row) for row in done.stdout.splitlines() if row.startswith("{")]

@@ -12,11 +12,9 @@ Two methods, chosen by the scan's angular span:
   turn. At the right centre that full-turn sinogram is a real one, whose 2-D spectrum is
   nearly empty in the double wedge ``|p| > pi * ratio * |q|`` (angular harmonic ``p``,
   detector frequency index ``q``, object within ``ratio`` of the half-width); a wrong centre
-  breaks it at the joins and fills the wedge (its share of the energy, both weighed as if the
-  full turn were smoothed along its views by a Gaussian of ``VIEW_SMOOTHING`` views, which
-  keeps white noise out of the wedge's high harmonics). A coarse search on a binned
-  sinogram over half pixels is followed by a bounded scalar minimisation at full resolution
-  (the mirror is shifted in Fourier space, so ``c`` is continuous).
+  breaks it at the joins and fills the wedge (its share of the energy). A coarse search on a
+  binned sinogram over half pixels is followed by a bounded scalar minimisation at full
+  resolution (the mirror is shifted in Fourier space, so ``c`` is continuous).
 - ``opposite`` (full-turn scans): registration of opposite projections. Each view at
   ``theta`` is paired with the view at ``theta + pi`` flipped along u, which is the first one
   shifted by ``d = 2 c - (nu - 1)``; the cross-power spectra of all pairs are summed, the
@@ -50,21 +48,25 @@ DEFAULT_ROWS = 5
 #: Vo's metric: the object's radius as a fraction of the detector's half width (1: it may
 #: fill the field of view; smaller ratios bias the centre of a large object).
 RATIO = 1.0
-#: Vo's metric is weighed as if the full-turn sinogram were smoothed along its views by a
-#: Gaussian of this many views (sigma). Against weighing the wedge by ``1 / q^2`` instead
-#: (the noise defence before): on a 128^3 scan with 2 % detector gains (rings) and Poisson
-#: noise, 14 rows, max error 0.101 px against 0.158; analytic discs with 2 % white noise at
-#: 128 and 512 columns 0.013 and 0.026 px against 0.036 and 0.065; noise-free discs as
-#: before (0.012-0.022 px).
-VIEW_SMOOTHING = 2.0
+# How the wedge of Vo's metric was chosen: max / mean abs error (px) over sinograms with a
+# known centre (benchmarks/bench_tomo_center.py; phase256: 5 rows of a 256^3 scan of
+# benchmarks/raw_scan.py with Fresnel fringes, Poisson noise and +-2 % gains; shepp48: the
+# 48^3 projector scan of tests/test_tomo_center.py; algotom's find_center_vo for reference):
+#                            rings128     discs512 2 %  phase256     shepp48
+#   unweighted, q <= nu / 4  0.083/0.033  0.101/0.088   0.156/0.089  0.011/0.008  (used)
+#   unweighted, every q      0.092/0.046  0.087/0.064   0.103/0.047  0.026/0.021
+#   1 / q^2                  0.158/0.054  0.065/0.039   1.089/0.653  0.001
+#   smoothed along views     0.101/0.044  0.026/0.012   0.758/0.535
+#   algotom                  0.050/0.050  0.050/0.040   0.450/0.190
 #: Coarse search: binned to at most this many columns and views.
 COARSE_COLUMNS = 128
 COARSE_VIEWS = 360
 #: Fine stage: views decimated to at most this many.
 FINE_VIEWS = 4000
 #: A clear Vo minimum is this far below the median of the coarse curve (fraction of it):
-#: scans measured 0.96-0.999, uniform noise up to 0.32 (80 draws).
-VO_CONTRAST = 0.5
+#: scans measured 0.16 (phase contrast) to 1.0, uniform noise 0 in 80 draws (its minimum at
+#: the edge of the search).
+VO_CONTRAST = 0.1
 #: A clear registration: the opposite views' correlation coefficient at the found shift.
 MATCH = 0.5
 #: A tilt is reported as significant when the fit moves the centre by this many pixels over
@@ -145,34 +147,30 @@ class _Mirror:
         return shifted[:, self.pad:self.pad + self.nu]
 
 
-def _weights(n_views: int, nu: int, ratio: float,
-             smoothing: float) -> tuple[np.ndarray, np.ndarray]:
-    """The weights of the metric of a full-turn sinogram of ``2 n_views`` views on the
-    ``rfft2`` grid: the wedge's and the whole spectrum's.
+def _wedge(n_views: int, nu: int, ratio: float) -> np.ndarray:
+    """The double wedge of a full-turn sinogram of ``2 n_views`` views, on the ``rfft2``
+    grid: 1 where ``|p| > pi * ratio * q`` and ``2 <= q <= min(n_views / pi, nu / 4)``, else
+    0. Column sums are left out, and so are the frequencies whose wedge the views undersample
+    (an object filling the detector aliases there in angle) and the upper half of the
+    detector's band, where its pixels' response and aliasing rather than the object lie (they
+    biased a 48-column scan by 0.02 px).
 
-    Both carry the power transfer of a Gaussian of ``smoothing`` views along the (periodic)
-    views, so that the metric is that of the smoothed full turn, without end effects. The
-    wedge is ``|p| > pi * ratio * q`` and ``2 <= q <= n_views / pi``: column sums are left
-    out, and so are the frequencies whose wedge the views undersample (an object filling the
-    detector aliases there in angle). (A ``1 / q^2`` weight instead of the smoothing, tried
-    against white noise, let the stripes of uneven detector gains pull the centre by up to
-    0.5 px.)"""
-    freq = sfft.fftfreq(2 * n_views)
-    p = np.abs(freq * 2 * n_views)[:, None]
+    Unweighted: a weight of ``1 / q^2`` (against white noise) let the stripes of uneven
+    detector gains and the fringes of phase contrast pull the centre by 0.16 and 1.1 px, and
+    a smoothing along the views (against noise too) the fringes by 0.76 px (the table above
+    ``COARSE_COLUMNS``)."""
+    p = np.abs(sfft.fftfreq(2 * n_views) * 2 * n_views)[:, None]
     q = (sfft.rfftfreq(nu) * nu)[None, :]
-    smooth = np.exp(-((2 * np.pi * smoothing * freq) ** 2))[:, None]  # |H|^2 of the Gaussian
-    inside = (p > np.pi * ratio * q) & (q >= 2) & (q <= n_views / np.pi)
-    return np.where(inside, smooth, 0.0), np.broadcast_to(smooth, (p.shape[0], q.shape[1]))
+    top = min(n_views / np.pi, nu / 4)
+    return ((p > np.pi * ratio * q) & (q >= 2) & (q <= top)).astype(np.float64)
 
 
-def _vo_metric(sinogram: np.ndarray, mirror: _Mirror,
-               weights: tuple[np.ndarray, np.ndarray], center: float) -> float:
-    """The smoothed wedge energy of the full-turn sinogram of ``center``, per unit of its
-    smoothed total energy."""
+def _vo_metric(sinogram: np.ndarray, mirror: _Mirror, wedge: np.ndarray, center: float) -> float:
+    """Energy of the full-turn sinogram of ``center`` in the wedge, per unit of its total
+    energy."""
     full = np.concatenate([sinogram, mirror.about(center)])
     power = np.abs(sfft.rfft2(full)) ** 2
-    wedge, total = weights
-    return float((power * wedge).sum() / (power * total).sum())
+    return float((power * wedge).sum() / power.sum())
 
 
 def _bin(sinogram: np.ndarray, columns: int, views: int) -> tuple[np.ndarray, int]:
@@ -199,17 +197,15 @@ def center_vo(sinogram: np.ndarray, radius: float | None = None,
     centre_b = (nb - 1) / 2
     trials = np.arange(-math.floor(2 * radius / b), math.floor(2 * radius / b) + 1) / 2
     mirror = _Mirror(coarse, math.ceil(2 * radius / b) + 2)
-    step = max(1, math.ceil(n / COARSE_VIEWS))
-    weights = _weights(coarse.shape[0], nb, ratio, VIEW_SMOOTHING / step)
-    curve = np.array([_vo_metric(coarse, mirror, weights, centre_b + t) for t in trials])
+    wedge = _wedge(coarse.shape[0], nb, ratio)
+    curve = np.array([_vo_metric(coarse, mirror, wedge, centre_b + t) for t in trials])
     best = int(np.argmin(curve))
     contrast = 0.0 if best in (0, len(trials) - 1) else 1 - curve[best] / np.median(curve)
     rough = (centre_b + trials[best]) * b + (b - 1) / 2
-    step = max(1, math.ceil(n / FINE_VIEWS))
-    fine = sinogram[::step]
+    fine = sinogram[::max(1, math.ceil(n / FINE_VIEWS))]
     mirror = _Mirror(fine, math.ceil(2 * (radius + b)) + 2)
-    weights = _weights(fine.shape[0], nu, ratio, VIEW_SMOOTHING / step)
-    found = minimize_scalar(lambda c: _vo_metric(fine, mirror, weights, c),
+    wedge = _wedge(fine.shape[0], nu, ratio)
+    found = minimize_scalar(lambda c: _vo_metric(fine, mirror, wedge, c),
                             bounds=(rough - b, rough + b), method="bounded",
                             options={"xatol": 1e-3})
     return float(found.x), float(contrast)
