@@ -908,11 +908,9 @@ def tables(path: Path) -> str:
 # --- main ----------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
-    parser.add_argument("--peers", nargs="*", choices=PEER_NAMES, default=list(PEER_NAMES),
-                        help="peers to run (none: outcore only)")
+def add_harness_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the run harness every whole-process benchmark shares: runs, outcore's
+    workers, the time limit, the work folder, keeping outputs and the seed."""
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each contender (3 or more for figures; 1 for a check)")
     parser.add_argument("--workers", type=int, default=None,
@@ -923,6 +921,20 @@ def main() -> None:
                              "reused); default a temporary folder, removed at the end")
     parser.add_argument("--keep", action="store_true", help="keep every run's outputs")
     parser.add_argument("--seed", type=int, default=0)
+
+
+def check_harness_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a harness option that cannot run."""
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--peers", nargs="*", choices=PEER_NAMES, default=list(PEER_NAMES),
+                        help="peers to run (none: outcore only)")
+    add_harness_options(parser)
     parser.add_argument("--fit-n", type=int, nargs="+", default=[30_000], help="stamps")
     parser.add_argument("--stamp", type=int, default=17, help="stamp side, pixels")
     parser.add_argument("--fit-inputs", nargs="+", choices=["npz", "cutouts"],
@@ -949,8 +961,7 @@ def main() -> None:
     if args.table is not None:
         print(tables(args.table))
         return
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
+    check_harness_options(parser, args)
     temporary = args.work is None
     work = Path(tempfile.mkdtemp(prefix="bench-cli-")) if temporary else args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)

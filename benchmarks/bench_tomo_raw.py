@@ -60,7 +60,9 @@ from bench_cli import (
     PEERS,
     Contender,
     Measured,
+    add_harness_options,
     alternate,
+    check_harness_options,
     checked,
     emit,
     outcore_command,
@@ -499,20 +501,11 @@ def main() -> None:
                         help="outcore only")
     parser.add_argument("--peer-threads", type=int, default=2,
                         help="threads of algotom's ASTRA slice loop")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="runs of each contender (3 or more for figures; 1 for a check)")
-    parser.add_argument("--workers", type=int, default=None, help="outcore's --workers")
     parser.add_argument("--cluster", default=None,
                         help="outcore's --cluster (e.g. threads for a quick check)")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
-    parser.add_argument("--work", type=Path, default=None,
-                        help="folder for the scans and runs (kept, scans reused); default a "
-                             "temporary folder, removed at the end")
-    parser.add_argument("--keep", action="store_true", help="keep every run's outputs")
-    parser.add_argument("--seed", type=int, default=0)
+    add_harness_options(parser)
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
+    check_harness_options(parser, args)
     temporary = args.work is None
     work = Path(tempfile.mkdtemp(prefix="bench-raw-")) if temporary else args.work.resolve()
     folder = work / f"scans-{args.n}-{args.views}-{args.seed}"
