@@ -33,8 +33,10 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import raw_scan
 from common import line, skipped
 
+from outcore.tomo.beamline import normalise
 from outcore.tomo.center import center_vo, half_turn, sample_rows
 
 BENCH = "tomo-center-accuracy"
@@ -65,21 +67,20 @@ def disc_group(n: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]
         centres
 
 
-def scan_group(work: Path, n: int, rows: list[int], *flags: str) -> tuple[np.ndarray, np.ndarray]:
-    """Half-turn sinograms of ``rows`` of an ``n^3`` scan simulated by ``raw_scan.py``."""
-    raw = work / f"scan{n}{''.join(flags)}.h5"
-    subprocess.run([sys.executable, str(HERE / "raw_scan.py"), str(raw), "--n", str(n),
-                    "--views", "360", "--center-offset", "3.7", "--gain", "0.02", *flags],
-                   check=True, stdout=subprocess.DEVNULL)
+def scan_group(work: Path, n: int, rows: list[int], phase: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Half-turn sinograms of ``rows`` of an ``n^3`` scan simulated by ``raw_scan.py``,
+    flat-fielded by outcore's own normalisation (both tools get the same sinograms)."""
+    raw = work / f"scan{n}{'-phase' if phase else ''}.h5"
+    truth = raw_scan.simulate(raw, n=n, views=360, center_offset=3.7, gain=0.02, phase=phase)
     with h5py.File(raw, "r") as f:
-        data = f["/exchange/data"][:, rows, :].astype(np.float64)
+        counts = f["/exchange/data"][:, rows, :]
         flat, dark = (f[k][:, rows, :].mean(axis=0) for k in ("/exchange/data_white",
                                                                 "/exchange/data_dark"))
         angles = np.deg2rad(f["/exchange/theta"][()])
-    p = -np.log(np.clip((data - dark) / (flat - dark), 1e-6, None))
-    truth = float(np.load(raw.with_name(raw.stem + ".truth.npz"))["center"])
+    p = normalise(counts, flat, dark).astype(np.float64)
     return (np.stack([half_turn(p[:, i, :], angles) for i in range(len(rows))]),
-            np.full(len(rows), truth))
+            np.full(len(rows), float(truth["center"])))
 
 
 def report(tool: str, group: str, centres: list[float], truth: np.ndarray,
@@ -105,7 +106,7 @@ def main() -> None:
                   for seed, (n, s) in enumerate((n, s) for n in args.sizes for s in args.noise)}
         if args.scans:
             groups["rings128"] = scan_group(work, 128, list(range(8, 120, 8)))
-            groups["phase256"] = scan_group(work, 256, sample_rows(256), "--phase")
+            groups["phase256"] = scan_group(work, 256, sample_rows(256), phase=True)
         peer = work / "peer"
         peer.mkdir()
         for name, (sinograms, _) in groups.items():

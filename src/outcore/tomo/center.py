@@ -49,11 +49,11 @@ DEFAULT_ROWS = 5
 #: fill the field of view; smaller ratios bias the centre of a large object).
 RATIO = 1.0
 # How the wedge of Vo's metric was chosen: max / mean abs error (px) over sinograms with a
-# known centre (benchmarks/bench_tomo_center.py; phase256: 5 rows of a 256^3 scan of
-# benchmarks/raw_scan.py with Fresnel fringes, Poisson noise and +-2 % gains; shepp48: the
-# 48^3 projector scan of tests/test_tomo_center.py; algotom's find_center_vo for reference):
+# known centre (the groups of benchmarks/bench_tomo_center.py, whose run gives the "used" and
+# algotom rows; the others were measured on the same groups in one process, the discs with
+# another draw of their noise; shepp48: the 48^3 projector scan of tests/test_tomo_center.py):
 #                            rings128     discs512 2 %  phase256     shepp48
-#   unweighted, q <= nu / 4  0.083/0.033  0.101/0.088   0.156/0.089  0.011/0.008  (used)
+#   unweighted, q <= nu / 4  0.083/0.033  0.116/0.084   0.156/0.089  0.011/0.008  (used)
 #   unweighted, every q      0.092/0.046  0.087/0.064   0.103/0.047  0.026/0.021
 #   1 / q^2                  0.158/0.054  0.065/0.039   1.089/0.653  0.001
 #   smoothed along views     0.101/0.044  0.026/0.012   0.758/0.535
