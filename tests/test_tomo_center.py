@@ -227,15 +227,21 @@ def test_a_scan_without_a_clear_centre_says_so(tmp_path, capsys, kind):
     assert load_summary(tmp_path / "runs" / "c")["status"] == "failed"
 
 
-def test_a_short_scan_is_refused_before_compute(tmp_path, capsys):
-    store = _store(tmp_path, np.ones((40, *_geometry(np.pi).detector_shape), np.float32),
-                   span=np.pi / 2)
+def _both_verbs_refuse(store: Path, tmp_path: Path, capsys, problem: str) -> None:
+    """``tomo center`` and ``tomo reconstruct --center auto`` on ``store`` each fail with one
+    line naming ``problem`` and the fix, before any run directory is made."""
     for verb in (["tomo", "center"], ["tomo", "reconstruct", "--center", "auto"]):
         assert main([*verb, "--input", str(store), *COMMON, "--output-dir",
                      str(tmp_path / "runs")]) != 0
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "half turn" in err[0] and "--center VALUE" in err[0]
+        assert len(err) == 1 and problem in err[0] and "--center VALUE" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_short_scan_is_refused_before_compute(tmp_path, capsys):
+    store = _store(tmp_path, np.ones((40, *_geometry(np.pi).detector_shape), np.float32),
+                   span=np.pi / 2)
+    _both_verbs_refuse(store, tmp_path, capsys, "half turn")
 
 
 def test_centre_helpers_refuse_bad_values():
@@ -252,9 +258,4 @@ def test_a_cone_beam_scan_is_refused_before_compute(tmp_path, capsys):
     store = tmp_path / "cone.zarr"
     outcore.save(projections_dataset(da.ones(geometry.projection_shape, np.float32), geometry,
                                      (8, 16, 16), "none"), store, layout="projections")
-    for verb in (["tomo", "center"], ["tomo", "reconstruct", "--center", "auto"]):
-        assert main([*verb, "--input", str(store), *COMMON, "--output-dir",
-                     str(tmp_path / "runs")]) != 0
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "parallel-beam" in err[0] and "--center VALUE" in err[0]
-    assert not (tmp_path / "runs").exists()
+    _both_verbs_refuse(store, tmp_path, capsys, "parallel-beam")
