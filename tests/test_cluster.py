@@ -1,4 +1,5 @@
-"""Cluster kinds: options checked before start, threads devices agree, loopback dashboard."""
+"""Cluster kinds: options checked before start, threads devices agree, loopback dashboard,
+in-process workers sharing one process's memory, auto's choice of in-process workers."""
 
 from __future__ import annotations
 
@@ -81,6 +82,53 @@ def test_local_cluster_dashboard_on_loopback_and_placement():
         t0 = time.perf_counter()
         cluster.stop(client, timeout=20)
         assert time.perf_counter() - t0 < 25
+
+
+def test_threads_cluster_dashboard_answers_and_memory_is_shared():
+    """In-process workers: the printed dashboard link answers, and pausing happens when the
+    one process reaches 80 % of all the workers' limits together (not of one's)."""
+    client = cluster.start("threads", workers=2, memory_limit="400MiB")
+    try:
+        link = client.dashboard_link
+        assert urlparse(link).hostname == "127.0.0.1"
+        with urllib.request.urlopen(link, timeout=10) as response:
+            assert response.status == 200
+        managers = client.run(lambda dask_worker: (
+            dask_worker.memory_manager.memory_limit,
+            dask_worker.memory_manager.memory_pause_fraction,
+            dask_worker.memory_manager.memory_spill_fraction,
+            dask_worker.memory_manager.memory_target_fraction))
+        assert len(managers) == 2
+        for limit, pause, spill, target in managers.values():
+            assert limit == 400 * 2**20
+            assert pause * limit == pytest.approx(0.8 * 800 * 2**20)
+            assert spill is False and target == 0.6
+        assert len({r["pid"] for r in cluster.placement(client)}) == 1
+    finally:
+        cluster.stop(client)
+
+
+def test_threads_and_local_start_as_many_workers_by_default():
+    import os
+
+    expected = min(os.cpu_count() or 1, 4)
+    for kind in ("threads", "local"):
+        assert cluster.ClusterOptions(kind=kind).default_workers() == expected
+    assert cluster.ClusterOptions(kind="threads", workers=3).default_workers() == 3
+
+
+def test_auto_runs_small_jobs_in_process_and_keeps_processes_otherwise():
+    from outcore import backend
+
+    if backend.gpu_available():
+        pytest.skip("auto is cuda on this machine")
+    auto = cluster.ClusterOptions(kind="auto")
+    ceiling = cluster.IN_PROCESS_DATA_FRACTION * backend.host_memory()["total_bytes"]
+    assert "in this process" in cluster.in_process_reason(auto, 2**20)
+    assert cluster.in_process_reason(auto, int(ceiling) + 1) is None
+    for opts in (cluster.ClusterOptions(kind="auto", memory_limit="1GiB"),
+                 cluster.ClusterOptions(kind="local"), cluster.ClusterOptions(kind="threads")):
+        assert cluster.in_process_reason(opts, 2**20) is None
 
 
 def test_joining_a_scheduler_address():

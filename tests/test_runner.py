@@ -1,4 +1,5 @@
-"""run_job ends runs cleanly: a cluster whose workers all stay paused fails with a reason."""
+"""run_job ends runs cleanly (a cluster whose workers all stay paused fails with a reason) and
+starts the cluster auto chooses for the job."""
 
 from __future__ import annotations
 
@@ -77,3 +78,35 @@ def test_worker_timeout_ends_a_stuck_task(tmp_path):
     with pytest.raises(OutcoreError, match="positive"):
         runner.run_job(RunSettings(ClusterOptions("threads"), worker_timeout=0),
                        lambda backend: _sleepy_job())
+
+
+def _sized_job(data_bytes: int) -> Job:
+    """A job whose plan says it reads ``data_bytes`` (its compute is a small sum)."""
+    def plan(resources: Resources) -> Plan:
+        return Plan([TaskMemory("sum", 1, 2**20, 8, read_bytes=data_bytes)],
+                    resources.workers, resources.threads_per_worker, resources.memory_limit)
+
+    def execute(run, client) -> None:
+        compute(client, da.ones((1000, 1000), chunks=500).sum(), show=False)
+
+    return Job("sized", {}, plan, execute)
+
+
+def test_auto_runs_a_small_job_in_process_and_says_why(tmp_path, capsys):
+    from outcore import backend
+
+    if backend.gpu_available():
+        pytest.skip("auto is cuda on this machine")
+    settings = RunSettings(ClusterOptions("auto"), output_dir=str(tmp_path), name="small",
+                           progress=False)
+    runner.run_job(settings, lambda backend: _sized_job(2**20))
+    small = load_summary(tmp_path / "small")["cluster"]
+    assert (small["kind"], small["requested"]) == ("threads", "auto")
+    assert "in this process" in small["why"] and "in this process" in capsys.readouterr().out
+    assert len({w["pid"] for w in small["workers"]}) == 1
+    # the same job with a memory limit per worker keeps worker processes
+    limited = RunSettings(ClusterOptions("auto", workers=1, memory_limit="400MiB"),
+                          output_dir=str(tmp_path), name="limited", progress=False)
+    runner.run_job(limited, lambda backend: _sized_job(2**20))
+    record = load_summary(tmp_path / "limited")["cluster"]
+    assert (record["kind"], record["why"]) == ("local", None)

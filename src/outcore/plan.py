@@ -87,17 +87,16 @@ class Resources:
     def of_options(cls, opts: ClusterOptions, backend_name: str) -> Resources:
         """What a cluster started from these options would get (nothing is started).
 
-        Workers: ``--workers``, else what that kind starts by default (threads: 1; cuda: one
-        per GPU; local: min(CPUs, 4)). Memory: ``--memory-limit`` as dask reads it (bytes,
-        a size string, a fraction of RAM, or ``auto`` = RAM x threads / cores). Device:
-        ``--device-memory-limit``, else the smallest free memory of this machine's GPUs.
+        Workers: ``--workers``, else what that kind starts by default (cuda: one per GPU;
+        local and threads: min(CPUs, 4)). Memory: ``--memory-limit`` as dask reads it
+        (bytes, a size string, a fraction of RAM, or ``auto`` = RAM x threads / cores).
+        Device: ``--device-memory-limit``, else the smallest free memory of this machine's
+        GPUs.
         """
         from distributed.worker_memory import parse_memory_limit
 
-        kind = opts.resolved_kind()
         gpus = backend.devices()
-        defaults = {"threads": 1, "cuda": max(len(gpus), 1)}
-        workers = opts.workers or defaults.get(kind, min(os.cpu_count() or 1, 4))
+        workers = opts.default_workers()
         limit = parse_memory_limit(
             "auto" if opts.memory_limit is None else opts.memory_limit,
             opts.threads_per_worker, total_cores=os.cpu_count() or 1, logger=log,
@@ -185,6 +184,11 @@ class Plan:
         concurrent = min(self.threads_per_worker, max(s.tasks for s in self.stages))
         tasks = concurrent * self.largest_task.peak_bytes
         return self.baseline_bytes + self.resident_bytes + tasks
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes the whole run reads and writes, over every task of every stage."""
+        return sum(s.tasks * (s.read_bytes + s.write_bytes) for s in self.stages)
 
     @property
     def budget_bytes(self) -> int | None:

@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,23 +59,40 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
     SHOW_PROGRESS.set(settings.progress)
     name = settings.name or default_run_name(job.command)
     run_path = refuse_existing(Path(settings.output_dir) / name)
-    client = cluster.start(settings.cluster.kind, **_cluster_kwargs(settings.cluster))
+    opts, why = chosen_cluster(settings.cluster, job, backend_name)
+    kind = opts.resolved_kind()
+    client = cluster.start(opts.kind, **_cluster_kwargs(opts))
     exit_code = 1
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
+        if why:
+            print(f"note: {why}", flush=True)
         resources = Resources.of_client(client, backend_name,
                                         settings.cluster.device_memory_limit)
         plan = job.plan(resources)
         print(plan.table(), flush=True)
         plan.check(job.plan_fixes, job.device_fixes)
         run = Run.create(run_path.parent, run_path.name, job.command, _config(job, settings))
-        summary = _execute(run, client, job, plan, settings, kind)
+        summary = _execute(run, client, job, plan, settings, kind, why)
         exit_code = 0
         return summary
     finally:
         signal.signal(signal.SIGTERM, previous)
         cluster.stop(client, exit_code)
+
+
+def chosen_cluster(opts: cluster.ClusterOptions, job: Job,
+                   backend_name: str) -> tuple[cluster.ClusterOptions, str | None]:
+    """The cluster to start for ``job``: ``opts``, or, where ``auto`` finds the job's data
+    small (``cluster.in_process_reason``), workers that are threads of this process; and
+    the reason for that choice (None when there was none to make)."""
+    if opts.kind != "auto" or opts.resolved_kind() != "local":
+        return opts, None
+    threads = replace(opts, kind="threads")
+    data = job.plan(Resources.of_options(threads, backend_name)).data_bytes
+    why = cluster.in_process_reason(opts, data)
+    return (threads, why) if why else (opts, None)
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -83,13 +101,16 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _execute(
-    run: Run, client: distributed.Client, job: Job, plan: Plan, settings: RunSettings, kind: str
+    run: Run, client: distributed.Client, job: Job, plan: Plan, settings: RunSettings, kind: str,
+    why: str | None,
 ) -> dict[str, Any]:
     try:
         run.set(
             "cluster",
             {
                 "kind": kind,
+                "requested": settings.cluster.kind,
+                "why": why,
                 "scheduler": client.scheduler.address,
                 "dashboard": client.dashboard_link,
                 "workers": cluster.placement(client),
