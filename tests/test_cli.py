@@ -130,3 +130,17 @@ def test_the_installed_command_exits_non_zero_on_error(tmp_path):
     done = subprocess.run([str(exe), "demo", "--cluster", "bogus"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 1 and "Unknown cluster" in done.stderr
+
+
+def test_the_command_runs_the_exit_handlers_and_keeps_the_exit_code():
+    """``entry`` skips the interpreter's teardown, not the exit handlers nor the code."""
+    script = ("import atexit, sys\n"
+              "from outcore.cli import entry\n"
+              "atexit.register(lambda: print('handler ran', flush=True))\n"
+              "sys.argv = ['outcore'] + sys.argv[1:]\n"
+              "entry()\n")
+    for argv, code in ((["info"], 0), (["demo", "--cluster", "bogus"], 1)):
+        done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == code
+        assert done.stdout.rstrip().endswith("handler ran")
