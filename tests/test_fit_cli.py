@@ -57,6 +57,27 @@ def test_chunk_size_does_not_change_the_fits(tmp_path, catalog):
     pd.testing.assert_frame_equal(tables[0], tables[1])
 
 
+def test_the_default_chunk_size_is_recorded_and_gives_the_same_fits(tmp_path, catalog):
+    """No --chunk-size: the automatic one (300 stamps -> 32 a task, 8 or more tasks) is the
+    run's recorded chunk size, and the fits equal those of an explicit one."""
+    from outcore.fit.memory import auto_chunk_size
+
+    cat, _ = catalog
+    store = tmp_path / "cat.zarr"
+    outcore.save(cat, store)
+    assert main(["fit-dipoles", "--input", str(store), *COMMON, "--output-dir", str(tmp_path),
+                 "--name", "auto"]) == 0
+    assert main(["fit-dipoles", "--input", str(store), "--chunk-size", "300", *COMMON,
+                 "--output-dir", str(tmp_path), "--name", "one"]) == 0
+    assert load_summary(tmp_path / "auto")["config"]["chunk_size"] == 32
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "auto" / "fits.parquet"),
+                                  pd.read_parquet(tmp_path / "one" / "fits.parquet"))
+    assert auto_chunk_size(30_000, (17, 17)) == 2048
+    assert auto_chunk_size(10**7, (17, 17)) == 4096
+    assert auto_chunk_size(10**7, (128, 128)) == 128  # 16 MiB of float64 stamps
+    assert auto_chunk_size(5, (17, 17)) == 1
+
+
 def test_outputs_are_chunked_for_storage_not_for_compute(tmp_path, catalog, monkeypatch):
     """fits.zarr in chunks of STORAGE_ROWS rows (whatever --chunk-size), fits.parquet in row
     groups of as many; the same table as one stored chunk."""

@@ -20,7 +20,7 @@ from outcore import io
 from outcore.checks import at_least
 from outcore.errors import InputNotFoundError, LayoutError
 from outcore.fit.demo import run_stage
-from outcore.fit.memory import memory_model
+from outcore.fit.memory import auto_chunk_size, memory_model
 from outcore.fit.models import MODELS
 from outcore.fit.operator import fit_dipoles, status_counts
 from outcore.io.store import zarr_strings
@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="gaussian", choices=sorted(MODELS))
     p.add_argument("--psf", default=None,
                    help="PSF stamp for --model psf: .npy or FITS, (py, px) or (n, py, px)")
-    p.add_argument("--chunk-size", type=int, default=256, help="candidates per task")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="candidates per task (default: a power of two up to 4096, at least 8"
+                        " tasks, at most 16 MiB of stamps a task)")
     p.add_argument("--max-iterations", type=int, default=100)
     p.add_argument("--scale-errors", action="store_true",
                    help="scale parameter errors by sqrt(reduced chi2)")
@@ -118,15 +120,16 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     catalog = open_catalog(args.input)
     psf = load_psf(args.psf)
     at_least(args.chunk_size, "--chunk-size", what="a positive number of candidates per task")
-    result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=args.chunk_size,
-                         backend=backend_name, max_iterations=args.max_iterations,
-                         scale_errors=args.scale_errors, output_chunk=STORAGE_ROWS)
     n = catalog.sizes["candidate"]
     stamp = (catalog.sizes["y"], catalog.sizes["x"])
+    chunk_size = args.chunk_size or auto_chunk_size(n, stamp)
+    result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=chunk_size,
+                         backend=backend_name, max_iterations=args.max_iterations,
+                         scale_errors=args.scale_errors, output_chunk=STORAGE_ROWS)
 
     def plan(resources: Resources) -> Plan:
         stages = memory_model(
-            n, args.chunk_size, stamp, catalog["images"].dtype, args.model,
+            n, chunk_size, stamp, catalog["images"].dtype, args.model,
             variance="variance" in catalog, mask="mask" in catalog,
             psf_shape=None if psf is None else psf.shape[-2:],
             per_candidate_psf=psf is not None and psf.ndim == 3, backend=backend_name,
@@ -157,7 +160,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     return Job(
         command="fit-dipoles",
         config={"input": str(args.input), "model": args.model, "psf": args.psf,
-                "chunk_size": args.chunk_size, "max_iterations": args.max_iterations,
+                "chunk_size": chunk_size, "max_iterations": args.max_iterations,
                 "scale_errors": args.scale_errors},
         plan=plan,
         execute=execute,

@@ -430,12 +430,15 @@ def write_slices(run: Run, volume_path: Path, title: str) -> None:
             (f"x = {nx // 2}", volume[:, :, nx // 2], ("y", "z"))]
     images = dask.compute(*(cut.data for _, cut, _ in cuts))  # each chunk read once
     lo, hi = np.percentile(images[0], [0.5, 99.5])
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    # a fixed layout: matplotlib's constrained one doubles the time of drawing the figure
+    fig = Figure(figsize=(12, 4.2))
+    fig.subplots_adjust(left=0.05, right=0.9, bottom=0.13, top=0.85, wspace=0.3)
     axes = fig.subplots(1, 3)
     for ax, (name, _, (across, up)), image in zip(axes, cuts, images, strict=True):
         shown = ax.imshow(image, cmap="gray", vmin=lo, vmax=hi, origin="lower")
         ax.set(title=name, xlabel=f"{across} [voxel]", ylabel=f"{up} [voxel]")
-    fig.colorbar(shown, ax=list(axes), label="attenuation [1/m]", shrink=0.8)
+    fig.colorbar(shown, cax=fig.add_axes((0.925, 0.2, 0.012, 0.58)),
+                 label="attenuation [1/m]")
     fig.suptitle(title)
     fig.savefig(run.add_output(SLICES, verify=check_png), format="png", dpi=90)
 
