@@ -47,6 +47,11 @@ Cases (``--cases``):
   imports), and the time to start and stop a local Dask cluster of ``--cluster-workers``
   workers in a fresh process.
 
+outcore runs with its own choice of cluster (``auto``: in-process workers for a job whose
+data are small, worker processes otherwise); ``--outcore-cluster auto local`` runs each of
+its fit, tomo and ptycho commands both ways (``cluster`` in the case; the peers' ratios are
+to the first).
+
 Each line: ``value`` and ``median_s`` the median wall seconds of the whole process, ``min_s``,
 ``max_s``, ``walls_s``; ``cpu_s`` (median user + system seconds of the process and all its
 children, from ``getrusage(RUSAGE_CHILDREN)``) and ``cpu_utilisation`` (CPU over wall);
@@ -246,6 +251,23 @@ class Contender:
     timings: list[dict] = field(default_factory=list)  # summary.json timings_s of each run
     judged: dict | None = None
     failure: str | None = None
+
+
+def cluster_variants(contenders: list[Contender], kinds: list[str]) -> list[Contender]:
+    """Each outcore contender once per ``--outcore-cluster`` kind (``--cluster KIND`` added,
+    ``cluster`` in its case; ``auto`` adds nothing), in that order, the peers after."""
+    out = []
+    for contender in contenders:
+        if contender.tool != "outcore" or kinds == ["auto"]:
+            out.append(contender)
+            continue
+        for kind in kinds:
+            flag = [] if kind == "auto" else ["--cluster", kind]
+            out.append(Contender(
+                contender.tool, f"{contender.label} {kind}", {**contender.case, "cluster": kind},
+                lambda run, command=contender.command, flag=flag: [*command(run), *flag],
+                contender.judge, dict(contender.env), contender.note))
+    return out
 
 
 def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
@@ -465,6 +487,7 @@ def fit_size(args: argparse.Namespace, work: Path, n: int) -> None:
         contenders.append(cuphoton_contender(base, stamps, truth, order))
     if "scipy-loop" in args.peers:
         contenders.append(scipy_contender(base, stamps, truth, order))
+    contenders = cluster_variants(contenders, args.outcore_cluster)
     alternate(f"fit-dipoles-{n}", contenders, args, work)
     emit("fit-dipoles", contenders, prepare)
 
@@ -597,6 +620,7 @@ def tomo_method(args: argparse.Namespace, work: Path, folder: Path, n: int, meth
                      "--output-dir", str(run), "--name", "out"], judge_outcore)]
     if "astra" in args.peers:
         contenders.append(astra_contender(args, folder, case, method, truth))
+    contenders = cluster_variants(contenders, args.outcore_cluster)
     alternate(f"tomo-{n}-{method}", contenders, args, work)
     emit("tomo", contenders, prepare)
 
@@ -739,6 +763,7 @@ def case_ptycho(args: argparse.Namespace, work: Path) -> None:
                     str(run / "object.npz"), "--iterations", str(args.ptycho_iterations),
                     "--batch", str(args.ptycho_batch), "--engine", engine, "--seed",
                     str(args.seed)], judge_peer, env=passive, note=note))
+    contenders = cluster_variants(contenders, args.outcore_cluster)
     alternate(f"ptycho-{args.ptycho_scan}", contenders, args, work)
     emit("ptycho", contenders, prepare)
 
@@ -953,6 +978,10 @@ def main() -> None:
     parser.add_argument("--quantem-modes", nargs="+", choices=["gd", "adam"], default=["adam"])
     parser.add_argument("--ptychi-engines", nargs="+", choices=["lsqml", "rpie", "epie"],
                         default=["epie"])
+    parser.add_argument("--outcore-cluster", nargs="+", default=["auto"],
+                        choices=["auto", "threads", "local"],
+                        help="run outcore's fit, tomo and ptycho commands with each of these"
+                             " --cluster kinds (default: its own choice, auto)")
     parser.add_argument("--cluster-workers", type=int, default=2,
                         help="workers of the cluster start-up timing")
     parser.add_argument("--table", type=Path, default=None, metavar="RESULTS.jsonl",
