@@ -64,13 +64,17 @@ def test_threads_devices_1_2_3_give_the_same_answer():
     np.testing.assert_allclose(answers[0]["mean"], truth.mean(axis=(0, 1)), rtol=1e-6)
 
 
+def _dashboard_answers_on_loopback(client) -> None:
+    link = client.dashboard_link
+    assert urlparse(link).hostname == "127.0.0.1"
+    with urllib.request.urlopen(link, timeout=10) as response:
+        assert response.status == 200
+
+
 def test_local_cluster_dashboard_on_loopback_and_placement():
     client = cluster.start("local", workers=2, memory_limit="400MiB")
     try:
-        link = client.dashboard_link
-        assert urlparse(link).hostname == "127.0.0.1"
-        with urllib.request.urlopen(link, timeout=10) as response:
-            assert response.status == 200
+        _dashboard_answers_on_loopback(client)
         records = cluster.placement(client)
         assert len(records) == 2
         assert {r["memory_limit_bytes"] for r in records} == {400 * 2**20}
@@ -89,10 +93,7 @@ def test_threads_cluster_dashboard_answers_and_memory_is_shared():
     one process reaches 80 % of all the workers' limits together (not of one's)."""
     client = cluster.start("threads", workers=2, memory_limit="400MiB")
     try:
-        link = client.dashboard_link
-        assert urlparse(link).hostname == "127.0.0.1"
-        with urllib.request.urlopen(link, timeout=10) as response:
-            assert response.status == 200
+        _dashboard_answers_on_loopback(client)
         managers = client.run(lambda dask_worker: (
             dask_worker.memory_manager.memory_limit,
             dask_worker.memory_manager.memory_pause_fraction,
