@@ -279,6 +279,36 @@ def parallel_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, dv, du, ov, ou
                         _spread_line(acc, m, j0, w0, j1, w1, lines, b * nu + iu)
 
 
+@numba.njit(inline="always", **_JIT)
+def _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox, cx, cy, no, nd, columns, od, dd,
+                dxy, a1, b1, m0, m1):
+    """The next block of a cone view's columns from ``iu`` on that drive along ``drive``: fills
+    their index, ``_cone_column``'s line and steps ``[m0, m1)`` (those that meet the slab's
+    other axis), as many as the arrays hold. Returns the next column, the block's size and
+    the steps ``[first, last)`` some column takes."""
+    size, first, last = 0, nd, 0
+    while iu < nu and size < columns.size:
+        g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
+            c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
+        if g == drive:
+            columns[size] = iu
+            m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
+            first, last = min(first, m0[size]), max(last, m1[size])
+            size += 1
+        iu += 1
+    return iu, size, first, last
+
+
+@numba.njit(inline="always", **_JIT)
+def _cone_ray(vz, cz, od, inv, nz, nd, m0, m1):
+    """A cone ray at height ``vz`` (index units) of a column (``od``, ``inv = 1 / dd``): its
+    ``z = za + zb m`` and steps ``[lo, hi)``, within the column's ``[m0, m1)``."""
+    zb = vz * inv
+    za = cz - od * zb
+    lo, hi = _steps(za, zb, -1.0, float(nz), nd)
+    return za, zb, max(lo, m0), min(hi, m1)
+
+
 @numba.njit(**_FAST)
 def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox):
     """Write the rays of ``out (views, rows, u)`` that drive along ``drive`` (rows from
@@ -300,16 +330,9 @@ def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov,
         c, s = math.cos(angles[a]), math.sin(angles[a])
         iu = 0
         while iu < nu:
-            size, first, last = 0, nd, 0
-            while iu < nu and size < cap:
-                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
-                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
-                if g == drive:
-                    columns[size] = iu
-                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
-                    first, last = min(first, m0[size]), max(last, m1[size])
-                    size += 1
-                iu += 1
+            iu, size, first, last = _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox,
+                                                cx, cy, no, nd, columns, od, dd, dxy, a1, b1,
+                                                m0, m1)
             for m in range(first, last):
                 for b in range(size):
                     if m0[b] <= m < m1[b]:
@@ -318,10 +341,7 @@ def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov,
             for b in range(size):
                 inv = 1.0 / dd[b]
                 for r in range(n_rows):
-                    zb = vz[r] * inv
-                    za = cz - od[b] * zb
-                    lo, hi = _steps(za, zb, -1.0, float(nz), nd)
-                    lo, hi = max(lo, m0[b]), min(hi, m1[b])
+                    za, zb, lo, hi = _cone_ray(vz[r], cz, od[b], inv, nz, nd, m0[b], m1[b])
                     total = _ray_sum(lines, b * nd, za, zb, lo, hi, nz) if lo < hi else 0.0
                     out[a, r, columns[b]] = vox * math.sqrt(dxy[b] + vz[r] ** 2) * abs(inv) * total
 
@@ -338,6 +358,7 @@ def cone_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, rs, rd, dv, du, ov
     vz = np.empty(n_rows)
     for r in range(n_rows):
         vz[r] = ((v0 + r - cv) * dv + ov) / vox
+    columns = np.empty(cap, np.int64)
     od, dd, dxy = np.empty(cap), np.empty(cap), np.empty(cap)
     a1, b1 = np.empty(cap), np.empty(cap)
     m0, m1 = np.empty(cap, np.int64), np.empty(cap, np.int64)
@@ -345,29 +366,20 @@ def cone_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, rs, rd, dv, du, ov
         c, s = math.cos(angles[a]), math.sin(angles[a])
         iu = 0
         while iu < nu:
-            size, first, last = 0, nd, 0
-            while iu < nu and size < cap:
-                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
-                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
-                if g == drive:
-                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
-                    first, last = min(first, m0[size]), max(last, m1[size])
-                    lines[size * nd + m0[size]:size * nd + m1[size]] = 0.0
-                    inv = 1.0 / dd[size]
-                    for r in range(n_rows):
-                        value = proj[a, r, iu]
-                        if value == 0.0:
-                            continue
-                        zb = vz[r] * inv
-                        za = cz - od[size] * zb
-                        lo, hi = _steps(za, zb, -1.0, float(nz), nd)
-                        lo, hi = max(lo, m0[size]), min(hi, m1[size])
-                        if lo < hi:
-                            _ray_spread(lines, size * nd,
-                                        vox * math.sqrt(dxy[size] + vz[r] ** 2) * abs(inv)
-                                        * value, za, zb, lo, hi, nz)
-                    size += 1
-                iu += 1
+            iu, size, first, last = _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox,
+                                                cx, cy, no, nd, columns, od, dd, dxy, a1, b1,
+                                                m0, m1)
+            for b in range(size):
+                lines[b * nd + m0[b]:b * nd + m1[b]] = 0.0
+                inv = 1.0 / dd[b]
+                for r in range(n_rows):
+                    value = proj[a, r, columns[b]]
+                    if value == 0.0:
+                        continue
+                    za, zb, lo, hi = _cone_ray(vz[r], cz, od[b], inv, nz, nd, m0[b], m1[b])
+                    if lo < hi:
+                        _ray_spread(lines, b * nd, vox * math.sqrt(dxy[b] + vz[r] ** 2)
+                                    * abs(inv) * value, za, zb, lo, hi, nz)
             for m in range(first, last):
                 for b in range(size):
                     if m0[b] <= m < m1[b]:
