@@ -7,8 +7,10 @@ the row chunks of one view block that reach its slab, a float64 accumulator of t
 slab in the data's dtype and (``space``) a contiguous copy of the rows of its band. Sums hold
 ``split_every`` partials and their total. The CPU kernels also hold a copy of the slab in
 one *layout* (forward) or an accumulator of the slab in the data's dtype (adjoint), and
-their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``); the GPU kernels keep
-per-ray state in registers, so the model is the CPU's, an upper bound for both.
+their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``), or for FBP/FDK a block
+of interpolated views and a tile of voxel columns (``backproject_scratch_shapes``): a
+backprojection task counts the larger. The GPU kernels keep per-ray state in registers, so
+the model is the CPU's, an upper bound for both.
 ``tests/test_tomo_projector.py`` checks these counts against ``tracemalloc``.
 
 Every plan of the projector counts ``TOMO_WORKER_BASELINE_BYTES`` per worker in place of
