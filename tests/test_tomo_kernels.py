@@ -157,13 +157,14 @@ def test_voxel_backprojector_blocks_match_numpy_reference(kind, block_views, pla
     expected = whole[z0:z0 + shape[0]]
     cone, rs, rd, dv, du, ov, ou, vox = geometry.kernel_args()
     n_views = geometry.n_views
-    block = np.zeros((block_views, nu + 2, v1 - v0 + 2 if cone else planes))
+    block = np.zeros((block_views, nu + 2, v1 - v0 + 3) if cone
+                     else (block_views, nu + 3, planes))
     tile = np.zeros((rows, shape[2], shape[0] if cone else planes))
     got = np.zeros(shape)
     args = (np.ascontiguousarray(full[:, v0:v1]), got, block, tile)
     common = (geometry.angles, weights, v0, nv, (depth - 1) / 2 - z0)
     if cone:
-        cpu.cone_backproject(*args, np.zeros(v1 - v0 + 2), *common, rs, rd, dv, du, ov, ou,
+        cpu.cone_backproject(*args, np.zeros(v1 - v0 + 3), *common, rs, rd, dv, du, ov, ou,
                              vox)
     else:
         cpu.parallel_backproject(*args, *common, dv, du, ov, ou, vox)

@@ -114,17 +114,18 @@ def backproject_scratch_shapes(cone: bool, proj_shape: tuple[int, ...],
     bytes, the projections' dtype) for ``proj_shape (views, rows, u)`` onto ``slab_shape
     (z, y, x)``.
 
-    ``block``: per view, ``u + 2`` lines of a chunk of at most ``BACKPROJECT_PLANES`` planes
-    (parallel) or ``rows + 2`` heights (cone), as many views as fit ``BACKPROJECT_BLOCK_BYTES``,
-    at least one. ``tile``: ``BACKPROJECT_ROWS`` rows of voxel columns
-    of the chunk's planes (all the slab's for the cone beam).
+    ``block``: per view, ``u + 3`` lines of a chunk of at most ``BACKPROJECT_PLANES`` planes
+    (parallel) or ``u + 2`` of ``rows + 3`` heights (cone; zero padding and a spare zero), as
+    many views as fit ``BACKPROJECT_BLOCK_BYTES``, at least one. ``tile``:
+    ``BACKPROJECT_ROWS`` rows of voxel columns of the chunk's planes (all the slab's for the
+    cone beam).
     """
     n_views, n_rows, nu = proj_shape
     nz, ny, nx = slab_shape
     planes = nz if cone else min(nz, BACKPROJECT_PLANES)
-    depth = n_rows + 2 if cone else planes
-    views = max(1, min(n_views, BACKPROJECT_BLOCK_BYTES // (itemsize * (nu + 2) * depth)))
-    return (views, nu + 2, depth), (min(ny, BACKPROJECT_ROWS), nx, planes)
+    width, depth = (nu + 2, n_rows + 3) if cone else (nu + 3, planes)
+    views = max(1, min(n_views, BACKPROJECT_BLOCK_BYTES // (itemsize * width * depth)))
+    return (views, width, depth), (min(ny, BACKPROJECT_ROWS), nx, planes)
 
 
 def _ranges(n: int, size: int) -> tuple[Range, ...]:
@@ -209,7 +210,7 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     kernel_bytes = slab_bytes + rows * width * item  # the layout (or accumulator) and lines
     # FBP/FDK's kernel instead: its block, tile and (cone) line
     weighted_bytes = item * (sum(math.prod(shape) for shape in backproject_scratch_shapes(
-        cone, (views, band, nu), (slab, ny, nx), item)) + band + 2)
+        cone, (views, band, nu), (slab, ny, nx), item)) + band + 3)
     sums = min(split_every, n_slabs)
     device = on_device if backend == "cupy" else (lambda stage: stage)
     return [

@@ -427,9 +427,10 @@ def parallel_backproject(proj, out, block, tile, angles, weights, v0, nv, cz, dv
     the voxel centre projects (rows from ``v0`` of ``nv``; zero off the block).
 
     A plane's voxels all project at one detector height, so each view's two rows at a plane's
-    height are interpolated once, weighted, into ``block (views, 1 + u + 1, planes)``: per
-    view a *line* for every column ``u`` (a zero line on each side of the detector), the
-    planes of a chunk contiguous. A voxel column ``(y, x)`` then takes, per view, its two
+    height are interpolated once, weighted, into ``block (views, 1 + u + 2, planes)``: per
+    view a *line* for every column ``u`` (zero lines on each side of the detector, and a
+    spare one that a sample rounded onto the far edge reads with weight 0), the planes of a
+    chunk contiguous. A voxel column ``(y, x)`` then takes, per view, its two
     lines at ``u`` linearly interpolated: one contiguous, vectorised loop over the chunk's
     planes that shares the ``u`` arithmetic among them. ``tile (rows, x, planes)`` sums a
     block of views for some rows of columns in proj's dtype before they are added to ``out``.
@@ -459,10 +460,11 @@ def parallel_backproject(proj, out, block, tile, angles, weights, v0, nv, cz, dv
         r0[k], r1[k] = min(max(iv, 0), n_rows - 1), min(max(iv + 1, 0), n_rows - 1)
         if w0[k] != 0.0 or w1[k] != 0.0:
             first, last = min(first, k), max(last, k + 1)
-    for b in range(cap):
+    for b in range(cap):  # zero lines: one before the detector, two after it (a spare)
         for k in range(planes):
             block[b, 0, k] = 0.0
             block[b, nu + 1, k] = 0.0
+            block[b, nu + 2, k] = 0.0
     for k0 in range(first, last, planes):
         nk = min(last, k0 + planes) - k0
         for a0 in range(0, n_views, cap):
@@ -500,10 +502,11 @@ def cone_backproject(proj, out, block, tile, line, angles, weights, v0, nv, cz, 
 
     A voxel column ``(y, x)`` projects on one detector column ``u`` and, plane after plane,
     on heights a constant step apart (the column's magnification). ``block (views, 1 + u + 1,
-    1 + rows + 1)`` holds a block of views transposed (``v`` contiguous), weighted and
-    zero-padded all round; per view, a column interpolates its two detector columns at
-    ``u`` into ``line`` (a contiguous, vectorised loop), then samples that line linearly at
-    each of its planes' heights. ``tile (rows, x, z)`` as in ``parallel_backproject``.
+    1 + rows + 2)`` holds a block of views transposed (``v`` contiguous), weighted and
+    zero-padded all round (a spare zero above, as in ``parallel_backproject``); per view, a
+    column interpolates its two detector columns at ``u`` into ``line (1 + rows + 2,)`` (a
+    contiguous, vectorised loop), then samples that line linearly at each of its planes'
+    heights. ``tile (rows, x, z)`` as in ``parallel_backproject``.
     """
     nz, ny, nx = out.shape
     n_views, n_rows, nu = proj.shape
@@ -623,7 +626,7 @@ def backproject(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, weights: 
     block, tile = (np.zeros(shape, proj.dtype) for shape in backproject_scratch_shapes(
         bool(cone), proj.shape, out.shape, proj.dtype.itemsize))
     if cone:
-        line = np.zeros(proj.shape[1] + 2, proj.dtype)
+        line = np.zeros(proj.shape[1] + 3, proj.dtype)
         cone_backproject(proj, out, block, tile, line, angles, weights, v0, nv, cz, rs, rd, dv,
                          du, ov, ou, vox)
     else:
