@@ -2,13 +2,16 @@
 
 Prints one JSON line per tool, case and direction (DESIGN.md, "Benchmark lines"). ``value``
 is GUPS, giga voxel-view updates per second: ``n^3 * views / median seconds / 1e9``, for
-``forward`` (volume -> projections) and ``back`` (projections -> volume). For each ``--n``
+``forward`` (volume -> projections), ``back`` (projections -> volume) and, for outcore's kernel,
+``fbp-back`` (the weighted backprojection of FBP/FDK). For each ``--n``
 and ``--geometry`` every tool gets the same scan of ``--views`` views
 (``outcore.tomo.scan_for``: a half turn parallel or a full turn cone, a pixel of one voxel at
 the axis, a detector that sees the whole volume) and the same Shepp-Logan volume, float32:
 
 - ``outcore-kernel``: ``outcore.tomo.kernels.forward`` and ``adjoint`` (Joseph's projector
-  and its exact transpose, numba) on the whole volume in this process, on one core; with
+  and its exact transpose, numba) on the whole volume in this process, on one core, and
+  ``kernels.backproject`` (``fbp-back``: the voxel-driven, weighted backprojector of FBP and
+  FDK, bilinear at each voxel centre; its count is the same voxel-view updates); with
   ``--backend cupy`` the CUDA twins on the volume in GPU memory, each call waited for, no
   copies between host and device in the clock (``device_pool_bytes``: cupy's pool after);
   its lines also give ``gups_per_cpu_s``, the same count over the CPU seconds of the runs,
@@ -137,8 +140,15 @@ def bench_kernel(args: argparse.Namespace, n: int, geometry: Geometry,
         kernels.adjoint(projections, geometry.angles, geometry, shape)
         synchronize(on)
 
+    weights = np.full(geometry.n_views, np.pi / geometry.n_views)
+    kernels.backproject(projections[:2], geometry.angles[:2], geometry, shape, weights[:2])
+
+    def fbp_back() -> None:
+        kernels.backproject(projections, geometry.angles, geometry, shape, weights)
+        synchronize(on)
+
     pids = [os.getpid()]
-    for direction, work in (("forward", forward), ("back", back)):
+    for direction, work in (("forward", forward), ("back", back), ("fbp-back", fbp_back)):
         cpus: list[float] = []
 
         def timed_run(work: Callable[[], None] = work, cpus: list[float] = cpus) -> None:

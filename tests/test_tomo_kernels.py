@@ -137,6 +137,55 @@ def test_voxel_backprojector_matches_numpy_reference(kind):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("kind", ["parallel", "cone"])
+@pytest.mark.parametrize(("block_views", "planes", "rows"), [(1, 1, 1), (2, 3, 4), (3, 20, 5)])
+def test_voxel_backprojector_blocks_match_numpy_reference(kind, block_views, planes, rows):
+    """Every cut of the scratch (views per block, planes per chunk, rows per tile) gives the
+    numpy reference's samples, on a slab of a deeper volume from a row block of the
+    detector (``z0``, ``v0``)."""
+    from outcore.tomo.kernels import cpu
+
+    geometry = _random_geometry(kind, np.random.default_rng(13))
+    shape, z0, depth = (7, 11, 13), 3, 14
+    nv, nu = geometry.detector_shape
+    v0, v1 = 2, nv - 1
+    full = RNG.standard_normal(geometry.projection_shape)
+    weights = RNG.uniform(0.5, 1.5, geometry.n_views)
+    proj = np.zeros_like(full)
+    proj[:, v0:v1] = full[:, v0:v1]  # the block's rows; zero elsewhere
+    whole = _voxel_backproject_reference(proj, geometry, (depth, 11, 13), weights)
+    expected = whole[z0:z0 + shape[0]]
+    cone, rs, rd, dv, du, ov, ou, vox = geometry.kernel_args()
+    n_views = geometry.n_views
+    block = np.zeros((block_views, nu + 2, v1 - v0 + 3) if cone
+                     else (block_views, nu + 3, planes))
+    tile = np.zeros((rows, shape[2], shape[0] if cone else planes))
+    got = np.zeros(shape)
+    args = (np.ascontiguousarray(full[:, v0:v1]), got, block, tile)
+    common = (geometry.angles, weights, v0, nv, (depth - 1) / 2 - z0)
+    if cone:
+        cpu.cone_backproject(*args, np.zeros(v1 - v0 + 3), *common, rs, rd, dv, du, ov, ou,
+                             vox)
+    else:
+        cpu.parallel_backproject(*args, *common, dv, du, ov, ou, vox)
+    assert n_views > block_views
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("kind", ["parallel", "cone"])
+def test_voxel_backprojector_float32_sums_match_float64(kind):
+    """float32 projections: each block of views is summed in float32, the blocks in float64;
+    the result is the float64 backprojection of the same values to float32 rounding."""
+    geometry = _random_geometry(kind, np.random.default_rng(17))
+    shape = (10, 15, 12)
+    proj = RNG.standard_normal(geometry.projection_shape).astype(np.float32)
+    weights = RNG.uniform(0.5, 1.5, geometry.n_views)
+    got = kernels.backproject(proj, geometry.angles, geometry, shape, weights)
+    expected = _voxel_backproject_reference(proj.astype(np.float64), geometry, shape, weights)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["parallel", "cone"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

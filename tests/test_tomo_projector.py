@@ -103,6 +103,25 @@ def test_memory_model_matches_tracemalloc(partition):
     assert 0.8 <= modeled / measured <= 1.5, (modeled, measured)
 
 
+@pytest.mark.parametrize("kind", ["parallel", "cone"])
+def test_memory_model_holds_the_weighted_backprojection(kind):
+    """FBP/FDK's task: many views on a wide detector, so that its kernel's scratch (a block of
+    interpolated views, ``memory.backproject_scratch_shapes``) outweighs the adjoint's."""
+    if kind == "cone":
+        geometry = Geometry.cone(uniform_angles(96, "cone"), (60, 90), 120.0, 60.0)
+    else:
+        geometry = Geometry.parallel(uniform_angles(96), (40, 300))
+    projector = Projector(geometry, (32, 40, 40), "views", 96, 16)
+    stage = {s.name: s for s in projector.memory()}["backproject"]
+    rows = [projector.blocks.row_chunks[r] for r in projector.blocks.pieces(1)]
+    pieces = [np.ones((96, b - a, geometry.detector_shape[1]), np.float32) for a, b in rows]
+    measured = _traced_peak(lambda: _back_task(
+        "backproject", geometry, geometry.angles, np.ones(96), (16, 40, 40), 16, 32,
+        projector.blocks.bands[1], rows, pieces, "numpy"))
+    modeled = stage.output_bytes + stage.transient_bytes
+    assert 0.8 <= modeled / measured <= 1.5, (modeled, measured)
+
+
 def test_suggested_blocks_fit_and_refuse_what_cannot():
     geometry = Geometry.parallel(uniform_angles(360), (256, 256))
     shape = (256, 256, 256)

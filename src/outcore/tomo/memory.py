@@ -7,8 +7,10 @@ the row chunks of one view block that reach its slab, a float64 accumulator of t
 slab in the data's dtype and (``space``) a contiguous copy of the rows of its band. Sums hold
 ``split_every`` partials and their total. The CPU kernels also hold a copy of the slab in
 one *layout* (forward) or an accumulator of the slab in the data's dtype (adjoint), and
-their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``); the GPU kernels keep
-per-ray state in registers, so the model is the CPU's, an upper bound for both.
+their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``), or for FBP/FDK a block
+of interpolated views and a tile of voxel columns (``backproject_scratch_shapes``): a
+backprojection task counts the larger. The GPU kernels keep per-ray state in registers, so
+the model is the CPU's, an upper bound for both.
 ``tests/test_tomo_projector.py`` checks these counts against ``tracemalloc``.
 
 Every plan of the projector counts ``TOMO_WORKER_BASELINE_BYTES`` per worker in place of
@@ -97,6 +99,33 @@ def kernel_lines_shape(cone: bool, n_views: int, nu: int, volume_shape: tuple[in
     return block * per, nz + 3
 
 
+#: The FBP/FDK backprojector's scratch (``kernels.cpu.parallel_backproject`` and
+#: ``cone_backproject``): planes per chunk of the parallel beam's lines, rows of voxel
+#: columns per tile, and the bytes of a block of views' lines (or transposed projections).
+BACKPROJECT_PLANES = 128
+BACKPROJECT_ROWS = 8
+BACKPROJECT_BLOCK_BYTES = 8 * 2**20
+
+
+def backproject_scratch_shapes(cone: bool, proj_shape: tuple[int, ...],
+                               slab_shape: tuple[int, ...], itemsize: int
+                               ) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Shapes of the FBP/FDK backprojector's ``block`` and ``tile`` (values of ``itemsize``
+    bytes, the projections' dtype) for ``proj_shape (views, rows, u)`` onto ``slab_shape
+    (z, y, x)``.
+
+    ``block``: per view, ``u + 3`` lines of a chunk of at most ``BACKPROJECT_PLANES`` planes
+    (parallel) or ``u + 2`` of ``rows + 3`` heights (cone; zero padding and a spare zero), as
+    many views as fit ``BACKPROJECT_BLOCK_BYTES``, at least one. ``tile``:
+    ``BACKPROJECT_ROWS`` rows of voxel columns of the chunk's planes (all the slab's for the
+    cone beam).
+    """
+    n_views, n_rows, nu = proj_shape
+    nz, ny, nx = slab_shape
+    planes = nz if cone else min(nz, BACKPROJECT_PLANES)
+    width, depth = (nu + 2, n_rows + 3) if cone else (nu + 3, planes)
+    views = max(1, min(n_views, BACKPROJECT_BLOCK_BYTES // (itemsize * width * depth)))
+    return (views, width, depth), (min(ny, BACKPROJECT_ROWS), nx, planes)
 
 
 def _ranges(n: int, size: int) -> tuple[Range, ...]:
@@ -176,8 +205,12 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     pieces_bytes = views * rows * nu * item
     # a piece cut to the slab's band is copied to a contiguous block (space partition)
     cut_bytes = 0 if partition == "views" else views * band * nu * item
-    rows, width = kernel_lines_shape(geometry.kind == "cone", views, nu, (slab, ny, nx), item)
+    cone = geometry.kind == "cone"
+    rows, width = kernel_lines_shape(cone, views, nu, (slab, ny, nx), item)
     kernel_bytes = slab_bytes + rows * width * item  # the layout (or accumulator) and lines
+    # FBP/FDK's kernel instead: its block, tile and (cone) line
+    weighted_bytes = item * (sum(math.prod(shape) for shape in backproject_scratch_shapes(
+        cone, (views, band, nu), (slab, ny, nx), item)) + band + 3)
     sums = min(split_every, n_slabs)
     device = on_device if backend == "cupy" else (lambda stage: stage)
     return [
@@ -188,7 +221,8 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
                    input_bytes=sums * partial_bytes, output_bytes=views * chunk * nu * item),
         device(TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
                           output_bytes=slab_bytes,
-                          transient_bytes=slab * ny * nx * F64 + cut_bytes + kernel_bytes,
+                          transient_bytes=slab * ny * nx * F64 + cut_bytes
+                          + max(kernel_bytes, weighted_bytes),
                           read_bytes=pieces_bytes)),
         TaskMemory("backproject-sum", n_slabs * max(1, n_blocks - 1),
                    input_bytes=min(split_every, n_blocks) * slab_bytes, output_bytes=slab_bytes,

@@ -85,8 +85,8 @@ _WARM: set[str] = set()
 
 
 def warm() -> None:
-    """Compile the CPU kernels for float32 and float64 in this process, or load them from
-    numba's on-disk cache (``cache=True``), once per process.
+    """Compile the CPU kernels (parallel and cone beam) for float32 and float64 in this
+    process, or load them from numba's on-disk cache (``cache=True``), once per process.
 
     ``Projector`` calls it where it builds a graph, so that the kernels are compiled once per
     machine, here, rather than in every worker: a worker that compiles them peaks about
@@ -98,12 +98,13 @@ def warm() -> None:
     """
     if "cpu" in _WARM:
         return
-    geometry = Geometry.parallel(np.array([0.0, 1.0]), (3, 5))  # read-only angles
-    for dtype in (np.float32, np.float64):
-        slab = np.ones((2, 3, 4), dtype)
-        proj = forward(slab, geometry.angles, geometry, z0=0, depth=3, rows=(0, 3))
-        adjoint(proj, geometry.angles, geometry, slab.shape, z0=0, depth=3)
-        backproject(proj, geometry.angles, geometry, slab.shape, np.ones(2), z0=0, depth=3)
+    angles = np.array([0.0, 1.0])  # read-only in each geometry
+    for geometry in (Geometry.parallel(angles, (3, 5)), Geometry.cone(angles, (3, 5), 20.0, 10.0)):
+        for dtype in (np.float32, np.float64):
+            slab = np.ones((2, 3, 4), dtype)
+            proj = forward(slab, geometry.angles, geometry, z0=0, depth=3, rows=(0, 3))
+            adjoint(proj, geometry.angles, geometry, slab.shape, z0=0, depth=3)
+            backproject(proj, geometry.angles, geometry, slab.shape, np.ones(2), z0=0, depth=3)
     _WARM.add("cpu")
 
 

@@ -40,7 +40,7 @@ import math
 import numba
 import numpy as np
 
-from outcore.tomo.memory import kernel_lines_shape
+from outcore.tomo.memory import backproject_scratch_shapes, kernel_lines_shape
 
 _JIT = {"nogil": True, "cache": True}
 #: Lets LLVM reorder sums and fuse multiply-adds (vectorised loops); NaN and Inf keep their
@@ -279,6 +279,36 @@ def parallel_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, dv, du, ov, ou
                         _spread_line(acc, m, j0, w0, j1, w1, lines, b * nu + iu)
 
 
+@numba.njit(inline="always", **_JIT)
+def _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox, cx, cy, no, nd, columns, od, dd,
+                dxy, a1, b1, m0, m1):
+    """The next block of a cone view's columns from ``iu`` on that drive along ``drive``: fills
+    their index, ``_cone_column``'s line and steps ``[m0, m1)`` (those that meet the slab's
+    other axis), as many as the arrays hold. Returns the next column, the block's size and
+    the steps ``[first, last)`` some column takes."""
+    size, first, last = 0, nd, 0
+    while iu < nu and size < columns.size:
+        g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
+            c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
+        if g == drive:
+            columns[size] = iu
+            m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
+            first, last = min(first, m0[size]), max(last, m1[size])
+            size += 1
+        iu += 1
+    return iu, size, first, last
+
+
+@numba.njit(inline="always", **_JIT)
+def _cone_ray(vz, cz, od, inv, nz, nd, m0, m1):
+    """A cone ray at height ``vz`` (index units) of a column (``od``, ``inv = 1 / dd``): its
+    ``z = za + zb m`` and steps ``[lo, hi)``, within the column's ``[m0, m1)``."""
+    zb = vz * inv
+    za = cz - od * zb
+    lo, hi = _steps(za, zb, -1.0, float(nz), nd)
+    return za, zb, max(lo, m0), min(hi, m1)
+
+
 @numba.njit(**_FAST)
 def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox):
     """Write the rays of ``out (views, rows, u)`` that drive along ``drive`` (rows from
@@ -300,16 +330,9 @@ def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov,
         c, s = math.cos(angles[a]), math.sin(angles[a])
         iu = 0
         while iu < nu:
-            size, first, last = 0, nd, 0
-            while iu < nu and size < cap:
-                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
-                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
-                if g == drive:
-                    columns[size] = iu
-                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
-                    first, last = min(first, m0[size]), max(last, m1[size])
-                    size += 1
-                iu += 1
+            iu, size, first, last = _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox,
+                                                cx, cy, no, nd, columns, od, dd, dxy, a1, b1,
+                                                m0, m1)
             for m in range(first, last):
                 for b in range(size):
                     if m0[b] <= m < m1[b]:
@@ -318,10 +341,7 @@ def cone_forward(vol, drive, out, lines, angles, v0, nv, cz, rs, rd, dv, du, ov,
             for b in range(size):
                 inv = 1.0 / dd[b]
                 for r in range(n_rows):
-                    zb = vz[r] * inv
-                    za = cz - od[b] * zb
-                    lo, hi = _steps(za, zb, -1.0, float(nz), nd)
-                    lo, hi = max(lo, m0[b]), min(hi, m1[b])
+                    za, zb, lo, hi = _cone_ray(vz[r], cz, od[b], inv, nz, nd, m0[b], m1[b])
                     total = _ray_sum(lines, b * nd, za, zb, lo, hi, nz) if lo < hi else 0.0
                     out[a, r, columns[b]] = vox * math.sqrt(dxy[b] + vz[r] ** 2) * abs(inv) * total
 
@@ -338,6 +358,7 @@ def cone_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, rs, rd, dv, du, ov
     vz = np.empty(n_rows)
     for r in range(n_rows):
         vz[r] = ((v0 + r - cv) * dv + ov) / vox
+    columns = np.empty(cap, np.int64)
     od, dd, dxy = np.empty(cap), np.empty(cap), np.empty(cap)
     a1, b1 = np.empty(cap), np.empty(cap)
     m0, m1 = np.empty(cap, np.int64), np.empty(cap, np.int64)
@@ -345,29 +366,20 @@ def cone_adjoint(proj, drive, acc, lines, angles, v0, nv, cz, rs, rd, dv, du, ov
         c, s = math.cos(angles[a]), math.sin(angles[a])
         iu = 0
         while iu < nu:
-            size, first, last = 0, nd, 0
-            while iu < nu and size < cap:
-                g, od[size], dd[size], dxy[size], a1[size], b1[size] = _cone_column(
-                    c, s, (iu - cu) * du + ou, rs, rd, vox, cx, cy)
-                if g == drive:
-                    m0[size], m1[size] = _steps(a1[size], b1[size], -1.0, float(no), nd)
-                    first, last = min(first, m0[size]), max(last, m1[size])
-                    lines[size * nd + m0[size]:size * nd + m1[size]] = 0.0
-                    inv = 1.0 / dd[size]
-                    for r in range(n_rows):
-                        value = proj[a, r, iu]
-                        if value == 0.0:
-                            continue
-                        zb = vz[r] * inv
-                        za = cz - od[size] * zb
-                        lo, hi = _steps(za, zb, -1.0, float(nz), nd)
-                        lo, hi = max(lo, m0[size]), min(hi, m1[size])
-                        if lo < hi:
-                            _ray_spread(lines, size * nd,
-                                        vox * math.sqrt(dxy[size] + vz[r] ** 2) * abs(inv)
-                                        * value, za, zb, lo, hi, nz)
-                    size += 1
-                iu += 1
+            iu, size, first, last = _cone_block(c, s, iu, nu, drive, cu, du, ou, rs, rd, vox,
+                                                cx, cy, no, nd, columns, od, dd, dxy, a1, b1,
+                                                m0, m1)
+            for b in range(size):
+                lines[b * nd + m0[b]:b * nd + m1[b]] = 0.0
+                inv = 1.0 / dd[b]
+                for r in range(n_rows):
+                    value = proj[a, r, columns[b]]
+                    if value == 0.0:
+                        continue
+                    za, zb, lo, hi = _cone_ray(vz[r], cz, od[b], inv, nz, nd, m0[b], m1[b])
+                    if lo < hi:
+                        _ray_spread(lines, b * nd, vox * math.sqrt(dxy[b] + vz[r] ** 2)
+                                    * abs(inv) * value, za, zb, lo, hi, nz)
             for m in range(first, last):
                 for b in range(size):
                     if m0[b] <= m < m1[b]:
@@ -398,141 +410,154 @@ def _span(a, b, lower, upper, lo, hi):
     return start, stop
 
 
-
-
-@numba.njit(**_JIT)
-def voxel_backproject(proj, out, angles, weights, v0, nv, cz, cone, rs, rd, dv, du, ov, ou,
-                      vox):
-    """FBP/FDK backprojection: add, for every voxel of the float64 slab ``out (z, y, x)``
-    and every view ``a``, ``weights[a]`` times the projection ``proj (views, rows, u)``
-    interpolated bilinearly where the voxel centre projects (rows from ``v0``; zero off the
-    block), times ``(rs / (rs + x . e_d))^2`` for the cone beam (FDK's distance weight)."""
-    if cone:
-        _cone_backproject(proj, out, angles, weights, v0, nv, cz, rs, rd, dv, du, ov, ou, vox)
-    else:
-        _parallel_backproject(proj, out, angles, weights, v0, nv, cz, dv, du, ov, ou, vox)
-
-
-@numba.njit(**_JIT)
-def _cone_backproject(proj, out, angles, weights, v0, nv, cz, rs, rd, dv, du, ov, ou, vox):
-    nz, ny, nx = out.shape
-    cx = (nx - 1) / 2.0
-    cy = (ny - 1) / 2.0
-    cu = (proj.shape[2] - 1) / 2.0
-    cv = (nv - 1) / 2.0 - v0
-    for a in range(proj.shape[0]):
-        c = math.cos(angles[a])
-        s = math.sin(angles[a])
-        image = proj[a]
-        for k in range(nz):
-            z = (k - cz) * vox
-            for j in range(ny):
-                _cone_row(image, out[k, j], weights[a], c, s, (j - cy) * vox, z, cx, cu, cv,
-                          rs, rd, dv, du, ov, ou, vox)
-
-
-#: Rows of a plane that the parallel backprojector updates for every view in turn, so that
-#: they stay in cache (16 rows of 2048 float64 voxels: 256 KiB).
-_ROW_BLOCK = 16
+@numba.njit(inline="always", **_FAST)
+def _add_tile(out, tile, k0, nk, j0, nj):
+    """``out[k0 + k, j0 + j, i] += tile[j, i, k]`` for ``k < nk``, ``j < nj``, every ``i``."""
+    for k in range(nk):
+        for j in range(nj):
+            for i in range(out.shape[2]):
+                out[k0 + k, j0 + j, i] += tile[j, i, k]
 
 
 @numba.njit(**_FAST)
-def _parallel_backproject(proj, out, angles, weights, v0, nv, cz, dv, du, ov, ou, vox):
-    """Parallel beam: a plane's voxels all project on the same detector height, so each view
-    contributes through one *line* (its two rows interpolated at that height, weighted, with
-    a zero on each side); each block of rows then takes every view's line, linearly
-    interpolated at ``u``, which is linear along the row. Same samples as ``_bilinear``."""
+def parallel_backproject(proj, out, block, tile, angles, weights, v0, nv, cz, dv, du, ov, ou,
+                         vox):
+    """Parallel-beam FBP: add into the float64 slab ``out (z, y, x)``, for every voxel and
+    view ``a``, ``weights[a]`` times ``proj (views, rows, u)`` interpolated bilinearly where
+    the voxel centre projects (rows from ``v0`` of ``nv``; zero off the block).
+
+    A plane's voxels all project at one detector height, so each view's two rows at a plane's
+    height are interpolated once, weighted, into ``block (views, 1 + u + 2, planes)``: per
+    view a *line* for every column ``u`` (zero lines on each side of the detector, and a
+    spare one that a sample rounded onto the far edge reads with weight 0), the planes of a
+    chunk contiguous. A voxel column ``(y, x)`` then takes, per view, its two
+    lines at ``u`` linearly interpolated: one contiguous, vectorised loop over the chunk's
+    planes that shares the ``u`` arithmetic among them. ``tile (rows, x, planes)`` sums a
+    block of views for some rows of columns in proj's dtype before they are added to ``out``.
+    Scratch shapes: ``outcore.tomo.memory.backproject_scratch_shapes``.
+    """
     nz, ny, nx = out.shape
     n_views, n_rows, nu = proj.shape
-    cx = (nx - 1) / 2.0
-    cy = (ny - 1) / 2.0
-    cu = (nu - 1) / 2.0
+    cap, _, planes = block.shape
+    n_tile = tile.shape[0]
+    cx, cy, cu = (nx - 1) / 2.0, (ny - 1) / 2.0, (nu - 1) / 2.0
     cv = (nv - 1) / 2.0 - v0
-    lines = np.zeros((n_views, nu + 2))
-    starts = np.empty(n_views)
-    slopes = np.empty(n_views)
-    rises = np.empty(n_views)
+    starts, slopes, rises = np.empty(n_views), np.empty(n_views), np.empty(n_views)
     for a in range(n_views):
-        c = math.cos(angles[a])
-        s = math.sin(angles[a])
-        starts[a] = (-cx * vox * c - cy * vox * s - ou) / du + cu + 1.0  # +1: the zero pad
+        c, s = math.cos(angles[a]), math.sin(angles[a])
+        starts[a] = (-cx * vox * c - cy * vox * s - ou) / du + cu + 1.0  # +1: the zero line
         slopes[a] = vox * c / du
         rises[a] = vox * s / du
+    r0, r1 = np.empty(nz, np.int64), np.empty(nz, np.int64)
+    w0, w1 = np.empty(nz), np.empty(nz)
+    first, last = nz, 0
     for k in range(nz):
         fv = min(max(((k - cz) * vox - ov) / dv + cv, -2.0), n_rows + 1.0)
         iv = int(math.floor(fv))
         wv = fv - iv
-        w0 = (1.0 - wv) * (0 <= iv < n_rows)
-        w1 = wv * (-1 <= iv < n_rows - 1)
-        if w0 == 0.0 and w1 == 0.0:
-            continue
-        r0 = min(max(iv, 0), n_rows - 1)
-        r1 = min(max(iv + 1, 0), n_rows - 1)
-        for a in range(n_views):
-            for u in range(nu):
-                lines[a, u + 1] = weights[a] * (w0 * proj[a, r0, u] + w1 * proj[a, r1, u])
-        plane = out[k]
-        for j0 in range(0, ny, _ROW_BLOCK):
-            for a in range(n_views):
-                line = lines[a]
-                b = slopes[a]
-                for j in range(j0, min(ny, j0 + _ROW_BLOCK)):
-                    origin = starts[a] + rises[a] * j
-                    start, stop = _span(origin, b, 0.0, nu + 1.0, 0, nx)
-                    row = plane[j]
-                    for i in range(start, stop):
-                        fu = origin + b * i
-                        iu = int(fu)
-                        wu = fu - iu
-                        row[i] += line[iu] + wu * (line[iu + 1] - line[iu])
-
-
-@numba.njit(inline="always", **_JIT)
-def _bilinear(image, fv, fu):
-    """``image [rows, u]`` at fractional ``(fv, fu)``, zero outside."""
-    n_rows, nu = image.shape
-    fu = min(max(fu, -2.0), nu + 1.0)
-    fv = min(max(fv, -2.0), n_rows + 1.0)
-    iu = int(math.floor(fu))
-    iv = int(math.floor(fv))
-    if iu < -1 or iu >= nu or iv < -1 or iv >= n_rows:
-        return 0.0
-    wu = fu - iu
-    wv = fv - iv
-    acc = 0.0
-    if iv >= 0:
-        if iu >= 0:
-            acc += (1.0 - wv) * (1.0 - wu) * image[iv, iu]
-        if iu + 1 < nu:
-            acc += (1.0 - wv) * wu * image[iv, iu + 1]
-    if iv + 1 < n_rows:
-        if iu >= 0:
-            acc += wv * (1.0 - wu) * image[iv + 1, iu]
-        if iu + 1 < nu:
-            acc += wv * wu * image[iv + 1, iu + 1]
-    return acc
+        w0[k] = (1.0 - wv) * (0 <= iv < n_rows)
+        w1[k] = wv * (-1 <= iv < n_rows - 1)
+        r0[k], r1[k] = min(max(iv, 0), n_rows - 1), min(max(iv + 1, 0), n_rows - 1)
+        if w0[k] != 0.0 or w1[k] != 0.0:
+            first, last = min(first, k), max(last, k + 1)
+    for b in range(cap):  # zero lines: one before the detector, two after it (a spare)
+        for k in range(planes):
+            block[b, 0, k] = 0.0
+            block[b, nu + 1, k] = 0.0
+            block[b, nu + 2, k] = 0.0
+    for k0 in range(first, last, planes):
+        nk = min(last, k0 + planes) - k0
+        for a0 in range(0, n_views, cap):
+            nb = min(n_views, a0 + cap) - a0
+            for b in range(nb):
+                for k in range(nk):
+                    c0 = block.dtype.type(weights[a0 + b] * w0[k0 + k])
+                    c1 = block.dtype.type(weights[a0 + b] * w1[k0 + k])
+                    for u in range(nu):
+                        block[b, u + 1, k] = (c0 * proj[a0 + b, r0[k0 + k], u]
+                                              + c1 * proj[a0 + b, r1[k0 + k], u])
+            for j0 in range(0, ny, n_tile):
+                nj = min(ny, j0 + n_tile) - j0
+                tile[:nj] = 0.0
+                for b in range(nb):
+                    a = a0 + b
+                    for j in range(nj):
+                        origin = starts[a] + rises[a] * (j0 + j)
+                        start, stop = _span(origin, slopes[a], 0.0, nu + 1.0, 0, nx)
+                        for i in range(start, stop):
+                            fu = origin + slopes[a] * i
+                            iu = int(fu)
+                            wu = tile.dtype.type(fu - iu)
+                            for k in range(nk):
+                                low = block[b, iu, k]
+                                tile[j, i, k] += low + wu * (block[b, iu + 1, k] - low)
+                _add_tile(out, tile, k0, nk, j0, nj)
 
 
 @numba.njit(**_FAST)
-def _cone_row(image, row, weight, c, s, y, z, cx, cu, cv, rs, rd, dv, du, ov, ou, vox):
-    """Cone beam: one row of voxels; interior samples skip the bounds checks."""
-    n_rows, nu = image.shape
-    for i in range(row.size):
-        x = (i - cx) * vox
-        inv = 1.0 / (rs - x * s + y * c)
-        mag = (rs + rd) * inv
-        fu = ((x * c + y * s) * mag - ou) / du + cu
-        fv = (z * mag - ov) / dv + cv
-        w = weight * (rs * inv) * (rs * inv)
-        if 0.0 <= fu < nu - 1.0 and 0.0 <= fv < n_rows - 1.0:
-            iu = int(fu)
-            iv = int(fv)
-            wu = fu - iu
-            wv = fv - iv
-            row[i] += w * ((1.0 - wv) * ((1.0 - wu) * image[iv, iu] + wu * image[iv, iu + 1])
-                           + wv * ((1.0 - wu) * image[iv + 1, iu] + wu * image[iv + 1, iu + 1]))
-        else:
-            row[i] += w * _bilinear(image, fv, fu)
+def cone_backproject(proj, out, block, tile, line, angles, weights, v0, nv, cz, rs, rd, dv,
+                     du, ov, ou, vox):
+    """Cone-beam FDK: as ``parallel_backproject``, each sample also weighted by
+    ``(rs / (rs + x . e_d))^2``.
+
+    A voxel column ``(y, x)`` projects on one detector column ``u`` and, plane after plane,
+    on heights a constant step apart (the column's magnification). ``block (views, 1 + u + 1,
+    1 + rows + 2)`` holds a block of views transposed (``v`` contiguous), weighted and
+    zero-padded all round (a spare zero above, as in ``parallel_backproject``); per view, a
+    column interpolates its two detector columns at ``u`` into ``line (1 + rows + 2,)`` (a
+    contiguous, vectorised loop), then samples that line linearly at each of its planes'
+    heights. ``tile (rows, x, z)`` as in ``parallel_backproject``.
+    """
+    nz, ny, nx = out.shape
+    n_views, n_rows, nu = proj.shape
+    cap = block.shape[0]
+    n_tile = tile.shape[0]
+    cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
+    cu, cv = (nu - 1) / 2.0 + 1.0, (nv - 1) / 2.0 - v0 + 1.0  # +1: the zero padding
+    cosines, sines = np.cos(angles), np.sin(angles)
+    one, two = np.uint64(1), np.uint64(2)
+    for a0 in range(0, n_views, cap):
+        nb = min(n_views, a0 + cap) - a0
+        for b in range(nb):
+            weight = block.dtype.type(weights[a0 + b])
+            for r in range(n_rows):
+                for u in range(nu):
+                    block[b, u + 1, r + 1] = weight * proj[a0 + b, r, u]
+        for j0 in range(0, ny, n_tile):
+            nj = min(ny, j0 + n_tile) - j0
+            tile[:nj] = 0.0
+            for j in range(nj):
+                y = (j0 + j - cy) * vox
+                for i in range(nx):
+                    x = (i - cx) * vox
+                    for b in range(nb):
+                        c, s = cosines[a0 + b], sines[a0 + b]
+                        inv = 1.0 / (rs - x * s + y * c)
+                        mag = (rs + rd) * inv
+                        fu = ((x * c + y * s) * mag - ou) / du + cu
+                        if not (0.0 <= fu < nu + 1.0):
+                            continue
+                        f0 = (-cz * vox * mag - ov) / dv + cv
+                        df = vox * mag / dv
+                        lo, hi = _span(f0, df, 0.0, n_rows + 1.0, 0, nz)
+                        if lo >= hi:
+                            continue
+                        iu = np.uint64(fu)
+                        wu = line.dtype.type(fu - iu)
+                        w = line.dtype.type((rs * inv) * (rs * inv))
+                        ub = np.uint64(b)
+                        ends = f0 + df * lo, f0 + df * (hi - 1)
+                        for v in range(np.uint64(min(ends)), np.uint64(max(ends)) + two):
+                            low = block[ub, iu, v]
+                            line[v] = w * (low + wu * (block[ub, iu + one, v] - low))
+                        fk = float(lo)
+                        for k in range(np.uint64(lo), np.uint64(hi)):
+                            fv = f0 + df * fk
+                            iv = np.uint64(fv)
+                            wv = line.dtype.type(fv - iv)
+                            tile[j, i, k] += line[iv] + wv * (line[iv + one] - line[iv])
+                            fk += 1.0
+            _add_tile(out, tile, 0, nz, j0, nj)
 
 
 def _drives(angles: np.ndarray, scalars: tuple, nu: int, shape: tuple) -> tuple[bool, bool]:
@@ -591,6 +616,19 @@ def adjoint(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, scalars: tupl
 
 def backproject(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, weights: np.ndarray,
                 scalars: tuple, v0: int, nv: int, cz: float) -> None:
-    """Host driver of ``voxel_backproject``, adding into the float64 slab ``out``."""
-    voxel_backproject(np.ascontiguousarray(proj), out, np.ascontiguousarray(angles, np.float64),
-                      np.ascontiguousarray(weights, np.float64), v0, nv, cz, *scalars)
+    """Add the weighted (FBP/FDK) backprojection of ``proj (views, rows, u)`` (rows from
+    ``v0``) into the float64 slab ``out (z, y, x)``, with the scratch of
+    ``backproject_scratch_shapes`` in proj's dtype."""
+    proj = np.ascontiguousarray(proj)
+    angles = np.ascontiguousarray(angles, np.float64)
+    weights = np.ascontiguousarray(weights, np.float64)
+    cone, rs, rd, dv, du, ov, ou, vox = scalars
+    block, tile = (np.zeros(shape, proj.dtype) for shape in backproject_scratch_shapes(
+        bool(cone), proj.shape, out.shape, proj.dtype.itemsize))
+    if cone:
+        line = np.zeros(proj.shape[1] + 3, proj.dtype)
+        cone_backproject(proj, out, block, tile, line, angles, weights, v0, nv, cz, rs, rd, dv,
+                         du, ov, ou, vox)
+    else:
+        parallel_backproject(proj, out, block, tile, angles, weights, v0, nv, cz, dv, du, ov,
+                             ou, vox)
