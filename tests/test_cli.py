@@ -28,7 +28,10 @@ def test_demo_runs_and_leaves_a_self_describing_run_directory(tmp_path, capsys):
     summary = load_summary(run)
     assert summary["status"] == "success" and summary["command"] == "demo"
     assert summary["cluster"]["kind"] == "local" and len(summary["cluster"]["workers"]) == 2
-    assert all(w["memory_limit_bytes"] == 640 * 2**20 for w in summary["cluster"]["workers"])
+    assert all(w["memory_limit_bytes"] == 736 * 2**20 for w in summary["cluster"]["workers"])
+    # every family's libraries loaded, a worker stays under dask's spill line (70 %), where
+    # dask would warn "Unmanaged memory use is high", which the user cannot act on
+    assert max(summary["metrics"]["peak_worker_rss_bytes"].values()) < 0.7 * 736 * 2**20
     assert summary["plan"]["fits"] and summary["rounds"]["measure"] == 2
     names = {o["name"] for o in summary["outputs"]}
     assert names == {"stack.zarr", "statistics.zarr", "ptycho-stack.zarr",
