@@ -17,16 +17,32 @@ region alone, the same in any tiling.
 from __future__ import annotations
 
 import numpy as np
-from scipy.ndimage import maximum_filter, minimum_filter
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy.ndimage import minimum_filter
 
 SINGLE, DIPOLE = 0, 1
+#: Candidate pixels whose windows ``peaks`` gathers at once (memory: this many windows).
+PEAK_BATCH = 4096
 
 
 def peaks(score: np.ndarray, threshold: float, radius: int, sign: int) -> np.ndarray:
-    """``(k, 2)`` (y, x) of the peaks of ``sign * score`` at or above ``threshold``."""
+    """``(k, 2)`` (y, x) of the peaks of ``sign * score`` at or above ``threshold``, in row-major
+    order (outside ``score`` counts as minus infinity).
+
+    Only the few pixels at or above the threshold can be peaks, so each of them is compared
+    with the maximum of its own window (in batches of ``PEAK_BATCH``) rather than filtering the
+    whole region."""
     values = sign * score
-    top = maximum_filter(values, size=2 * radius + 1, mode="constant", cval=-np.inf)
-    return np.argwhere((values == top) & (values >= threshold))
+    ys, xs = np.nonzero(values >= threshold)
+    if ys.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    size = 2 * radius + 1
+    windows = sliding_window_view(np.pad(values, radius, constant_values=-np.inf), (size, size))
+    keep = np.empty(ys.size, dtype=bool)
+    for start in range(0, ys.size, PEAK_BATCH):
+        y, x = ys[start: start + PEAK_BATCH], xs[start: start + PEAK_BATCH]
+        keep[start: start + PEAK_BATCH] = values[y, x] >= windows[y, x].max(axis=(1, 2))
+    return np.column_stack([ys[keep], xs[keep]]).astype(np.int64)
 
 
 def nearest(a: np.ndarray, b: np.ndarray, radius: float) -> np.ndarray:
@@ -62,14 +78,20 @@ def find_candidates(score: np.ndarray, excluded: np.ndarray, core: tuple[int, in
     ``score`` (``S_corr``) with its ``excluded`` zone (True = within the kernel half width of
     an edge or bad pixel).
 
+    Peaks are sought in ``score`` set to 0 in the excluded zone; a peak's sub-pixel position
+    comes from ``score`` itself, so that a peak next to the zone is not pulled away from it by
+    a zeroed neighbour (``score`` there is computed from the image, and off only by kernel
+    weights below ``zogy.TRUNCATION``).
+
     Returns region-pixel columns, one row per candidate in (owner y, owner x) order:
     ``kind`` (SINGLE or DIPOLE), ``y``, ``x`` (the owner peak), ``snr`` (``S_corr`` at the
     owner, signed), ``pos_y``, ``pos_x``, ``neg_y``, ``neg_x`` (-1 where a lobe is absent),
     ``snr_pos``, ``snr_neg`` (NaN where absent), and ``sub_y``, ``sub_x`` (the owner's
     sub-pixel position).
     """
-    pos = peaks(score, threshold, radius, 1)
-    neg = peaks(score, threshold, radius, -1)
+    searched = np.where(excluded, 0.0, score)
+    pos = peaks(searched, threshold, radius, 1)
+    neg = peaks(searched, threshold, radius, -1)
     pn = nearest(pos, neg, dipole_radius)
     np_ = nearest(neg, pos, dipole_radius)
     rows = []

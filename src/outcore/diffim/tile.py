@@ -103,9 +103,8 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
                                                          kernels).items()}
     del on_device, images, variances
     excluded = detect.excluded_zone(bad, half)[half:-half or None, half:-half or None]
-    score_corr = np.where(excluded, 0.0, out["score_corr"])
     local_core = (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
-    found = detect.find_candidates(score_corr, excluded, local_core, options.threshold,
+    found = detect.find_candidates(out["score_corr"], excluded, local_core, options.threshold,
                                    model.peak_radius, model.dipole_radius)
     table, cutouts = _measure(found, out, excluded, model, item_index, (ry0, rx0), options,
                               pair)
