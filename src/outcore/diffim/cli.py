@@ -218,9 +218,13 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
     partial = _partial(store)
     operator.create_store(partial, pairs, models, options)
     tiles = operator.tile_graph(pairs, models, options, str(partial))
+    png_partial = _partial(pngs) if draw else None
     try:
         with run.timing("tiles"):
             futures = client.compute([task for _, _, task in tiles])
+            # the PNGs are drawn on the workers as soon as their item's tiles are done, while
+            # the client writes the catalog and the cutouts
+            drawn = _draw(client, png_partial, pairs, tiles, futures, options) if draw else []
             if SHOW_PROGRESS.get():
                 follow(futures)
             counts = client.gather(client.map(lambda r: r.count, futures, pure=False))
@@ -239,23 +243,29 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
             write_parquet(table_zarr, parquet)
         if draw:
             with run.timing("png"):
-                png_partial = _partial(pngs)
-                png_partial.mkdir()
-                by_item: dict[int, list] = {}
-                for (index, _, _), future in zip(tiles, futures, strict=True):
-                    by_item.setdefault(index, []).append(future)
-                client.gather([client.submit(draw_item, str(png_partial / f"{pairs[i].item_id}"
-                                                            ".png"), pairs[i].item_id,
-                                             pairs[i].shape, preview_step(
-                                                 pairs[i].shape), fs, options.threshold,
-                                             pure=False)
-                               for i, fs in by_item.items()])
+                client.gather(drawn)
                 os.rename(png_partial, pngs)
         else:
             print("note: matplotlib is not installed, so no PNG per item", flush=True)
         record_metrics(run, pairs, models, counts, written, tiles)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        if png_partial is not None:
+            shutil.rmtree(png_partial, ignore_errors=True)
+
+
+def _draw(client: distributed.Client, folder: Path, pairs: list[Pair], tiles: list,
+          futures: list, options: Options) -> list:
+    """Futures of one ``draw_item`` task per item into ``folder`` (made here), each after
+    the tiles of its item."""
+    folder.mkdir()
+    by_item: dict[int, list] = {}
+    for (index, _, _), future in zip(tiles, futures, strict=True):
+        by_item.setdefault(index, []).append(future)
+    return [client.submit(draw_item, str(folder / f"{pairs[i].item_id}.png"), pairs[i].item_id,
+                          pairs[i].shape, preview_step(pairs[i].shape), fs, options.threshold,
+                          pure=False)
+            for i, fs in by_item.items()]
 
 
 def record_metrics(run: Run, pairs: list[Pair], models: list, counts: list[int],
