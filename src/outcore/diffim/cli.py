@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import distributed
@@ -64,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stamp", type=int, default=21, help="cutout side, pixels (odd)")
     p.add_argument("--fit-model", default="psf", choices=FIT_MODELS,
                    help="dipole model: the difference's PSF, or Gaussian lobes")
-    p.add_argument("--tile", type=int, default=1024, help="tile side, pixels")
+    p.add_argument("--tile", type=int, default=None,
+                   help="tile side, pixels (default: the plan's choice, see docs)")
     p.add_argument("--background-box", type=int, default=64,
                    help="side of the background mesh's boxes, pixels")
     p.add_argument("--psf-size", type=int, default=25,
@@ -98,7 +100,8 @@ def check_options(args: argparse.Namespace) -> None:
     at_least(args.psf_size, "--psf-size", 5, "an odd PSF side of 5 or more, e.g. --psf-size 25")
     need(args.psf_size % 2 == 1, f"--psf-size {args.psf_size} must be odd.",
          "e.g. --psf-size 25.")
-    at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
+    if args.tile is not None:
+        at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
     at_least(args.background_box, "--background-box", 8,
              "a box side of 8 or more, e.g. --background-box 64")
     positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
@@ -160,21 +163,27 @@ def check_rows(path: Path, n: int) -> None:
 def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     check_options(args)
     pairs, files = read_pairs(args)
-    options = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
-                      tile=args.tile, box=args.background_box, psf_size=args.psf_size,
-                      star_snr=args.star_snr, backend=backend_name)
+    given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
+                    tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
+                    psf_size=args.psf_size, star_snr=args.star_snr, backend=backend_name)
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
     sides = [args.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
                                if getattr(p, k) is not None]
     bound = memory.halo_bound(sides, args.stamp)
 
-    seen: dict[str, Resources] = {}
+    seen: dict = {}
 
     def plan_for(resources: Resources, halo: int) -> Plan:
+        if "options" not in seen:  # the first plan (the halo's bound) fixes the tile side
+            tile = args.tile or memory.choose_tile(shapes, given, halo, variance, resources)
+            seen["options"] = replace(given, tile=tile)
+            config["tile"] = tile
         seen["resources"] = resources
+        options = seen["options"]
         stages = memory.memory_model(shapes, options, halo, variance)
-        notes = [f"pairs: {len(pairs)}; halo {halo} px a side"
+        notes = [f"pairs: {len(pairs)}; tile {options.tile} px"
+                 + ("" if args.tile else " (the plan's choice)") + f"; halo {halo} px a side"
                  + (" (the bound before the PSFs are known)" if halo == bound else "")]
         return Plan.of(stages, resources, notes=notes,
                        baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
@@ -183,6 +192,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         run.set("inputs", run.record["inputs"] + [
             {"role": role, "path": path, "bytes": size_of(path), "sha256": digest}
             for role, path, digest in files])
+        options = seen["options"]
         with run.timing("models"):
             models = operator.compute_models(client, pairs, options)
         exact = plan_for(seen["resources"], max(m.halo for m in models))
