@@ -171,8 +171,9 @@ class BackgroundMesh:
 def _spline(yc: np.ndarray, xc: np.ndarray, mesh: np.ndarray):  # noqa: ANN202
     """A bicubic (or lower, with few boxes) interpolating spline of ``mesh``; an axis with one
     box is made constant along it. The returned function evaluates it on the grid ``y x x``
-    as ``B_y C B_x^T`` (``B`` scipy's B-spline design matrices, ``C`` the spline's
-    coefficients): fitpack's values to rounding, in a third of its time (one BLAS product)."""
+    as ``B_y C B_x^T`` (``B`` scipy's sparse B-spline design matrices, ``C`` the spline's
+    coefficients): fitpack's values to rounding in 40 % of its time, on one thread (a
+    dense BLAS product is as fast on one thread but spins a thread per core in each tile)."""
     if yc.size == 1:
         yc, mesh = np.array([yc[0], yc[0] + 1.0]), np.vstack([mesh, mesh])
     if xc.size == 1:
@@ -182,7 +183,7 @@ def _spline(yc: np.ndarray, xc: np.ndarray, mesh: np.ndarray):  # noqa: ANN202
     c = coefficients.reshape(ty.size - ky - 1, tx.size - kx - 1)
 
     def on_grid(y: np.ndarray, x: np.ndarray) -> np.ndarray:
-        rows = BSpline.design_matrix(y, ty, ky).toarray() @ c
-        return rows @ BSpline.design_matrix(x, tx, kx).toarray().T
+        rows = BSpline.design_matrix(y, ty, ky) @ c
+        return np.ascontiguousarray((BSpline.design_matrix(x, tx, kx) @ rows.T).T)
 
     return on_grid
