@@ -175,12 +175,12 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     seen: dict = {}
 
     def plan_for(resources: Resources, halo: int) -> Plan:
-        if "options" not in seen:  # the first plan (the halo's bound) fixes the tile side
+        if halo == bound:  # the plan before the run (on the resources it is asked about)
             tile = args.tile or memory.choose_tile(shapes, given, halo, variance, resources)
             seen["options"] = replace(given, tile=tile)
             config["tile"] = tile
         seen["resources"] = resources
-        options = seen["options"]
+        options = seen["options"]  # the run keeps the tile of the last plan before it
         stages = memory.memory_model(shapes, options, halo, variance)
         notes = [f"pairs: {len(pairs)}; tile {options.tile} px"
                  + ("" if args.tile else " (the plan's choice)") + f"; halo {halo} px a side"
@@ -222,7 +222,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
         p, consolidated=False))
     cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: stores.open(
         p, layout="cutouts"))
-    draw = importlib.util.find_spec("matplotlib") is not None
+    draw = importlib.util.find_spec("PIL") is not None
     pngs = run.add_output("png", verify=lambda p: [check_png(f) for f in p.iterdir()]) \
         if draw else None
     partial = _partial(store)
@@ -256,7 +256,7 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
                 client.gather(drawn)
                 os.rename(png_partial, pngs)
         else:
-            print("note: matplotlib is not installed, so no PNG per item", flush=True)
+            print("note: Pillow is not installed, so no PNG per item", flush=True)
         record_metrics(run, pairs, models, counts, written, tiles)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

@@ -31,7 +31,7 @@ _F64 = 8
 _C128 = 16
 #: Resident memory of a worker that has run diffim tasks (numpy, dask, distributed, zarr,
 #: xarray as any worker, plus astropy's FITS and stats, sep, scipy's interpolate, ndimage
-#: and optimize, matplotlib for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
+#: and optimize, Pillow for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
 #: peaked at 458 MiB (VmHWM) with tiles of 1024 whose model is about 200 MiB.
 DIFFIM_WORKER_BASELINE_BYTES = 300 * 2**20
 #: Rows of a table chunk in sources.zarr (and of a parquet row group: ``ROW_GROUP``).
