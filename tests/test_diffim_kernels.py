@@ -55,6 +55,18 @@ def test_a_peak_beside_the_excluded_zone_keeps_its_subpixel_position():
     assert found["sub_y"][0] == pytest.approx(25 + dy)
 
 
+def test_a_source_peaking_in_the_excluded_zone_is_not_reported_by_its_flank():
+    y, x = np.indices((60, 60), dtype=np.float64)
+    score = 20 * np.exp(-((x - 29.3) ** 2 + (y - 25.2) ** 2) / (2 * 1.7**2))
+    score -= 12 * np.exp(-((x - 34.0) ** 2 + (y - 40.0) ** 2) / (2 * 1.7**2))  # a lone negative
+    excluded = np.zeros(score.shape, dtype=bool)
+    excluded[:, :30] = True  # the positive peaks at x = 29, inside; x = 30 is its flank
+    found = detect.find_candidates(score, excluded, (0, 60, 0, 60), 5.0, 2, 20.0)
+    # the negative is not paired with the excluded positive: it stays a single source
+    assert found["kind"].tolist() == [detect.SINGLE]
+    assert (found["x"].tolist(), found["y"].tolist()) == ([34], [40])
+
+
 @pytest.mark.parametrize("size, shape", [(55, (300, 250)), (7, (64, 81)), (3, (9, 10))])
 def test_kernel_spectrum_is_the_fft_of_the_padded_grid(size, shape):
     kernel = np.random.default_rng(size).standard_normal((size, size))

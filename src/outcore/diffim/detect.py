@@ -1,12 +1,15 @@
 """Sources in a score image: peaks of ``|S_corr|``, dipole pairs, exclusions, ownership.
 
 A positive (negative) peak is a pixel that is the largest (smallest) of ``S_corr`` within
-``(2 r + 1)^2`` pixels and at least ``threshold`` (at most ``-threshold``). A positive and a
-negative peak that are each other's nearest of the opposite sign within ``dipole_radius``
-pixels form a dipole candidate; every other peak is a single source. A candidate any of
-whose peaks lies in the excluded zone (within the kernel half width of an image edge or a
-bad pixel) is dropped. A candidate belongs to the tile whose core holds its owner peak (the
-brighter lobe of a dipole, the positive one on a tie), so each is found by one tile only.
+``(2 r + 1)^2`` pixels and at least ``threshold`` (at most ``-threshold``). Peaks in the
+excluded zone (within the kernel half width of an image edge or a bad pixel) are dropped, so
+a source whose peak lies there is not reported, not even by a pixel of its flank outside the
+zone (``S_corr`` near the zone's border is computed from the image, off only by kernel
+weights below ``zogy.TRUNCATION``). A positive and a negative peak that are each other's
+nearest of the opposite sign within ``dipole_radius`` pixels form a dipole candidate; every
+other peak is a single source. A candidate belongs to the tile whose core holds its owner
+peak (the brighter lobe of a dipole, the positive one on a tie), so each is found by one
+tile only.
 
 ``find_candidates`` works on a region: a tile's core plus a margin of at least
 ``2 dipole_radius + r + 1`` pixels, so every decision about a core peak (is it a peak, what is
@@ -78,20 +81,14 @@ def find_candidates(score: np.ndarray, excluded: np.ndarray, core: tuple[int, in
     ``score`` (``S_corr``) with its ``excluded`` zone (True = within the kernel half width of
     an edge or bad pixel).
 
-    Peaks are sought in ``score`` set to 0 in the excluded zone; a peak's sub-pixel position
-    comes from ``score`` itself, so that a peak next to the zone is not pulled away from it by
-    a zeroed neighbour (``score`` there is computed from the image, and off only by kernel
-    weights below ``zogy.TRUNCATION``).
-
     Returns region-pixel columns, one row per candidate in (owner y, owner x) order:
     ``kind`` (SINGLE or DIPOLE), ``y``, ``x`` (the owner peak), ``snr`` (``S_corr`` at the
     owner, signed), ``pos_y``, ``pos_x``, ``neg_y``, ``neg_x`` (-1 where a lobe is absent),
     ``snr_pos``, ``snr_neg`` (NaN where absent), and ``sub_y``, ``sub_x`` (the owner's
     sub-pixel position).
     """
-    searched = np.where(excluded, 0.0, score)
-    pos = peaks(searched, threshold, radius, 1)
-    neg = peaks(searched, threshold, radius, -1)
+    pos, neg = (found[~excluded[found[:, 0], found[:, 1]]] for found in (
+        peaks(score, threshold, radius, 1), peaks(score, threshold, radius, -1)))
     pn = nearest(pos, neg, dipole_radius)
     np_ = nearest(neg, pos, dipole_radius)
     rows = []
@@ -110,8 +107,6 @@ def find_candidates(score: np.ndarray, excluded: np.ndarray, core: tuple[int, in
     for kind, i, j in rows:
         lobes = [pos[i]] if i >= 0 else []
         lobes += [neg[j]] if j >= 0 else []
-        if any(excluded[ly, lx] for ly, lx in lobes):
-            continue
         values = [abs(score[ly, lx]) for ly, lx in lobes]
         owner = lobes[int(np.argmax(values))]
         if not (y0 <= owner[0] < y1 and x0 <= owner[1] < x1):
