@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import distributed
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
@@ -32,10 +33,10 @@ from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, Pair, one_pair, read_manifest
 from outcore.diffim.png import draw_item
 from outcore.diffim.prepare import Options
-from outcore.diffim.tile import preview_step
-from outcore.errors import LayoutError, OutcoreError
+from outcore.diffim.tile import COLUMNS, preview_step
+from outcore.errors import LayoutError, OutcoreError, partial_path, refuse_existing
 from outcore.io import store as stores
-from outcore.io.store import COMPRESSOR, write_new, zarr_strings
+from outcore.io.store import COMPRESSOR, zarr_strings
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
 from outcore.runs import Run, check_png, size_of
@@ -119,38 +120,48 @@ def _partial(path: Path) -> Path:
     return path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
 
 
-def _encoded(ds: xr.Dataset, chunk: int) -> xr.Dataset:
-    """The table with strings as variable-length UTF-8 and storage-sized chunks."""
-    out = zarr_strings(ds.copy())
-    for var in out.variables.values():
-        var.encoding = {"chunks": (max(1, chunk),)}
-        if var.dtype.kind in "biuf":
-            var.encoding["compressors"] = (COMPRESSOR,)
-    out.attrs = {"outcore_operator": "diffim", "columns": list(ds.data_vars)}
-    return out
-
-
-def write_parquet(table_zarr: Path, out: Path) -> None:
-    """Stream ``sources.zarr`` into parquet row groups of ``memory.ROW_GROUP`` rows, through a
-    partial file renamed when complete."""
-    ds = xr.open_zarr(table_zarr, consolidated=False)
-    partial = _partial(out)
-    names = list(ds.attrs["columns"])
+def write_catalog(client: distributed.Client, futures: list, counts: list[int],
+                  item_ids: list[str], table_zarr: Path, parquet: Path) -> None:
+    """Write ``sources.zarr`` and ``sources.parquet`` from the tiles' candidate tables, one
+    chunk of ``memory.TABLE_CHUNK`` rows at a time: the tables of the tiles it spans are
+    gathered to the client, typed (``operator.table_columns``) and appended to both, each
+    through a partial name renamed when complete (the parquet row groups are the chunks)."""
+    total = int(sum(counts))
+    chunk = min(memory.TABLE_CHUNK, max(total, 1))
+    ends = np.cumsum(counts)
+    tables = client.map(operator.tile_table, futures)
+    partial_zarr, partial_parquet = partial_path(table_zarr), _partial(parquet)
+    writer = None
     try:
-        n = ds.sizes["source"]
-        writer = None
-        for start in range(0, max(n, 1), memory.ROW_GROUP):
-            part = ds.isel(source=slice(start, start + memory.ROW_GROUP)).compute()
-            table = pa.table({c: pa.array(part[c].values.astype(object)
-                                          if part[c].dtype.kind in "UOT" else part[c].values)
-                              for c in names})
+        for start in range(0, max(total, 1), chunk):
+            stop = min(start + chunk, total)
+            spans = [k for k, n in enumerate(counts) if n and ends[k] > start
+                     and ends[k] - n < stop]
+            rows = (np.concatenate(client.gather([tables[k] for k in spans]))
+                    [start - (ends[spans[0]] - counts[spans[0]]):][: stop - start]
+                    if spans else np.empty((0, len(COLUMNS))))
+            columns = operator.table_columns(rows, item_ids)
+            ds = zarr_strings(xr.Dataset({name: ("source", v) for name, v in columns.items()},
+                                         attrs={"outcore_operator": "diffim",
+                                                "columns": list(columns)}))
+            for var in ds.variables.values():
+                var.encoding = {"chunks": (chunk,)}
+                if var.dtype.kind in "biuf":
+                    var.encoding["compressors"] = (COMPRESSOR,)
+            ds.to_zarr(partial_zarr, zarr_format=3, consolidated=False,
+                       **({"mode": "w-"} if start == 0 else {"append_dim": "source"}))
+            table = pa.table({name: pa.array(v.astype(object) if v.dtype.kind in "UO" else v)
+                              for name, v in columns.items()})
             if writer is None:
-                writer = pq.ParquetWriter(partial, table.schema)
-            writer.write_table(table, row_group_size=memory.ROW_GROUP)
+                writer = pq.ParquetWriter(partial_parquet, table.schema)
+            writer.write_table(table, row_group_size=chunk)
         writer.close()
-        os.rename(partial, out)
+        refuse_existing(table_zarr)
+        partial_zarr.rename(table_zarr)
+        os.rename(partial_parquet, parquet)
     except BaseException:
-        partial.unlink(missing_ok=True)
+        shutil.rmtree(partial_zarr, ignore_errors=True)
+        partial_parquet.unlink(missing_ok=True)
         raise
 
 
@@ -238,19 +249,16 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
             if SHOW_PROGRESS.get():
                 follow(futures)
             counts = client.gather(client.map(lambda r: r.count, futures, pure=False))
+        parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
+            p, int(sum(counts))))
         with run.timing("catalog"):
-            catalog = operator.sources(futures, counts, item_ids, memory.TABLE_CHUNK)
-            write_new(_encoded(catalog, min(memory.TABLE_CHUNK, max(sum(counts), 1))),
-                      table_zarr)
+            write_catalog(client, futures, counts, item_ids, table_zarr, parquet)
+        with run.timing("cutouts"):
             written = xr.open_zarr(table_zarr, consolidated=False)
             stamps = operator.cutouts(futures, counts, written, options.stamp,
                                       min(memory.CUTOUT_CHUNK, max(sum(counts), 1)))
             stores.save(stamps, cutouts_zarr, layout="cutouts")
         os.rename(partial, store)
-        parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
-            p, int(sum(counts))))
-        with run.timing("parquet"):
-            write_parquet(table_zarr, parquet)
         if draw:
             with run.timing("png"):
                 client.gather(drawn)

@@ -34,9 +34,9 @@ _C128 = 16
 #: and optimize, Pillow for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
 #: peaked at 458 MiB (VmHWM) with tiles of 1024 whose model is about 200 MiB.
 DIFFIM_WORKER_BASELINE_BYTES = 300 * 2**20
-#: Rows of a table chunk in sources.zarr (and of a parquet row group: ``ROW_GROUP``).
+#: Rows of a table chunk in sources.zarr and of a row group of sources.parquet (the client
+#: gathers one chunk at a time).
 TABLE_CHUNK = 2**18
-ROW_GROUP = 2**20
 #: Cutouts per chunk of cutouts.zarr.
 CUTOUT_CHUNK = 4096
 #: Tile sides the plan chooses from when ``--tile`` is not given, largest first.
