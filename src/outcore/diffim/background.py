@@ -15,13 +15,11 @@ image sees the same background.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import sep
 from astropy.stats import sigma_clip
-from astropy.utils.exceptions import AstropyUserWarning
 from scipy.interpolate import BSpline, RectBivariateSpline
 from scipy.ndimage import binary_dilation, median_filter
 
@@ -92,11 +90,17 @@ def box_statistics(data: np.ndarray, bad: np.ndarray | None, box: int) -> tuple[
         return a.reshape(nby, box, nbx, box).transpose(0, 2, 1, 3).reshape(nby, nbx, box * box)
 
     pixels, area = rows(pixels), rows(area).sum(axis=-1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN boxes
-        warnings.simplefilter("ignore", AstropyUserWarning)  # bad pixels are NaN on purpose
-        clipped = sigma_clip(pixels, sigma=3.0, maxiters=5, axis=-1, masked=False)
-        back, rms = np.nanmean(clipped, axis=-1), np.nanstd(clipped, axis=-1) / CLIPPED_RMS
+    # bad pixels are masked rather than NaN and the empty boxes' means left to errstate, so
+    # nothing warns: silencing warnings (catch_warnings) is not thread-safe, and tasks run in
+    # threads. The clipped pixels come back as NaN; the sums are numpy's nanmean/nanstd's.
+    clipped = sigma_clip(np.ma.masked_invalid(pixels), sigma=3.0, maxiters=5, axis=-1,
+                         masked=False)
+    good = np.isfinite(clipped)
+    count = good.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        back = np.where(good, clipped, 0.0).sum(axis=-1) / count
+        deviation = np.where(good, clipped - back[..., None], 0.0)
+        rms = np.sqrt((deviation * deviation).sum(axis=-1) / count) / CLIPPED_RMS
     few = np.isfinite(pixels).sum(axis=-1) < MIN_GOOD_FRACTION * area
     return np.where(few, np.nan, back), np.where(few, np.nan, rms)
 
@@ -112,24 +116,9 @@ def fill_gaps(mesh: np.ndarray) -> np.ndarray:
         rings = np.stack([padded[1 + dy: padded.shape[0] - 1 + dy,
                                  1 + dx: padded.shape[1] - 1 + dx]
                           for dy in (-1, 0, 1) for dx in (-1, 0, 1)])
-        with np.errstate(all="ignore"), _quiet():
-            grown = np.nanmedian(rings, axis=0)
+        grown = np.ma.median(np.ma.masked_invalid(rings), axis=0).filled(np.nan)
         out = np.where(np.isnan(out), grown, out)
     return out
-
-
-class _quiet:
-    """Silence numpy's all-NaN slice warning inside ``fill_gaps``."""
-
-    def __enter__(self) -> None:
-        import warnings
-
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.simplefilter("ignore", RuntimeWarning)
-
-    def __exit__(self, *exc: object) -> None:
-        self._catch.__exit__(*exc)
 
 
 @dataclass(frozen=True)
