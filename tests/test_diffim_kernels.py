@@ -1,6 +1,7 @@
 """The fast paths of difference imaging against their plain twins: peaks against a maximum
 filter, kernel spectra against the FFT of the padded grid, the background spline against
-fitpack's evaluation; and a peak beside the excluded zone keeps its sub-pixel position."""
+fitpack's evaluation; a peak beside the excluded zone keeps its sub-pixel position; the PNG
+marks each detection where it is."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from scipy.ndimage import gaussian_filter, maximum_filter
 
 from outcore.diffim import detect
 from outcore.diffim.background import BackgroundMesh
+from outcore.diffim.png import DIPOLE, EXCLUDED, POSITIVE, draw_item
+from outcore.diffim.tile import COLUMNS, TileResult
 from outcore.diffim.zogy import _kernel_hat
 
 
@@ -93,3 +96,24 @@ def test_background_mesh_matches_fitpack(shape, box):
     spline = RectBivariateSpline(yc, xc, values, kx=min(3, yc.size - 1), ky=min(3, xc.size - 1))
     np.testing.assert_allclose(back, spline(y, x), rtol=0, atol=1e-10)
     assert rms.shape == back.shape == (shape[0] - 13, shape[1])
+
+
+def test_the_png_marks_each_detection_where_it_is(tmp_path):
+    from PIL import Image
+
+    preview = np.zeros((256, 256), dtype=np.float32)
+    preview[:10, :10] = np.nan  # excluded pixels, at the bottom left (y upwards)
+    table = np.zeros((2, len(COLUMNS)))
+    for row, (x, y, snr, dipole) in enumerate(((100.0, 50.0, 8.0, 0), (300.0, 400.0, 9.0, 1))):
+        table[row, [COLUMNS.index(c) for c in ("x", "y", "snr", "is_dipole")]] = x, y, snr, dipole
+    tile = TileResult((0, 512, 0, 512), {}, table, np.empty((2, 3, 5, 5)), preview)
+    image = np.asarray(Image.open(draw_item(str(tmp_path / "a.png"), "a", (512, 512), 2, [tile],
+                                            5.0)).convert("RGB"))
+    caption = image.shape[0] - 512
+    assert image.shape[1] == 512 and caption > 0  # the 256 preview enlarged twice
+    assert tuple(image[caption + 200, 300]) == (127, 127, 127)  # D = 0 is mid grey
+    assert tuple(image[-1, 0]) == EXCLUDED
+    for x, y, colour in ((100, 50, POSITIVE), (300, 400, DIPOLE)):
+        v = caption + 512 - y  # the row of y, counted upwards
+        ring = image[v - 9: v + 10, x - 9: x + 10].reshape(-1, 3)
+        assert (ring == colour).all(axis=1).any(), (x, y)
