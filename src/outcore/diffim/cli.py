@@ -17,7 +17,6 @@ import importlib.util
 import math
 import os
 import shutil
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -116,10 +115,6 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[Pair], list]:
     return one_pair({k: getattr(args, k) for k in ONE_PAIR}, args.flux_ratio, args.item_id)
 
 
-def _partial(path: Path) -> Path:
-    return path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
-
-
 def write_catalog(client: distributed.Client, futures: list, counts: list[int],
                   item_ids: list[str], table_zarr: Path, parquet: Path) -> None:
     """Write ``sources.zarr`` and ``sources.parquet`` from the tiles' candidate tables, one
@@ -130,7 +125,7 @@ def write_catalog(client: distributed.Client, futures: list, counts: list[int],
     chunk = min(memory.TABLE_CHUNK, max(total, 1))
     ends = np.cumsum(counts)
     tables = client.map(operator.tile_table, futures)
-    partial_zarr, partial_parquet = partial_path(table_zarr), _partial(parquet)
+    partial_zarr, partial_parquet = partial_path(table_zarr), partial_path(parquet)
     writer = None
     try:
         for start in range(0, max(total, 1), chunk):
@@ -236,10 +231,10 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
     draw = importlib.util.find_spec("PIL") is not None
     pngs = run.add_output("png", verify=lambda p: [check_png(f) for f in p.iterdir()]) \
         if draw else None
-    partial = _partial(store)
+    partial = partial_path(store)
     operator.create_store(partial, pairs, models, options)
     tiles = operator.tile_graph(pairs, models, options, str(partial))
-    png_partial = _partial(pngs) if draw else None
+    png_partial = partial_path(pngs) if draw else None
     try:
         with run.timing("tiles"):
             futures = client.compute([task for _, _, task in tiles])
