@@ -18,6 +18,7 @@ SMALL = {
     "bench_ptycho.py": ["--scan", "16", "--iterations", "3", "--quantem-ranks", "0"],
     "bench_tomo_center.py": ["--sizes", "128"],
     "bench_diffim.py": ["--size", "512", "--runs", "1", "--peers", "properimage"],
+    "bench_diffim_accuracy.py": ["--pairs", "2"],
     "bench_cli.py": ["--cases", "startup", "fit-dipoles", "tomo", "--fit-n", "2000",
                      "--fit-inputs", "npz", "--tomo-n", "64", "--tomo-methods", "fbp"],
 }

@@ -162,6 +162,36 @@ def test_flux_pulls_have_unit_spread(injected):
     assert 0.9 < pulls.std() < 1.1 and abs(pulls.mean()) < 0.25
 
 
+@pytest.fixture(scope="module")
+def moffat_target(tmp_path_factory):
+    """Six pairs with a Moffat target PSF (FWHM 4 px, beta 3, wings to 12 px) and 40 bright
+    transients (S/N 8 to 30) each; PSFs and flux ratio measured from the stars."""
+    rng = np.random.default_rng(7)
+    sims = [simulate_pair((512, 512), seed=300 + k, stars=30, psf_reference=G3,
+                          psf_target=PsfShape("moffat", 4.0, radius=12),
+                          transient_snr=rng.uniform(8, 30, 40), moved=4, margin=45.0)
+            for k in range(6)]
+    pairs = _pairs(tmp_path_factory.mktemp("moffat"), sims, psf=False)
+    models, table = catalog(pairs, INJECTED)
+    return sims, models, table
+
+
+def test_flux_pulls_have_unit_spread_with_a_moffat_target_and_measured_psfs(moffat_target):
+    sims, models, table = moffat_target
+    pulls = []
+    for k, (_sim, mine, tr) in enumerate(_per_pair(sims, table, "transients")):
+        half = models[k].kernels.half_width
+        inside = np.minimum(np.minimum(tr["x"], tr["y"]), 511 - np.maximum(tr["x"], tr["y"]))
+        j = _match(mine, tr["x"], tr["y"])
+        assert (j[inside > half + 3] >= 0).all()  # every transient away from the edges
+        rows = mine.iloc[j[j >= 0]]
+        pulls.append((rows["flux"].values - tr["flux"][j >= 0]) / rows["flux_err"].values)
+    pulls = np.concatenate(pulls)
+    assert pulls.size > 200
+    assert 0.9 < pulls.std() < 1.1 and abs(pulls.mean()) < 0.25
+    assert np.abs(pulls).max() < 4.5
+
+
 def test_moved_stars_are_dipoles_with_their_lobes(injected):
     sims, models, table = injected
     pos_pulls, flux_pulls = [], []

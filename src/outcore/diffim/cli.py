@@ -17,10 +17,11 @@ import importlib.util
 import math
 import os
 import shutil
-import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import distributed
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
@@ -31,10 +32,10 @@ from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, Pair, one_pair, read_manifest
 from outcore.diffim.png import draw_item
 from outcore.diffim.prepare import Options
-from outcore.diffim.tile import preview_step
-from outcore.errors import LayoutError, OutcoreError
+from outcore.diffim.tile import COLUMNS, preview_step
+from outcore.errors import LayoutError, OutcoreError, partial_path, refuse_existing
 from outcore.io import store as stores
-from outcore.io.store import COMPRESSOR, write_new, zarr_strings
+from outcore.io.store import COMPRESSOR, zarr_strings
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
 from outcore.runs import Run, check_png, size_of
@@ -64,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stamp", type=int, default=21, help="cutout side, pixels (odd)")
     p.add_argument("--fit-model", default="psf", choices=FIT_MODELS,
                    help="dipole model: the difference's PSF, or Gaussian lobes")
-    p.add_argument("--tile", type=int, default=1024, help="tile side, pixels")
+    p.add_argument("--tile", type=int, default=None,
+                   help="tile side, pixels (default: the plan's choice, see docs)")
     p.add_argument("--background-box", type=int, default=64,
                    help="side of the background mesh's boxes, pixels")
     p.add_argument("--psf-size", type=int, default=25,
@@ -98,7 +100,8 @@ def check_options(args: argparse.Namespace) -> None:
     at_least(args.psf_size, "--psf-size", 5, "an odd PSF side of 5 or more, e.g. --psf-size 25")
     need(args.psf_size % 2 == 1, f"--psf-size {args.psf_size} must be odd.",
          "e.g. --psf-size 25.")
-    at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
+    if args.tile is not None:
+        at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
     at_least(args.background_box, "--background-box", 8,
              "a box side of 8 or more, e.g. --background-box 64")
     positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
@@ -112,42 +115,48 @@ def read_pairs(args: argparse.Namespace) -> tuple[list[Pair], list]:
     return one_pair({k: getattr(args, k) for k in ONE_PAIR}, args.flux_ratio, args.item_id)
 
 
-def _partial(path: Path) -> Path:
-    return path.with_name(f"{path.name}.partial-{uuid.uuid4().hex[:12]}")
-
-
-def _encoded(ds: xr.Dataset, chunk: int) -> xr.Dataset:
-    """The table with strings as variable-length UTF-8 and storage-sized chunks."""
-    out = zarr_strings(ds.copy())
-    for var in out.variables.values():
-        var.encoding = {"chunks": (max(1, chunk),)}
-        if var.dtype.kind in "biuf":
-            var.encoding["compressors"] = (COMPRESSOR,)
-    out.attrs = {"outcore_operator": "diffim", "columns": list(ds.data_vars)}
-    return out
-
-
-def write_parquet(table_zarr: Path, out: Path) -> None:
-    """Stream ``sources.zarr`` into parquet row groups of ``memory.ROW_GROUP`` rows, through a
-    partial file renamed when complete."""
-    ds = xr.open_zarr(table_zarr, consolidated=False)
-    partial = _partial(out)
-    names = list(ds.attrs["columns"])
+def write_catalog(client: distributed.Client, futures: list, counts: list[int],
+                  item_ids: list[str], table_zarr: Path, parquet: Path) -> None:
+    """Write ``sources.zarr`` and ``sources.parquet`` from the tiles' candidate tables, one
+    chunk of ``memory.TABLE_CHUNK`` rows at a time: the tables of the tiles it spans are
+    gathered to the client, typed (``operator.table_columns``) and appended to both, each
+    through a partial name renamed when complete (the parquet row groups are the chunks)."""
+    total = int(sum(counts))
+    chunk = min(memory.TABLE_CHUNK, max(total, 1))
+    ends = np.cumsum(counts)
+    tables = client.map(operator.tile_table, futures)
+    partial_zarr, partial_parquet = partial_path(table_zarr), partial_path(parquet)
+    writer = None
     try:
-        n = ds.sizes["source"]
-        writer = None
-        for start in range(0, max(n, 1), memory.ROW_GROUP):
-            part = ds.isel(source=slice(start, start + memory.ROW_GROUP)).compute()
-            table = pa.table({c: pa.array(part[c].values.astype(object)
-                                          if part[c].dtype.kind in "UOT" else part[c].values)
-                              for c in names})
+        for start in range(0, max(total, 1), chunk):
+            stop = min(start + chunk, total)
+            spans = [k for k, n in enumerate(counts) if n and ends[k] > start
+                     and ends[k] - n < stop]
+            rows = (np.concatenate(client.gather([tables[k] for k in spans]))
+                    [start - (ends[spans[0]] - counts[spans[0]]):][: stop - start]
+                    if spans else np.empty((0, len(COLUMNS))))
+            columns = operator.table_columns(rows, item_ids)
+            ds = zarr_strings(xr.Dataset({name: ("source", v) for name, v in columns.items()},
+                                         attrs={"outcore_operator": "diffim",
+                                                "columns": list(columns)}))
+            for var in ds.variables.values():
+                var.encoding = {"chunks": (chunk,)}
+                if var.dtype.kind in "biuf":
+                    var.encoding["compressors"] = (COMPRESSOR,)
+            ds.to_zarr(partial_zarr, zarr_format=3, consolidated=False,
+                       **({"mode": "w-"} if start == 0 else {"append_dim": "source"}))
+            table = pa.table({name: pa.array(v.astype(object) if v.dtype.kind in "UO" else v)
+                              for name, v in columns.items()})
             if writer is None:
-                writer = pq.ParquetWriter(partial, table.schema)
-            writer.write_table(table, row_group_size=memory.ROW_GROUP)
+                writer = pq.ParquetWriter(partial_parquet, table.schema)
+            writer.write_table(table, row_group_size=chunk)
         writer.close()
-        os.rename(partial, out)
+        refuse_existing(table_zarr)
+        partial_zarr.rename(table_zarr)
+        os.rename(partial_parquet, parquet)
     except BaseException:
-        partial.unlink(missing_ok=True)
+        shutil.rmtree(partial_zarr, ignore_errors=True)
+        partial_parquet.unlink(missing_ok=True)
         raise
 
 
@@ -160,21 +169,27 @@ def check_rows(path: Path, n: int) -> None:
 def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     check_options(args)
     pairs, files = read_pairs(args)
-    options = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
-                      tile=args.tile, box=args.background_box, psf_size=args.psf_size,
-                      star_snr=args.star_snr, backend=backend_name)
+    given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
+                    tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
+                    psf_size=args.psf_size, star_snr=args.star_snr, backend=backend_name)
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
     sides = [args.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
                                if getattr(p, k) is not None]
     bound = memory.halo_bound(sides, args.stamp)
 
-    seen: dict[str, Resources] = {}
+    seen: dict = {}
 
     def plan_for(resources: Resources, halo: int) -> Plan:
+        if halo == bound:  # the plan before the run (on the resources it is asked about)
+            tile = args.tile or memory.choose_tile(shapes, given, halo, variance, resources)
+            seen["options"] = replace(given, tile=tile)
+            config["tile"] = tile
         seen["resources"] = resources
+        options = seen["options"]  # the run keeps the tile of the last plan before it
         stages = memory.memory_model(shapes, options, halo, variance)
-        notes = [f"pairs: {len(pairs)}; halo {halo} px a side"
+        notes = [f"pairs: {len(pairs)}; tile {options.tile} px"
+                 + ("" if args.tile else " (the plan's choice)") + f"; halo {halo} px a side"
                  + (" (the bound before the PSFs are known)" if halo == bound else "")]
         return Plan.of(stages, resources, notes=notes,
                        baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
@@ -183,6 +198,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         run.set("inputs", run.record["inputs"] + [
             {"role": role, "path": path, "bytes": size_of(path), "sha256": digest}
             for role, path, digest in files])
+        options = seen["options"]
         with run.timing("models"):
             models = operator.compute_models(client, pairs, options)
         exact = plan_for(seen["resources"], max(m.halo for m in models))
@@ -212,50 +228,57 @@ def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], model
         p, consolidated=False))
     cutouts_zarr = run.add_output("cutouts.zarr", verify=lambda p: stores.open(
         p, layout="cutouts"))
-    draw = importlib.util.find_spec("matplotlib") is not None
+    draw = importlib.util.find_spec("PIL") is not None
     pngs = run.add_output("png", verify=lambda p: [check_png(f) for f in p.iterdir()]) \
         if draw else None
-    partial = _partial(store)
+    partial = partial_path(store)
     operator.create_store(partial, pairs, models, options)
     tiles = operator.tile_graph(pairs, models, options, str(partial))
+    png_partial = partial_path(pngs) if draw else None
     try:
         with run.timing("tiles"):
             futures = client.compute([task for _, _, task in tiles])
+            # the PNGs are drawn on the workers as soon as their item's tiles are done, while
+            # the client writes the catalog and the cutouts
+            drawn = _draw(client, png_partial, pairs, tiles, futures, options) if draw else []
             if SHOW_PROGRESS.get():
                 follow(futures)
             counts = client.gather(client.map(lambda r: r.count, futures, pure=False))
+        parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
+            p, int(sum(counts))))
         with run.timing("catalog"):
-            catalog = operator.sources(futures, counts, item_ids, memory.TABLE_CHUNK)
-            write_new(_encoded(catalog, min(memory.TABLE_CHUNK, max(sum(counts), 1))),
-                      table_zarr)
+            write_catalog(client, futures, counts, item_ids, table_zarr, parquet)
+        with run.timing("cutouts"):
             written = xr.open_zarr(table_zarr, consolidated=False)
             stamps = operator.cutouts(futures, counts, written, options.stamp,
                                       min(memory.CUTOUT_CHUNK, max(sum(counts), 1)))
             stores.save(stamps, cutouts_zarr, layout="cutouts")
         os.rename(partial, store)
-        parquet = run.add_output("sources.parquet", verify=lambda p: check_rows(
-            p, int(sum(counts))))
-        with run.timing("parquet"):
-            write_parquet(table_zarr, parquet)
         if draw:
             with run.timing("png"):
-                png_partial = _partial(pngs)
-                png_partial.mkdir()
-                by_item: dict[int, list] = {}
-                for (index, _, _), future in zip(tiles, futures, strict=True):
-                    by_item.setdefault(index, []).append(future)
-                client.gather([client.submit(draw_item, str(png_partial / f"{pairs[i].item_id}"
-                                                            ".png"), pairs[i].item_id,
-                                             pairs[i].shape, preview_step(
-                                                 pairs[i].shape), fs, options.threshold,
-                                             pure=False)
-                               for i, fs in by_item.items()])
+                client.gather(drawn)
                 os.rename(png_partial, pngs)
         else:
-            print("note: matplotlib is not installed, so no PNG per item", flush=True)
+            print("note: Pillow is not installed, so no PNG per item", flush=True)
         record_metrics(run, pairs, models, counts, written, tiles)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+        if png_partial is not None:
+            shutil.rmtree(png_partial, ignore_errors=True)
+
+
+def _draw(client: distributed.Client, folder: Path, pairs: list[Pair], tiles: list,
+          futures: list, options: Options) -> list:
+    """Futures of one ``draw_item`` task per item into ``folder`` (made here), each after
+    the tiles of its item."""
+    folder.mkdir()
+    by_item: dict[int, list] = {}
+    for (index, _, _), future in zip(tiles, futures, strict=True):
+        by_item.setdefault(index, []).append(future)
+    return [client.submit(draw_item, str(folder / f"{pairs[i].item_id}.png"), pairs[i].item_id,
+                          pairs[i].shape, preview_step(pairs[i].shape), fs, options.threshold,
+                          pure=False)
+            for i, fs in by_item.items()]
 
 
 def record_metrics(run: Run, pairs: list[Pair], models: list, counts: list[int],

@@ -1,12 +1,15 @@
 """Sources in a score image: peaks of ``|S_corr|``, dipole pairs, exclusions, ownership.
 
 A positive (negative) peak is a pixel that is the largest (smallest) of ``S_corr`` within
-``(2 r + 1)^2`` pixels and at least ``threshold`` (at most ``-threshold``). A positive and a
-negative peak that are each other's nearest of the opposite sign within ``dipole_radius``
-pixels form a dipole candidate; every other peak is a single source. A candidate any of
-whose peaks lies in the excluded zone (within the kernel half width of an image edge or a
-bad pixel) is dropped. A candidate belongs to the tile whose core holds its owner peak (the
-brighter lobe of a dipole, the positive one on a tie), so each is found by one tile only.
+``(2 r + 1)^2`` pixels and at least ``threshold`` (at most ``-threshold``). Peaks in the
+excluded zone (within the kernel half width of an image edge or a bad pixel) are dropped, so
+a source whose peak lies there is not reported, not even by a pixel of its flank outside the
+zone (``S_corr`` near the zone's border is computed from the image, off only by kernel
+weights below ``zogy.TRUNCATION``). A positive and a negative peak that are each other's
+nearest of the opposite sign within ``dipole_radius`` pixels form a dipole candidate; every
+other peak is a single source. A candidate belongs to the tile whose core holds its owner
+peak (the brighter lobe of a dipole, the positive one on a tie), so each is found by one
+tile only.
 
 ``find_candidates`` works on a region: a tile's core plus a margin of at least
 ``2 dipole_radius + r + 1`` pixels, so every decision about a core peak (is it a peak, what is
@@ -17,16 +20,32 @@ region alone, the same in any tiling.
 from __future__ import annotations
 
 import numpy as np
-from scipy.ndimage import maximum_filter, minimum_filter
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy.ndimage import minimum_filter
 
 SINGLE, DIPOLE = 0, 1
+#: Candidate pixels whose windows ``peaks`` gathers at once (memory: this many windows).
+PEAK_BATCH = 4096
 
 
 def peaks(score: np.ndarray, threshold: float, radius: int, sign: int) -> np.ndarray:
-    """``(k, 2)`` (y, x) of the peaks of ``sign * score`` at or above ``threshold``."""
+    """``(k, 2)`` (y, x) of the peaks of ``sign * score`` at or above ``threshold``, in row-major
+    order (outside ``score`` counts as minus infinity).
+
+    Only the few pixels at or above the threshold can be peaks, so each of them is compared
+    with the maximum of its own window (in batches of ``PEAK_BATCH``) rather than filtering the
+    whole region."""
     values = sign * score
-    top = maximum_filter(values, size=2 * radius + 1, mode="constant", cval=-np.inf)
-    return np.argwhere((values == top) & (values >= threshold))
+    ys, xs = np.nonzero(values >= threshold)
+    if ys.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    size = 2 * radius + 1
+    windows = sliding_window_view(np.pad(values, radius, constant_values=-np.inf), (size, size))
+    keep = np.empty(ys.size, dtype=bool)
+    for start in range(0, ys.size, PEAK_BATCH):
+        y, x = ys[start: start + PEAK_BATCH], xs[start: start + PEAK_BATCH]
+        keep[start: start + PEAK_BATCH] = values[y, x] >= windows[y, x].max(axis=(1, 2))
+    return np.column_stack([ys[keep], xs[keep]]).astype(np.int64)
 
 
 def nearest(a: np.ndarray, b: np.ndarray, radius: float) -> np.ndarray:
@@ -68,8 +87,8 @@ def find_candidates(score: np.ndarray, excluded: np.ndarray, core: tuple[int, in
     ``snr_pos``, ``snr_neg`` (NaN where absent), and ``sub_y``, ``sub_x`` (the owner's
     sub-pixel position).
     """
-    pos = peaks(score, threshold, radius, 1)
-    neg = peaks(score, threshold, radius, -1)
+    pos, neg = (found[~excluded[found[:, 0], found[:, 1]]] for found in (
+        peaks(score, threshold, radius, 1), peaks(score, threshold, radius, -1)))
     pn = nearest(pos, neg, dipole_radius)
     np_ = nearest(neg, pos, dipole_radius)
     rows = []
@@ -88,8 +107,6 @@ def find_candidates(score: np.ndarray, excluded: np.ndarray, core: tuple[int, in
     for kind, i, j in rows:
         lobes = [pos[i]] if i >= 0 else []
         lobes += [neg[j]] if j >= 0 else []
-        if any(excluded[ly, lx] for ly, lx in lobes):
-            continue
         values = [abs(score[ly, lx]) for ly, lx in lobes]
         owner = lobes[int(np.argmax(values))]
         if not (y0 <= owner[0] < y1 and x0 <= owner[1] < x1):

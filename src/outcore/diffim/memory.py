@@ -19,25 +19,28 @@ before the first tile.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import scipy.fft
 
 from outcore.diffim.prepare import MAX_DIPOLE_RADIUS, MAX_PEAK_RADIUS, SURVEY_BOXES, Options
 from outcore.diffim.tile import COLUMNS
-from outcore.plan import TaskMemory
+from outcore.plan import Plan, Resources, TaskMemory
 
 _F64 = 8
 _C128 = 16
 #: Resident memory of a worker that has run diffim tasks (numpy, dask, distributed, zarr,
 #: xarray as any worker, plus astropy's FITS and stats, sep, scipy's interpolate, ndimage
-#: and optimize, matplotlib for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
+#: and optimize, Pillow for the PNGs), bytes. An 8192^2 pair on 2 workers of 2 GiB
 #: peaked at 458 MiB (VmHWM) with tiles of 1024 whose model is about 200 MiB.
 DIFFIM_WORKER_BASELINE_BYTES = 300 * 2**20
-#: Rows of a table chunk in sources.zarr (and of a parquet row group: ``ROW_GROUP``).
+#: Rows of a table chunk in sources.zarr and of a row group of sources.parquet (the client
+#: gathers one chunk at a time).
 TABLE_CHUNK = 2**18
-ROW_GROUP = 2**20
 #: Cutouts per chunk of cutouts.zarr.
 CUTOUT_CHUNK = 4096
+#: Tile sides the plan chooses from when ``--tile`` is not given, largest first.
+TILE_SIDES = (4096, 2048, 1024, 512, 256)
 
 
 def halo_bound(psf_sides: list[int], stamp: int) -> int:
@@ -90,3 +93,25 @@ def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
                    output_bytes=TABLE_CHUNK * len(COLUMNS) * _F64,
                    write_bytes=CUTOUT_CHUNK * stamp_bytes),
     ]
+
+
+def tile_count(shapes: list[tuple[int, int]], tile: int) -> int:
+    """Tiles of side ``tile`` over every pair of ``shapes``."""
+    return sum(math.ceil(s[0] / tile) * math.ceil(s[1] / tile) for s in shapes)
+
+
+def choose_tile(shapes: list[tuple[int, int]], options: Options, halo: int, variance: bool,
+                resources: Resources) -> int:
+    """The tile side when none is given: the largest of ``TILE_SIDES`` (at most the largest
+    image side) whose plan fits the workers' memory and that still gives every worker thread
+    a tile (fewer, larger tiles waste less on halos and FFT set-up; fewer tiles than threads
+    would leave threads idle); the smallest side when none fits, whose plan then says why."""
+    largest = max(max(s) for s in shapes)
+    sides = sorted({min(side, largest) for side in TILE_SIDES}, reverse=True)
+    wanted = min(resources.workers * resources.threads_per_worker, tile_count(shapes, sides[-1]))
+    for side in sides:
+        stages = memory_model(shapes, replace(options, tile=side), halo, variance)
+        plan = Plan.of(stages, resources, baseline_bytes=DIFFIM_WORKER_BASELINE_BYTES)
+        if plan.fits and tile_count(shapes, side) >= wanted:
+            return side
+    return sides[-1]

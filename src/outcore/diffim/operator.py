@@ -11,8 +11,9 @@ pair, to whichever worker is idle (no fixed shard of pairs per worker):
    ``store`` each writes its core of ``D``, ``V_D`` and ``S_corr`` into that zarr group
    (chunks = tiles, so no two tasks share a chunk) and keeps only its candidates, cutouts
    and preview; a pair larger than a worker's memory thus streams through its tiles.
-3. The catalog, the cutouts and the previews are built lazily from the tiles' results
-   (``sources``, ``cutouts``), without gathering them on the client.
+3. The catalog is gathered from the tiles' results one storage chunk at a time
+   (``tile_table``, ``table_columns``); the cutouts are built lazily from them (``cutouts``)
+   and the previews drawn on the workers, never all on the client.
 
 ``difference`` gives the same images as lazy dask arrays (one chunk per tile) for use from
 Python, computed by the same tile tasks.
@@ -151,7 +152,8 @@ def _image(result: TileResult, name: str) -> np.ndarray:
     return result.images[name]
 
 
-def _table(result: TileResult) -> np.ndarray:
+def tile_table(result: TileResult) -> np.ndarray:
+    """The packed candidate table ``(n, len(COLUMNS))`` of a tile's result."""
     return result.table
 
 
@@ -159,31 +161,16 @@ def _cutouts(result: TileResult) -> np.ndarray:
     return result.cutouts
 
 
-def sources(tiles: Sequence, counts: Sequence[int], item_ids: Sequence[str],
-            chunk: int) -> xr.Dataset:
-    """The lazy catalog ``(source)`` of the tiles (their results or futures) with known
-    candidate ``counts``, ``chunk`` rows a chunk; columns as in ``tile.COLUMNS`` plus
-    ``item_id`` (strings)."""
-    total = int(sum(counts))
-    if total == 0:
-        packed = da.zeros((0, len(COLUMNS)), chunks=(1, len(COLUMNS)))
-    else:
-        parts = [da.from_delayed(dask.delayed(_table)(t), shape=(n, len(COLUMNS)),
-                                 dtype=np.float64) for t, n in zip(tiles, counts, strict=True)
-                 if n]
-        packed = da.concatenate(parts).rechunk((chunk, len(COLUMNS)))
-    data = {}
-    names = np.asarray(item_ids, dtype=object)
+def table_columns(table: np.ndarray, item_ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """The typed columns of packed candidate rows ``(n, len(COLUMNS))``: ``COLUMNS`` (int64
+    for ``INTEGER_COLUMNS``, bool for ``BOOL_COLUMNS``, else float64), then ``item_id``."""
+    out = {}
     for j, name in enumerate(COLUMNS):
-        column = packed[:, j]
-        if name in INTEGER_COLUMNS:
-            column = column.astype(np.int64)
-        elif name in BOOL_COLUMNS:
-            column = column.astype(bool)
-        data[name] = ("source", column)
-    data["item_id"] = ("source", data["item_index"][1].map_blocks(
-        lambda idx: names[idx].astype(str), dtype=f"<U{max(len(i) for i in item_ids)}"))
-    return xr.Dataset(data)
+        column = table[:, j]
+        out[name] = (column.astype(np.int64) if name in INTEGER_COLUMNS
+                     else column.astype(bool) if name in BOOL_COLUMNS else column)
+    out["item_id"] = np.asarray(item_ids, dtype=object)[out["item_index"]].astype(str)
+    return out
 
 
 def cutouts(tiles: Sequence, counts: Sequence[int], catalog: xr.Dataset,
@@ -221,10 +208,5 @@ def catalog(pairs: Sequence[Pair], options: Options | None = None,
     results = client.gather(client.compute(tasks)) if client else list(dask.compute(*tasks))
     table = np.concatenate([r.table for r in results]) if results else np.empty(
         (0, len(COLUMNS)))
-    frame = pd.DataFrame(table, columns=list(COLUMNS))
-    for name in INTEGER_COLUMNS:
-        frame[name] = frame[name].astype(np.int64)
-    for name in BOOL_COLUMNS:
-        frame[name] = frame[name].astype(bool)
-    frame.insert(0, "item_id", [pairs[i].item_id for i in frame["item_index"]])
-    return models, frame
+    columns = table_columns(table, [p.item_id for p in pairs])
+    return models, pd.DataFrame({"item_id": columns.pop("item_id"), **columns})

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from outcore.diffim import psf as psfs
-from outcore.diffim.background import BackgroundMesh, box_statistics, source_mask
+from outcore.diffim.background import BackgroundMesh, Sky, box_statistics, source_mask
 from outcore.diffim.manifest import ImageFile, Pair
 from outcore.diffim.zogy import ZogyKernels, pair_kernels
 
@@ -95,13 +95,14 @@ def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Op
     var = None if variance is None else read_window(variance, wy0, wy1, wx0, wx1)
     bad = bad_window(pair, [data], [var], wy0, wy1, wx0, wx1)
     core = np.s_[halo: halo + y1 - y0, halo: halo + x1 - x0]
-    sources = source_mask(data, bad)
+    sky = Sky.of(data, bad)
+    sources = source_mask(sky, bad)
     back, rms = box_statistics(data[core], (bad | sources)[core], options.box)
     out = {"block": block, "back": back, "rms": rms, "var": None, "stars": None}
     if var is not None:
         out["var"] = float(np.median(var[core][~bad[core]])) if (~bad[core]).any() else np.nan
     if want_stars:
-        out["stars"] = psfs.find_stars(data, bad, (wy0, wx0), block, pair.shape,
+        out["stars"] = psfs.find_stars(sky, bad, (wy0, wx0), block, pair.shape,
                                        options.psf_size, options.star_snr)
     return out
 

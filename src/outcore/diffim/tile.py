@@ -12,7 +12,6 @@ cutouts and a preview (every ``step``-th pixel of ``D`` on the image's own grid)
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,9 +102,8 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
                                                          kernels).items()}
     del on_device, images, variances
     excluded = detect.excluded_zone(bad, half)[half:-half or None, half:-half or None]
-    score_corr = np.where(excluded, 0.0, out["score_corr"])
     local_core = (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
-    found = detect.find_candidates(score_corr, excluded, local_core, options.threshold,
+    found = detect.find_candidates(out["score_corr"], excluded, local_core, options.threshold,
                                    model.peak_radius, model.dipole_radius)
     table, cutouts = _measure(found, out, excluded, model, item_index, (ry0, rx0), options,
                               pair)
@@ -220,14 +218,16 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
 
 
 def _sky(header: str | None, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RA and Dec (deg) of 0-based pixels through the reference's WCS (NaN without one)."""
+    """RA and Dec (deg) of 0-based pixels through the reference's WCS (NaN without one).
+
+    ``header`` is astropy's own ``to_header()`` of the WCS (``manifest``), already in the
+    standard's form, so it is read without astropy's fixes, which would only warn (and
+    silencing warnings is not thread-safe: tiles run in threads)."""
     if header is None or x.size == 0:
         return np.full(x.size, np.nan), np.full(x.size, np.nan)
     from astropy.io import fits
-    from astropy.wcs import WCS, FITSFixedWarning
+    from astropy.wcs import WCS
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FITSFixedWarning)
-        wcs = WCS(fits.Header.fromstring(header))
+    wcs = WCS(fits.Header.fromstring(header), fix=False)
     ra, dec = wcs.pixel_to_world_values(x, y)
     return np.asarray(ra, dtype=np.float64), np.asarray(dec, dtype=np.float64)
