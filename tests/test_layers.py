@@ -24,7 +24,7 @@ CORE_LAYERS: list[set[str]] = [
     {"outcore.checks"},
     {"outcore.backend", "outcore.io"},
     {"outcore.cluster", "outcore.plan"},
-    {"outcore.runs", "outcore.progress", "outcore.reduce"},
+    {"outcore.runs", "outcore.progress", "outcore.reduce", "outcore.figures"},
     {"outcore.verbs"},
     {"outcore.runner"},
 ]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import distributed
 import numpy as np
 import xarray as xr
 
-from outcore import io
+from outcore import figures, io
 from outcore.checks import at_least, choice, existing_path, positive
 from outcore.checks import shape as shape_of
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
@@ -416,31 +415,18 @@ def _report(iteration: int, residual: float) -> None:
 
 def write_slices(run: Run, volume_path: Path, title: str) -> None:
     """``slices.png``: the central z, y and x slices of the stored volume (the three read
-    together, so a chunk that holds several is read once). Skipped, with a note, when
-    matplotlib is not installed."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print(f"note: matplotlib is not installed, so no {SLICES}", file=sys.stderr)
-        return
+    together, so a chunk that holds several is read once), in grey from the 0.5th to the
+    99.5th percentile of the z slice (``outcore.figures``)."""
     volume = io.open(volume_path, layout="volume")["volume"]
     nz, ny, nx = volume.shape
-    cuts = [(f"z = {nz // 2}", volume[nz // 2], ("x", "y")),
-            (f"y = {ny // 2}", volume[:, ny // 2], ("x", "z")),
-            (f"x = {nx // 2}", volume[:, :, nx // 2], ("y", "z"))]
-    images = dask.compute(*(cut.data for _, cut, _ in cuts))  # each chunk read once
+    cuts = [(f"z = {nz // 2} (x right, y up)", volume[nz // 2]),
+            (f"y = {ny // 2} (x right, z up)", volume[:, ny // 2]),
+            (f"x = {nx // 2} (y right, z up)", volume[:, :, nx // 2])]
+    images = dask.compute(*(cut.data for _, cut in cuts))  # each chunk read once
     lo, hi = np.percentile(images[0], [0.5, 99.5])
-    # a fixed layout: matplotlib's constrained one doubles the time of drawing the figure
-    fig = Figure(figsize=(12, 4.2))
-    fig.subplots_adjust(left=0.05, right=0.9, bottom=0.13, top=0.85, wspace=0.3)
-    axes = fig.subplots(1, 3)
-    for ax, (name, _, (across, up)), image in zip(axes, cuts, images, strict=True):
-        shown = ax.imshow(image, cmap="gray", vmin=lo, vmax=hi, origin="lower")
-        ax.set(title=name, xlabel=f"{across} [voxel]", ylabel=f"{up} [voxel]")
-    fig.colorbar(shown, cax=fig.add_axes((0.925, 0.2, 0.012, 0.58)),
-                 label="attenuation [1/m]")
-    fig.suptitle(title)
-    fig.savefig(run.add_output(SLICES, verify=check_png), format="png", dpi=90)
+    figures.panels(run.add_output(SLICES, verify=check_png),
+                   [(name, image) for (name, _), image in zip(cuts, images, strict=True)],
+                   title, float(lo), float(hi), "1/m")
 
 
 VERBS = [
