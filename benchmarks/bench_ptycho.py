@@ -377,9 +377,9 @@ def peer_commands(args: argparse.Namespace, tool: str, data: Path, objects: Path
               str(args.seed), "--probe-modes", str(chosen["modes"]), "--object-dir",
               str(objects)] + (["--learn-positions"] if chosen["refine"] else [])
     runner = str(PEERS / f"{tool}_runner.py")
-    if tool != "quantem":
+    if tool != "quantem":  # torch's OpenMP threads wait passively (see quantEM's below)
         return [([runner, str(data), "--threads", *map(str, args.quantem_threads), *common],
-                 dict(START_ENVIRON))]
+                 {**START_ENVIRON, "OMP_WAIT_POLICY": "PASSIVE"})]
     # quantEM's analytic-gradient mode takes neither probe modes nor positions
     modes = [m for m in args.quantem_modes if m == "adam" or setting == "base"] or ["adam"]
     commands = []

@@ -194,6 +194,69 @@ def test_scratch_model_bounds_tracemalloc(modes, slices, subpixel, refine):
     assert 0.8 <= modelled / peak <= 1.5, (modelled, peak)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_compiled_host_ops_match_their_array_code(dtype):
+    """``ops.cpu``'s compiled loops against ``ops.arrays`` (cupy's path) on numpy: the same
+    exit waves, losses, factors, backward slice, curvatures and unshifted sums, with two
+    modes, a mask, both losses, a shared and a per-position incident wave."""
+    from outcore.ptycho.ops import arrays, cpu
+
+    rng = np.random.default_rng(5)
+    n, modes, k = 6, 2, 12
+
+    def noise(*shape):
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+
+    layer, top_left = noise(30, 34), rng.integers(0, 30 - k, (n, 2))
+    for waves in (noise(1, modes, k, k), noise(n, modes, k, k)):
+        np.testing.assert_array_equal(cpu.exit_waves(layer, top_left, waves),
+                                      arrays.exit_waves(layer, top_left, waves, cpu.windows))
+    far, amplitudes = noise(n, modes, k, k), rng.uniform(0, 2, (n, k, k)).astype(np.float32)
+    amplitudes[0, 0, 0] = 0  # a zero count for the Poisson loss
+    valid = rng.random((k, k)) > 0.2
+    tol = {"rtol": 1e-5 if dtype == np.complex64 else 1e-12}
+    for mask in (None, valid):
+        for poisson in (False, True):
+            ours, theirs = far.copy(), far.copy()
+            loss = cpu.residual(ours, amplitudes, mask, poisson, kernels.TINY)
+            assert loss == pytest.approx(arrays.residual(theirs, amplitudes, mask, poisson,
+                                                         kernels.TINY), rel=tol["rtol"])
+            np.testing.assert_allclose(ours, theirs, atol=1e-5 * np.abs(theirs).max(), **tol)
+        d_y, d_x = noise(n, modes, k, k), noise(n, modes, k, k)
+        np.testing.assert_allclose(cpu.curvature(far, d_y, d_x, mask, kernels.TINY),
+                                   arrays.curvature(far, d_y, d_x, mask, kernels.TINY), **tol)
+    for incident in (noise(1, modes, k, k), noise(n, modes, k, k)):
+        local = top_left - top_left.min(axis=0)
+        results = []
+        for back in (cpu.back_layer, lambda *a: arrays.back_layer(*a, cpu.windows,
+                                                                   cpu.scatter_add)):
+            chi = far.copy()
+            grad = np.zeros((30, 34), np.complex128)
+            illum, probe_sum = np.zeros((k, k)), np.zeros((modes, k, k), np.complex128)
+            back(chi, layer, top_left, incident, grad, local, illum, probe_sum)
+            results.append((chi, grad, illum, probe_sum))
+        for ours, theirs in zip(*results, strict=True):
+            np.testing.assert_allclose(ours, theirs, atol=1e-6 * np.abs(theirs).max(), **tol)
+    ramps, probe_hat = noise(n, k, k), noise(modes, k, k)
+    for positions in (False, True):
+        ours, theirs = (f(far, probe_hat, ramps, positions) for f in (cpu.unshift,
+                                                                       arrays.unshift))
+        np.testing.assert_allclose(ours[0], theirs[0], **tol)
+        if positions:
+            np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5 * np.abs(theirs[1]).max())
+        else:
+            assert ours[1] is None and theirs[1] is None
+
+
+def test_windows_outside_the_image_are_refused():
+    """The compiled loops do not check their indices: ``ops`` refuses such windows first."""
+    image = np.zeros((20, 20), np.complex64)
+    with pytest.raises(ValueError, match="leave the 20x20 image"):
+        ops.windows(image, np.array([[0, 0], [13, 2]]), 8)
+    with pytest.raises(ValueError, match="leave the 20x20 image"):
+        ops.exit_waves(image, np.array([[-1, 0]]), np.ones((1, 1, 8, 8), np.complex64))
+
+
 @pytest.mark.gpu
 def test_cupy_ops_match_their_numpy_twins():
     import cupy

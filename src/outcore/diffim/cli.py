@@ -34,7 +34,7 @@ from outcore.diffim.prepare import Options
 from outcore.diffim.tile import preview_step
 from outcore.errors import LayoutError, OutcoreError
 from outcore.io import store as stores
-from outcore.io.store import COMPRESSOR, write_new, zarr_strings
+from outcore.io.store import COMPRESSOR, write_new
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
 from outcore.runs import Run, check_png, size_of
@@ -117,8 +117,8 @@ def _partial(path: Path) -> Path:
 
 
 def _encoded(ds: xr.Dataset, chunk: int) -> xr.Dataset:
-    """The table with strings as variable-length UTF-8 and storage-sized chunks."""
-    out = zarr_strings(ds.copy())
+    """The table in storage-sized chunks (``write_new`` stores its strings as zarr's)."""
+    out = ds.copy()
     for var in out.variables.values():
         var.encoding = {"chunks": (max(1, chunk),)}
         if var.dtype.kind in "biuf":

@@ -40,10 +40,20 @@ if TYPE_CHECKING:
 def scratch_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False,
                       refine: bool = False) -> int:
     """Bytes of ``batch_terms`` scratch per detector pixel per position (measured with
-    tracemalloc: 40 for one mode and slice on whole pixels, 56 with sub-pixel positions,
-    each further slice about 8 + 8 M, each mode 8 S (+ 13 sub-pixel, + 50 refined))."""
+    tracemalloc on 64 x 64 patterns: 9.5 for one mode and slice on whole pixels, 28 with
+    three modes, 26 with sub-pixel positions; each further slice about 5 + 12 M, the shift
+    8 + 9 M, refinement 22 M more)."""
     shift = int(subpixel or refine)
-    return 24 + 8 * slices + 3 * shift + modes * (8 * slices + 13 * shift + 50 * int(refine))
+    further = slices - 1
+    return (1 + 10 * modes + further * (5 + 12 * modes) + shift * (8 + 9 * modes)
+            + 22 * modes * int(refine))
+
+
+def intensities_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False) -> int:
+    """Bytes of ``kernels.intensities`` scratch per detector pixel per position (the waves,
+    their centred copy and the intensities; measured with tracemalloc: 16 for one mode and
+    slice, 16 per mode, 8 more with sub-pixel positions, about 12 M per further slice)."""
+    return 4 + 8 * int(subpixel) + 16 * modes + 12 * modes * (slices - 1)
 
 
 #: Scratch of the simplest case (one mode and slice, whole pixels), bytes per pixel.
@@ -106,7 +116,7 @@ def simulate_stages(sim: Simulation) -> list[TaskMemory]:
     probe, obj = sim.truth["probe"], sim.truth["object"]
     modes = probe.shape[0] if probe.ndim == 3 else 1
     slices = obj.shape[0] if obj.ndim == 3 else 1
-    forward = scratch_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
+    forward = intensities_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
     patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
                           0, out, transient_bytes=frames * (forward + F64)
                           + slices * patch * (C64 + 4 * F64), write_bytes=out)
