@@ -326,8 +326,8 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
     if slices > 1:
         illum_slices = xp.zeros((slices, *extent), xp.float64)
         for s, wave in enumerate(fwd.incident):
-            power = (wave.real**2 + wave.imag**2).sum(axis=1) * k**2
-            ops.scatter_add(illum_slices[s], local, xp.broadcast_to(power, (len(top_left), k, k)))
+            ops.scatter_add(illum_slices[s], local, (wave.real**2 + wave.imag**2).sum(axis=1)
+                            * k**2)
     illum_probe = xp.zeros((k, k), xp.float64)
     probe_sum = xp.zeros(probe.shape, xp.complex128) if fwd.ramps is None else None
     for s in range(slices - 1, -1, -1):
@@ -377,7 +377,7 @@ def object_illumination(probe: Array, top_left: Array, object_shape: tuple[int, 
     power = (probe.real**2 + probe.imag**2).sum(axis=0).astype(xp.float64)
     illumination = xp.zeros(object_shape[-2:], xp.float64)
     top_left = np.asarray(to_host(top_left))
-    ops.scatter_add(illumination, top_left, xp.broadcast_to(power, (len(top_left), *power.shape)))
+    ops.scatter_add(illumination, top_left, power[None])
     return illumination
 
 

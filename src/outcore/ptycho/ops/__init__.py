@@ -6,8 +6,8 @@ or ``ops.gpu`` (cupy, cupyx), so the kernels and the engine are written once.
   GPU), with ``fft2`` / ``ifft2`` taking ``norm`` and ``overwrite_x``.
 - ``windows(image, top_left, k)``: the ``k x k`` windows of a 2-D array at the integer
   corners ``top_left (n, 2)`` (row, col), stacked ``(n, k, k)``.
-- ``scatter_add(target, top_left, values)``: ``target[window j] += values[j]`` in place,
-  overlaps summed.
+- ``scatter_add(target, top_left, values)``: ``target[window j] += values[j or 0]`` in
+  place (``values`` (n or 1, k, k)), overlaps summed.
 - ``exit_waves(layer, top_left, waves)``: ``waves[j or 0, m] * layer[window j]`` (n, M, K, K).
 - ``residual(waves, amplitudes, valid, poisson)``: the loss of the far fields ``waves``
   (n, M, K, K, FFT order) against the centred ``amplitudes`` (n, K, K), and ``waves``
@@ -77,7 +77,7 @@ def windows(image: Array, top_left: np.ndarray, k: int) -> Array:
 
 
 def scatter_add(target: Array, top_left: np.ndarray, values: Array) -> None:
-    """``target[window j] += values[j]`` for every window ``j``, in place."""
+    """``target[window j] += values[j or 0]`` for every window ``j``, in place."""
     _impl(target).scatter_add(target, _inside(top_left, values.shape[-1], target.shape), values)
 
 

@@ -37,11 +37,13 @@ def _windows(image, top_left, out):
 @numba.njit(**_JIT)
 def _scatter_add(target, top_left, values):
     k = values.shape[-1]
-    for j in range(values.shape[0]):
+    shared = values.shape[0] == 1
+    for j in range(top_left.shape[0]):
         r, c = top_left[j, 0], top_left[j, 1]
+        p = 0 if shared else j
         for y in range(k):
             for x in range(k):
-                target[r + y, c + x] += values[j, y, x]
+                target[r + y, c + x] += values[p, y, x]
 
 
 @numba.njit(**_JIT)

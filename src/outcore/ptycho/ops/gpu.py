@@ -40,6 +40,7 @@ def scatter_add(target: Array, top_left: np.ndarray, values: Array) -> None:
     import cupy
     import cupyx
 
+    values = cupy.broadcast_to(values, (len(top_left), *values.shape[1:]))
     rows, cols = (cupy.broadcast_to(i, values.shape) for i in _index(top_left, values.shape[-1]))
     if cupy.iscomplexobj(values):
         cupyx.scatter_add(target.real, (rows, cols), values.real)
