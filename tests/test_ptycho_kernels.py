@@ -197,8 +197,9 @@ def test_scratch_model_bounds_tracemalloc(modes, slices, subpixel, refine):
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
 def test_compiled_host_ops_match_their_array_code(dtype):
     """``ops.cpu``'s compiled loops against ``ops.arrays`` (cupy's path) on numpy: the same
-    exit waves, losses, factors, backward slice, curvatures and unshifted sums, with two
-    modes, a mask, both losses, a shared and a per-position incident wave."""
+    exit waves, losses, factors, backward slice, curvatures, unshifted sums and object steps,
+    with two modes, a mask, both losses, a shared and a per-position incident wave, one and
+    per-slice illuminations."""
     from outcore.ptycho.ops import arrays, cpu
 
     rng = np.random.default_rng(5)
@@ -246,6 +247,11 @@ def test_compiled_host_ops_match_their_array_code(dtype):
             np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5 * np.abs(theirs[1]).max())
         else:
             assert ours[1] is None and theirs[1] is None
+    grad = noise(2, 9, 11).astype(np.complex128)
+    for illumination in (rng.uniform(0, 3, (1, 9, 11)), rng.uniform(0, 3, (2, 9, 11))):
+        np.testing.assert_allclose(
+            cpu.object_step(grad, illumination, 0.3, 0.05, kernels.TINY, dtype),
+            arrays.object_step(grad, illumination, 0.3, 0.05, kernels.TINY, dtype), **tol)
 
 
 def test_windows_outside_the_image_are_refused():

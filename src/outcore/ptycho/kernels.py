@@ -45,6 +45,7 @@ import numpy as np
 
 from outcore.backend import array_namespace, to_host
 from outcore.ptycho import ops
+from outcore.ptycho.ops.arrays import preconditioner
 
 Array = Any
 
@@ -401,21 +402,14 @@ def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_o
         illumination = object_illumination(probe, local, (h, w))[None]
     else:  # each slice by the power of the waves entering it
         illumination = terms.illum_slices
-    step = terms.grad_obj * (step_obj / slices * 0.5)
-    step /= _preconditioner(illumination, alpha)
     new_obj = obj.copy()
     layers = as_slices(new_obj)
-    layers[:, r:r + h, c:c + w] -= step.astype(obj.dtype)
+    layers[:, r:r + h, c:c + w] -= ops.object_step(terms.grad_obj, illumination,
+                                                   step_obj / slices * 0.5, alpha, TINY,
+                                                   obj.dtype)
     if step_probe == 0:
         return new_obj, probe
-    step = step_probe * 0.5 * terms.grad_probe / _preconditioner(terms.illum_probe, alpha)
+    step = step_probe * 0.5 * terms.grad_probe / preconditioner(terms.illum_probe, alpha,
+                                                                TINY)
     new_probe = probe - step.reshape(probe.shape).astype(probe.dtype)
     return new_obj, new_probe
-
-
-def _preconditioner(illumination: Array, alpha: float) -> Array:
-    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight,
-    the maximum taken over the last two axes (each slice its own)."""
-    xp = array_namespace(illumination)
-    peak = illumination.max(axis=(-2, -1), keepdims=True)
-    return (1 - alpha) * illumination + xp.maximum(alpha * peak, TINY)

@@ -24,6 +24,9 @@ or ``ops.gpu`` (cupy, cupyx), so the kernels and the engine are written once.
 - ``unshift(chi_hat, probe_hat, ramps, positions)``: ``sum_j chi_hat[j] conj(ramps[j])``
   (M, K, K) complex128 and, with ``positions``, each position's ``2 pi sum q_a Im(conj(
   chi_hat) probe_hat ramps)`` (n, 2) float64 (``kernels._position_gradient``), else None.
+- ``object_step(grad, illumination, scale, alpha, tiny, dtype)``: the object's
+  preconditioned step ``scale grad / ((1 - alpha) illumination + max(alpha max(illumination),
+  tiny))`` (S, h, w) in ``dtype``, each slice with its own illumination (or all with one).
 - ``staged(host, backend)``: a host copy of ``host`` from which the backend's device copies
   are fast (page-locked memory for cupy, the array itself for numpy).
 
@@ -115,6 +118,12 @@ def unshift(chi_hat: Array, probe_hat: Array, ramps: Array, positions: bool
             ) -> tuple[Array, Array | None]:
     """The Fourier shifts undone and summed, and the positions' gradient (module doc)."""
     return _impl(chi_hat).unshift(chi_hat, probe_hat, ramps, positions)
+
+
+def object_step(grad: Array, illumination: Array, scale: float, alpha: float, tiny: float,
+                dtype: Any) -> Array:
+    """The object's preconditioned step (see the module doc)."""
+    return _impl(grad).object_step(grad, illumination, scale, alpha, tiny, dtype)
 
 
 def staged(host: np.ndarray, backend: str) -> np.ndarray:

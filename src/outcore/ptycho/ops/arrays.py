@@ -85,3 +85,18 @@ def unshift(chi_hat: Array, probe_hat: Array, ramps: Array, positions: bool
     grad = xp.stack([(product.imag.sum(axis=2, dtype=xp.float64) * q).sum(axis=1),
                      (product.imag.sum(axis=1, dtype=xp.float64) * q).sum(axis=1)], axis=1)
     return unshifted, 2 * np.pi * grad
+
+
+def preconditioner(illumination: Array, alpha: float, tiny: float) -> Array:
+    """``(1 - alpha) illumination + max(alpha max(illumination), tiny)``: rPIE's regularised
+    weight, the maximum taken over the last two axes (each slice its own)."""
+    xp = array_namespace(illumination)
+    peak = illumination.max(axis=(-2, -1), keepdims=True)
+    return (1 - alpha) * illumination + xp.maximum(alpha * peak, tiny)
+
+
+def object_step(grad: Array, illumination: Array, scale: float, alpha: float, tiny: float,
+                dtype: Any) -> Array:
+    step = grad * scale
+    step /= preconditioner(illumination, alpha, tiny)
+    return step.astype(dtype)

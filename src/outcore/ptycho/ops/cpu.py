@@ -185,6 +185,17 @@ def _unshift(chi_hat, probe_hat, ramps, q, unshifted, grad):
             grad[j, 0], grad[j, 1] = 2 * np.pi * gy, 2 * np.pi * gx
 
 
+@numba.njit(**_JIT)
+def _object_step(grad, illumination, scale, alpha, tiny, out):
+    shared = illumination.shape[0] == 1
+    for s in range(grad.shape[0]):
+        light = illumination[0 if shared else s]
+        floor = max(alpha * light.max(), tiny)
+        for y in range(grad.shape[1]):
+            for x in range(grad.shape[2]):
+                out[s, y, x] = grad[s, y, x] * scale / ((1 - alpha) * light[y, x] + floor)
+
+
 def windows(image: np.ndarray, top_left: np.ndarray, k: int) -> np.ndarray:
     out = np.empty((len(top_left), k, k), image.dtype)
     _windows(image, top_left, out)
@@ -230,3 +241,10 @@ def unshift(chi_hat: np.ndarray, probe_hat: np.ndarray, ramps: np.ndarray, posit
     _unshift(chi_hat, np.ascontiguousarray(probe_hat), ramps,
              np.fft.fftfreq(chi_hat.shape[-1]), unshifted, grad)
     return unshifted, grad if positions else None
+
+
+def object_step(grad: np.ndarray, illumination: np.ndarray, scale: float, alpha: float,
+                tiny: float, dtype: np.dtype) -> np.ndarray:
+    out = np.empty(grad.shape, dtype)
+    _object_step(grad, np.ascontiguousarray(illumination), scale, alpha, tiny, out)
+    return out

@@ -56,6 +56,7 @@ def exit_waves(layer: Array, top_left: np.ndarray, waves: Array) -> Array:
 residual = arrays.residual
 curvature = arrays.curvature
 unshift = arrays.unshift
+object_step = arrays.object_step
 
 
 def back_layer(chi: Array, layer: Array, top_left: np.ndarray, incident: Array, grad: Array,
