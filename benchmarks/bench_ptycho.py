@@ -383,13 +383,14 @@ def peer_commands(args: argparse.Namespace, tool: str, data: Path, objects: Path
     # quantEM's analytic-gradient mode takes neither probe modes nor positions
     modes = [m for m in args.quantem_modes if m == "adam" or setting == "base"] or ["adam"]
     commands = []
-    for policy in args.quantem_omp:
-        # OpenMP's wait policy only matters with more than one thread
-        threads = args.quantem_threads if policy == "default" else \
+    for number, policy in enumerate(args.quantem_omp):
+        # OpenMP's wait policy only matters with more than one thread: a second policy runs
+        # only those cases again; the ranks run with the first
+        threads = args.quantem_threads if number == 0 else \
             [t for t in args.quantem_threads if t > 1]
         if not threads:
             continue
-        ranks = args.quantem_ranks if policy == "default" else 0
+        ranks = args.quantem_ranks if number == 0 else 0
         env = dict(START_ENVIRON)
         if policy == "passive":
             env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -559,8 +560,9 @@ def main() -> None:
                              "(0: not; each call costs 10-20 s of process start-up here)")
     parser.add_argument("--quantem-omp", nargs="+", choices=["default", "passive"],
                         default=["default", "passive"],
-                        help="OpenMP wait policy of quantEM's runs (passive: its cases with "
-                             "more than one thread again, with OMP_WAIT_POLICY=PASSIVE)")
+                        help="OpenMP wait policies of quantEM's runs: the first for every "
+                             "case, a second for the cases with more than one thread again "
+                             "(passive: OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--quantem-timeout", type=float, default=1800.0,
                         help="seconds a peer's call may take")
     parser.add_argument("--seed", type=int, default=0,
