@@ -37,6 +37,14 @@ if TYPE_CHECKING:
     from outcore.ptycho.simulate import Simulation
 
 
+#: Resident memory of a worker process that has run reconstruction steps, bytes: 356-359 MiB
+#: measured (VmHWM, ``peak_worker_rss``, a small scan, refined or not) against 203 MiB before
+#: the host loops were compiled: ``import numba`` (llvmlite's LLVM) and loading the loops from
+#: numba's cache add about 155 MiB. ``ptycho reconstruct``'s plans count it in place of
+#: ``outcore.plan.WORKER_BASELINE_BYTES``.
+PTYCHO_WORKER_BASELINE_BYTES = 360 * 2**20
+
+
 def scratch_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False,
                       refine: bool = False) -> int:
     """Bytes of ``batch_terms`` scratch per detector pixel per position (measured with

@@ -30,7 +30,7 @@ from outcore.io.store import write_new
 from outcore.plan import Plan, Resources
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Result
-from outcore.ptycho.memory import memory_model
+from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, memory_model
 from outcore.ptycho.quality import convergence_warnings, truth_errors
 from outcore.ptycho.reconstruct import (
     Prepared,
@@ -166,7 +166,8 @@ def _plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
                               settings.batch_size, backend=resources.backend,
                               modes=settings.probe_modes, slices=settings.slices,
                               subpixel=subpixel, refine=settings.refine_positions)
-        return Plan.of(stages, replace(resources, workers=workers))
+        return Plan.of(stages, replace(resources, workers=workers),
+                       baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
 
     plan = plan_for(resources.workers, settings.residency, settings.sub_batch)
     if not plan.fits:

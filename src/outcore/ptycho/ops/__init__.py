@@ -23,7 +23,8 @@ or ``ops.gpu`` (cupy, cupyx), so the kernels and the engine are written once.
   over the pixels ``valid`` keeps.
 - ``unshift(chi_hat, probe_hat, ramps, positions)``: ``sum_j chi_hat[j] conj(ramps[j])``
   (M, K, K) complex128 and, with ``positions``, each position's ``2 pi sum q_a Im(conj(
-  chi_hat) probe_hat ramps)`` (n, 2) float64 (``kernels._position_gradient``), else None.
+  chi_hat) probe_hat ramps)`` (n, 2) float64, else None: by Parseval ``dL/dcoords`` when
+  ``chi_hat`` is the fft2 of ``dL/d probe_f`` (``kernels.batch_terms``).
 - ``object_step(grad, illumination, scale, alpha, tiny, dtype)``: the object's
   preconditioned step ``scale grad / ((1 - alpha) illumination + max(alpha max(illumination),
   tiny))`` (S, h, w) in ``dtype``, each slice with its own illumination (or all with one).

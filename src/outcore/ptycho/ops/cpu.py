@@ -248,3 +248,4 @@ def object_step(grad: np.ndarray, illumination: np.ndarray, scale: float, alpha:
     out = np.empty(grad.shape, dtype)
     _object_step(grad, np.ascontiguousarray(illumination), scale, alpha, tiny, out)
     return out
+
