@@ -13,7 +13,8 @@ patterns of a smooth complex object seen through a defocused aperture probe, str
 the far-field model, noise-free) is reconstructed by
 
 - ``outcore``: ``outcore.ptycho.engine.run`` on a local cluster of 1 and 2 worker processes
-  (one thread each, ``--workers``), once per residency (``--residency``: ``device`` keeps each
+  (one thread each, ``--workers``; ``--cluster threads``: workers in this process), once per
+  residency (``--residency``: ``device`` keeps each
   shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
   ``disk`` reads each sub-batch from the zarr store, the next one in a thread), each case on
   a fresh cluster so that its peak worker memory is its own. The stack lies in a zarr store
@@ -285,7 +286,8 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     n = len(scan.top_left)
     settings = settings_of(args, residency, setting, batch)
     with (worker_malloc(malloc),
-          cluster.connect("local", workers=workers, memory_limit=args.memory_limit) as client):
+          cluster.connect(args.cluster, workers=workers, memory_limit=args.memory_limit)
+          as client):
         pids = [os.getpid(), *client.run(os.getpid).values()]
         marks: list[tuple[float, float, float]] = []  # (reached, callback done, CPU seconds)
         losses: list[float] = []
@@ -311,7 +313,8 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
     cpu = [marks[i][2] - marks[i - 1][2] for i in range(1, len(marks))]
     return emit("outcore", case_of(args, n, setting, batch, sub_batch=args.sub_batch,
-                                   workers=workers, residency=residency, chunk=args.chunk,
+                                   workers=workers, cluster=args.cluster,
+                                   residency=residency, chunk=args.chunk,
                                    compression=args.compression, disk_cold=cold,
                                    worker_malloc=malloc, backend=args.backend),
                 walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
@@ -539,6 +542,9 @@ def main() -> None:
     parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
                         choices=engine.RESIDENCIES,
                         help="residencies of the base setting (the others run on device)")
+    parser.add_argument("--cluster", choices=["local", "threads"], default="local",
+                        help="outcore's workers: processes (local) or threads of this "
+                             "process (threads, in-process workers)")
     parser.add_argument("--memory-limit", default="2GiB", help="memory_limit of each worker")
     parser.add_argument("--worker-malloc", nargs="+", choices=["outcore", "dask"],
                         default=["outcore"],
