@@ -288,7 +288,7 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     with (worker_malloc(malloc),
           cluster.connect(args.cluster, workers=workers, memory_limit=args.memory_limit)
           as client):
-        pids = [os.getpid(), *client.run(os.getpid).values()]
+        pids = list(dict.fromkeys([os.getpid(), *client.run(os.getpid).values()]))  # threads: one
         marks: list[tuple[float, float, float]] = []  # (reached, callback done, CPU seconds)
         losses: list[float] = []
         cold = args.disk_cold and residency == "disk"
