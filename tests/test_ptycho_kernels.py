@@ -254,6 +254,26 @@ def test_compiled_host_ops_match_their_array_code(dtype):
             arrays.object_step(grad, illumination, 0.3, 0.05, kernels.TINY, dtype), **tol)
 
 
+def test_rounding_errors_off_the_pixel_grid_count_as_whole_pixels():
+    """Positions stored in metres come back about 1e-14 pixel off the grid: they take the
+    whole-pixel path (no Fourier shift, half the FFTs) and give the exact integers' terms,
+    while a real sub-pixel offset (1e-6 pixel) is still shifted."""
+    rng = np.random.default_rng(6)
+    obj = np.exp(1j * rng.uniform(-1, 1, (40, 40))).astype(np.complex64)
+    probe = aperture_probe(16, 5, 0.1).astype(np.complex64)
+    corners = np.array([[3.0, 5.0], [11.0, 20.0]])
+    measured = np.ones((2, 16, 16), np.float32)
+    noisy = corners * (1 + 1e-15) + np.array([[3e-14, -2e-14], [0.0, 1e-13]])
+    assert np.any(noisy != corners)
+    assert kernels.forward(obj, probe, noisy).ramps is None
+    assert not kernels.subpixel(noisy) and kernels.subpixel(corners + 1e-6)
+    assert kernels.forward(obj, probe, corners + 1e-6).ramps is not None
+    exact, rounded = (kernels.batch_terms(obj, probe, c, measured) for c in (corners, noisy))
+    assert exact.loss == rounded.loss
+    np.testing.assert_array_equal(exact.grad_obj, rounded.grad_obj)
+    np.testing.assert_array_equal(exact.grad_probe, rounded.grad_probe)
+
+
 def test_windows_outside_the_image_are_refused():
     """The compiled loops do not check their indices: ``ops`` refuses such windows first."""
     image = np.zeros((20, 20), np.complex64)

@@ -51,6 +51,8 @@ Array = Any
 
 #: Amplitudes (and intensities) below this are treated as zero in the gradients' divisions.
 TINY = 1e-12
+#: Coordinates this close to the pixel grid (pixels) are on it.
+WHOLE_PIXEL = 1e-9
 NOISE_MODELS: tuple[str, ...] = ("amplitude", "poisson")
 
 
@@ -79,10 +81,19 @@ AMPLITUDE = Model()
 
 
 def split(coords: Array) -> tuple[np.ndarray, np.ndarray]:
-    """``top_left`` (n, 2) int64 and the sub-pixel rest ``f`` (n, 2) float64 of ``coords``."""
+    """``top_left`` (n, 2) int64 and the sub-pixel rest ``f`` (n, 2) float64 of ``coords``;
+    a rest under ``WHOLE_PIXEL`` is 0 (positions stored in metres come back a rounding error
+    off the pixel grid, and a shift of 1e-14 pixel is not worth an FFT pair per pattern)."""
     coords = np.asarray(to_host(coords), dtype=np.float64)
     top_left = np.floor(coords + 0.5).astype(np.int64)
-    return top_left, coords - top_left
+    frac = coords - top_left
+    frac[np.abs(frac) < WHOLE_PIXEL] = 0.0
+    return top_left, frac
+
+
+def subpixel(coords: Array) -> bool:
+    """Whether any of ``coords`` is off the pixel grid (by ``WHOLE_PIXEL`` or more)."""
+    return bool(np.any(split(coords)[1] != 0))
 
 
 def as_slices(obj: Array) -> Array:
