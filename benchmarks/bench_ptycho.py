@@ -13,7 +13,8 @@ patterns of a smooth complex object seen through a defocused aperture probe, str
 the far-field model, noise-free) is reconstructed by
 
 - ``outcore``: ``outcore.ptycho.engine.run`` on a local cluster of 1 and 2 worker processes
-  (one thread each, ``--workers``), once per residency (``--residency``: ``device`` keeps each
+  (one thread each, ``--workers``; ``--cluster threads``: workers in this process), once per
+  residency (``--residency``: ``device`` keeps each
   shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
   ``disk`` reads each sub-batch from the zarr store, the next one in a thread), each case on
   a fresh cluster so that its peak worker memory is its own. The stack lies in a zarr store
@@ -285,8 +286,9 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     n = len(scan.top_left)
     settings = settings_of(args, residency, setting, batch)
     with (worker_malloc(malloc),
-          cluster.connect("local", workers=workers, memory_limit=args.memory_limit) as client):
-        pids = [os.getpid(), *client.run(os.getpid).values()]
+          cluster.connect(args.cluster, workers=workers, memory_limit=args.memory_limit)
+          as client):
+        pids = list(dict.fromkeys([os.getpid(), *client.run(os.getpid).values()]))  # threads: one
         marks: list[tuple[float, float, float]] = []  # (reached, callback done, CPU seconds)
         losses: list[float] = []
         cold = args.disk_cold and residency == "disk"
@@ -311,7 +313,8 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
     cpu = [marks[i][2] - marks[i - 1][2] for i in range(1, len(marks))]
     return emit("outcore", case_of(args, n, setting, batch, sub_batch=args.sub_batch,
-                                   workers=workers, residency=residency, chunk=args.chunk,
+                                   workers=workers, cluster=args.cluster,
+                                   residency=residency, chunk=args.chunk,
                                    compression=args.compression, disk_cold=cold,
                                    worker_malloc=malloc, backend=args.backend),
                 walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
@@ -377,19 +380,20 @@ def peer_commands(args: argparse.Namespace, tool: str, data: Path, objects: Path
               str(args.seed), "--probe-modes", str(chosen["modes"]), "--object-dir",
               str(objects)] + (["--learn-positions"] if chosen["refine"] else [])
     runner = str(PEERS / f"{tool}_runner.py")
-    if tool != "quantem":
+    if tool != "quantem":  # torch's OpenMP threads wait passively (see quantEM's below)
         return [([runner, str(data), "--threads", *map(str, args.quantem_threads), *common],
-                 dict(START_ENVIRON))]
+                 {**START_ENVIRON, "OMP_WAIT_POLICY": "PASSIVE"})]
     # quantEM's analytic-gradient mode takes neither probe modes nor positions
     modes = [m for m in args.quantem_modes if m == "adam" or setting == "base"] or ["adam"]
     commands = []
-    for policy in args.quantem_omp:
-        # OpenMP's wait policy only matters with more than one thread
-        threads = args.quantem_threads if policy == "default" else \
+    for number, policy in enumerate(args.quantem_omp):
+        # OpenMP's wait policy only matters with more than one thread: a second policy runs
+        # only those cases again; the ranks run with the first
+        threads = args.quantem_threads if number == 0 else \
             [t for t in args.quantem_threads if t > 1]
         if not threads:
             continue
-        ranks = args.quantem_ranks if policy == "default" else 0
+        ranks = args.quantem_ranks if number == 0 else 0
         env = dict(START_ENVIRON)
         if policy == "passive":
             env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -538,6 +542,9 @@ def main() -> None:
     parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
                         choices=engine.RESIDENCIES,
                         help="residencies of the base setting (the others run on device)")
+    parser.add_argument("--cluster", choices=["local", "threads"], default="local",
+                        help="outcore's workers: processes (local) or threads of this "
+                             "process (threads, in-process workers)")
     parser.add_argument("--memory-limit", default="2GiB", help="memory_limit of each worker")
     parser.add_argument("--worker-malloc", nargs="+", choices=["outcore", "dask"],
                         default=["outcore"],
@@ -559,8 +566,9 @@ def main() -> None:
                              "(0: not; each call costs 10-20 s of process start-up here)")
     parser.add_argument("--quantem-omp", nargs="+", choices=["default", "passive"],
                         default=["default", "passive"],
-                        help="OpenMP wait policy of quantEM's runs (passive: its cases with "
-                             "more than one thread again, with OMP_WAIT_POLICY=PASSIVE)")
+                        help="OpenMP wait policies of quantEM's runs: the first for every "
+                             "case, a second for the cases with more than one thread again "
+                             "(passive: OMP_WAIT_POLICY=PASSIVE)")
     parser.add_argument("--quantem-timeout", type=float, default=1800.0,
                         help="seconds a peer's call may take")
     parser.add_argument("--seed", type=int, default=0,

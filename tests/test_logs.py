@@ -30,6 +30,26 @@ def test_a_logged_run_has_progress_lines_and_no_frames_or_warnings(tmp_path):
     assert "Warning" not in done.stderr, done.stderr
 
 
+def test_ptycho_reconstruct_prints_no_warning(tmp_path):
+    """The reconstruction's store (its ``xy`` labels are strings) and checkpoints are written
+    without zarr's unstable-specification warning, or any other."""
+    import outcore
+    from outcore.ptycho import preprocess, save_preprocessed, simulate_stack
+
+    stack, _ = simulate_stack((6, 6), detector=32, seed=1).save(tmp_path / "scan.zarr")
+    save_preprocessed(preprocess(outcore.open(stack, layout="diffraction")),
+                      tmp_path / "pre.zarr")
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-m", "outcore.cli", "ptycho", "reconstruct",
+         "--input", str(tmp_path / "pre.zarr"), "--iterations", "2", "--checkpoint-every",
+         "1", "--cluster", "local", "--workers", "1", "--output-dir", str(tmp_path / "runs"),
+         "--name", "ptycho"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "runs" / "ptycho" / "reconstruction.zarr").is_dir()
+    assert "Warning" not in done.stderr, done.stderr
+
+
 def test_line_progress_prints_at_most_one_line_per_interval(capsys, monkeypatch):
     """The first call, then nothing until the interval passes, and always the last one."""
     bar = progress.LineProgress.__new__(progress.LineProgress)

@@ -133,7 +133,8 @@ def test_a_resume_with_other_settings_is_refused(prepared, capsys):
 
 def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
     """10^5 patterns of 128^2 (6.5 GB) in host memory: 2 or 8 workers of 1 GiB cannot hold
-    them; disk residency fits on 2, and 64 workers fit (the fix names them from 16)."""
+    them; disk residency fits on 2, and 64 workers fit (the fix names them from 16). The object
+    (1200^2) leaves room for the 360 MiB a worker holds with the compiled loops loaded."""
     import dask.array as da
 
     from outcore.errors import PlanError
@@ -143,7 +144,7 @@ def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
-                    attrs={"object_shape": [2000, 2000]})
+                    attrs={"object_shape": [1200, 1200]})
     resources = Resources(workers=2, threads_per_worker=1, memory_limit=2**30)
     with pytest.raises(PlanError) as refused:
         _plan(ds, Settings(residency="host"), resources)

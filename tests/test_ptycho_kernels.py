@@ -194,6 +194,95 @@ def test_scratch_model_bounds_tracemalloc(modes, slices, subpixel, refine):
     assert 0.8 <= modelled / peak <= 1.5, (modelled, peak)
 
 
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_compiled_host_ops_match_their_array_code(dtype):
+    """``ops.cpu``'s compiled loops against ``ops.arrays`` (cupy's path) on numpy: the same
+    exit waves, losses, factors, backward slice, curvatures, unshifted sums and object steps,
+    with two modes, a mask, both losses, a shared and a per-position incident wave, one and
+    per-slice illuminations."""
+    from outcore.ptycho.ops import arrays, cpu
+
+    rng = np.random.default_rng(5)
+    n, modes, k = 6, 2, 12
+
+    def noise(*shape):
+        return (rng.normal(size=shape) + 1j * rng.normal(size=shape)).astype(dtype)
+
+    layer, top_left = noise(30, 34), rng.integers(0, 30 - k, (n, 2))
+    for waves in (noise(1, modes, k, k), noise(n, modes, k, k)):
+        np.testing.assert_array_equal(cpu.exit_waves(layer, top_left, waves),
+                                      arrays.exit_waves(layer, top_left, waves, cpu.windows))
+    far, amplitudes = noise(n, modes, k, k), rng.uniform(0, 2, (n, k, k)).astype(np.float32)
+    amplitudes[0, 0, 0] = 0  # a zero count for the Poisson loss
+    valid = rng.random((k, k)) > 0.2
+    tol = {"rtol": 1e-5 if dtype == np.complex64 else 1e-12}
+    for mask in (None, valid):
+        for poisson in (False, True):
+            ours, theirs = far.copy(), far.copy()
+            loss = cpu.residual(ours, amplitudes, mask, poisson, kernels.TINY)
+            assert loss == pytest.approx(arrays.residual(theirs, amplitudes, mask, poisson,
+                                                         kernels.TINY), rel=tol["rtol"])
+            np.testing.assert_allclose(ours, theirs, atol=1e-5 * np.abs(theirs).max(), **tol)
+        d_y, d_x = noise(n, modes, k, k), noise(n, modes, k, k)
+        np.testing.assert_allclose(cpu.curvature(far, d_y, d_x, mask, kernels.TINY),
+                                   arrays.curvature(far, d_y, d_x, mask, kernels.TINY), **tol)
+    for incident in (noise(1, modes, k, k), noise(n, modes, k, k)):
+        local = top_left - top_left.min(axis=0)
+        results = []
+        for back in (cpu.back_layer, lambda *a: arrays.back_layer(*a, cpu.windows,
+                                                                   cpu.scatter_add)):
+            chi = far.copy()
+            grad = np.zeros((30, 34), np.complex128)
+            illum, probe_sum = np.zeros((k, k)), np.zeros((modes, k, k), np.complex128)
+            back(chi, layer, top_left, incident, grad, local, illum, probe_sum)
+            results.append((chi, grad, illum, probe_sum))
+        for ours, theirs in zip(*results, strict=True):
+            np.testing.assert_allclose(ours, theirs, atol=1e-6 * np.abs(theirs).max(), **tol)
+    ramps, probe_hat = noise(n, k, k), noise(modes, k, k)
+    for positions in (False, True):
+        ours, theirs = (f(far, probe_hat, ramps, positions) for f in (cpu.unshift,
+                                                                       arrays.unshift))
+        np.testing.assert_allclose(ours[0], theirs[0], **tol)
+        if positions:
+            np.testing.assert_allclose(ours[1], theirs[1], atol=1e-5 * np.abs(theirs[1]).max())
+        else:
+            assert ours[1] is None and theirs[1] is None
+    grad = noise(2, 9, 11).astype(np.complex128)
+    for illumination in (rng.uniform(0, 3, (1, 9, 11)), rng.uniform(0, 3, (2, 9, 11))):
+        np.testing.assert_allclose(
+            cpu.object_step(grad, illumination, 0.3, 0.05, kernels.TINY, dtype),
+            arrays.object_step(grad, illumination, 0.3, 0.05, kernels.TINY, dtype), **tol)
+
+
+def test_rounding_errors_off_the_pixel_grid_count_as_whole_pixels():
+    """Positions stored in metres come back about 1e-14 pixel off the grid: they take the
+    whole-pixel path (no Fourier shift, half the FFTs) and give the exact integers' terms,
+    while a real sub-pixel offset (1e-6 pixel) is still shifted."""
+    rng = np.random.default_rng(6)
+    obj = np.exp(1j * rng.uniform(-1, 1, (40, 40))).astype(np.complex64)
+    probe = aperture_probe(16, 5, 0.1).astype(np.complex64)
+    corners = np.array([[3.0, 5.0], [11.0, 20.0]])
+    measured = np.ones((2, 16, 16), np.float32)
+    noisy = corners * (1 + 1e-15) + np.array([[3e-14, -2e-14], [0.0, 1e-13]])
+    assert np.any(noisy != corners)
+    assert kernels.forward(obj, probe, noisy).ramps is None
+    assert not kernels.subpixel(noisy) and kernels.subpixel(corners + 1e-6)
+    assert kernels.forward(obj, probe, corners + 1e-6).ramps is not None
+    exact, rounded = (kernels.batch_terms(obj, probe, c, measured) for c in (corners, noisy))
+    assert exact.loss == rounded.loss
+    np.testing.assert_array_equal(exact.grad_obj, rounded.grad_obj)
+    np.testing.assert_array_equal(exact.grad_probe, rounded.grad_probe)
+
+
+def test_windows_outside_the_image_are_refused():
+    """The compiled loops do not check their indices: ``ops`` refuses such windows first."""
+    image = np.zeros((20, 20), np.complex64)
+    with pytest.raises(ValueError, match="leave the 20x20 image"):
+        ops.windows(image, np.array([[0, 0], [13, 2]]), 8)
+    with pytest.raises(ValueError, match="leave the 20x20 image"):
+        ops.exit_waves(image, np.array([[-1, 0]]), np.ones((1, 1, 8, 8), np.complex64))
+
+
 @pytest.mark.gpu
 def test_cupy_ops_match_their_numpy_twins():
     import cupy

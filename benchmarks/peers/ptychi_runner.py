@@ -1,7 +1,19 @@
-"""Reconstruct a ptychography scan with Pty-chi on the CPU, as one process from file to object.
+"""Reconstruct a ptychography scan with Pty-chi on the CPU: as one process from file to object
+(``bench_cli.py``), or timed per iteration (``bench_ptycho.py``).
 
     benchmarks/peers/.venv-ptychi/bin/python benchmarks/peers/ptychi_runner.py \
         SCAN.npz OUT.npz --iterations 20 --batch 128 [--engine lsqml|rpie|epie] [--seed 0]
+    benchmarks/peers/.venv-ptychi/bin/python benchmarks/peers/ptychi_runner.py \
+        SCAN.npz --object-dir DIR --iterations 4 --batch 128 --threads 1 2 \
+        [--engines lsqml epie] [--probe-modes M] [--learn-positions]
+
+Per iteration (``--object-dir``, the interface of ``bench_ptycho.py``'s peers): for each
+engine and each ``--threads`` (``torch.set_num_threads``), a task of ``1 + --iterations``
+epochs runs one epoch as a warm-up and then one epoch at a time, each timed (wall and this
+process's CPU seconds); ``--probe-modes`` M takes the M starting modes of ``guess`` (M, K, K);
+``--learn-positions`` turns on Pty-chi's position correction (its default gradient method and
+step) from the first epoch. One JSON line per case (``value`` the median seconds of an
+iteration, ``walls_s``, ``object_file`` a ``.npy`` of the final object in outcore's frame).
 
 Runs in Pty-chi's own venv (``make_ptychi_venv.sh``): the standard library, numpy, torch and
 ptychi only. Reads the patterns, positions and probe guess that ``bench_cli.py`` exported
@@ -44,6 +56,7 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import sys
 import time
 import types
@@ -85,13 +98,16 @@ def import_ptychi() -> str:
     return version
 
 
-def options_for(engine: str, data: dict, iterations: int, batch: int, seed: int):
+def options_for(engine: str, data: dict, iterations: int, batch: int, seed: int,
+                learn_positions: bool = False):
     """Pty-chi's options and task data for the scan (see the module docstring)."""
     import ptychi.api as api
 
     amplitudes = data["amplitudes"].astype(np.float32)
     k = amplitudes.shape[-1]
-    ny, nx = (int(s) + 2 * PAD for s in data["object_shape"])
+    shape = data["object_shape"] if "object_shape" in data else \
+        data["top_left"].max(axis=0) + k
+    ny, nx = (int(s) + 2 * PAD for s in shape)
     origin = np.array([round(ny / 2) - 0.5, round(nx / 2) - 0.5])
     centres = data["top_left"].astype(np.float64) + PAD + (k - 1) / 2 - origin
     options = {"lsqml": api.LSQMLOptions, "rpie": api.RPIEOptions,
@@ -108,7 +124,7 @@ def options_for(engine: str, data: dict, iterations: int, batch: int, seed: int)
     if engine != "lsqml":
         options.object_options.alpha = 1.0 if engine == "epie" else 0.05
         options.probe_options.alpha = 1.0 if engine == "epie" else 0.05
-    options.probe_position_options.optimizable = False
+    options.probe_position_options.optimizable = learn_positions
     options.reconstructor_options.batch_size = batch
     options.reconstructor_options.num_epochs = iterations
     options.reconstructor_options.default_device = api.Devices.CPU
@@ -116,25 +132,92 @@ def options_for(engine: str, data: dict, iterations: int, batch: int, seed: int)
     task_data = {
         "diffraction_data": amplitudes ** 2,
         "object_data": np.ones((1, ny, nx), np.complex64),
-        "probe_data": (data["guess"].astype(np.complex64) / k)[None, None],
+        "probe_data": (data["guess"].astype(np.complex64).reshape(-1, k, k) / k)[None],
         "probe_position_y_px": centres[:, 0],
         "probe_position_x_px": centres[:, 1],
     }
     return options, task_data
 
 
+def versions(torchvision: str) -> dict:
+    return {"python": platform.python_version(),
+            **{name: metadata.version(name) for name in ("ptychi", "torch", "numpy")},
+            "torchvision": torchvision}
+
+
+def per_iteration(args: argparse.Namespace, data: dict, torchvision: str) -> None:
+    """One JSON line per engine and thread count: seconds per iteration (module doc)."""
+    from ptychi.api.task import PtychographyTask
+
+    n = len(data["amplitudes"])
+    data = {**data, "guess": data["guess"].reshape(-1, *data["guess"].shape[-2:])[
+        :args.probe_modes]}
+    for engine in args.engines:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            t0 = time.perf_counter()
+            options, task_data = options_for(engine, data, 1 + args.iterations, args.batch,
+                                             args.seed, args.learn_positions)
+            task = PtychographyTask(options, **task_data)
+            setup = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            task.run(n_epochs=1)
+            warmup = time.perf_counter() - t0
+            walls, cpu = [], []
+            for _ in range(args.iterations):
+                t0, c0 = time.perf_counter(), time.process_time()
+                task.run(n_epochs=1, reset_timer_globals=False)
+                walls.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+            obj = task.get_data_to_cpu("object", as_numpy=True)[0][PAD:-PAD, PAD:-PAD]
+            name = args.object_dir / f"{engine}-{threads}.npy"
+            np.save(name, obj.astype(np.complex64))
+            median = statistics.median(walls)
+            print(json.dumps({
+                "bench": "ptycho", "tool": "ptychi",
+                "case": {"engine": engine, "threads": threads, "batch": args.batch,
+                         "probe_modes": args.probe_modes,
+                         "learn_positions": args.learn_positions},
+                "metric": "s_per_iteration", "value": round(median, 6),
+                "runs": len(walls), "median_s": round(median, 6),
+                "min_s": round(min(walls), 6), "max_s": round(max(walls), 6),
+                "ms_per_pattern_per_iteration": round(1e3 * median / n, 5),
+                "cpu_s_per_iteration": round(statistics.fmean(cpu), 5),
+                "walls_s": [round(w, 4) for w in walls], "setup_s": round(setup, 4),
+                "warmup_s": round(warmup, 4), "torch_threads": torch.get_num_threads(),
+                "object_file": str(name), "versions": versions(torchvision)}), flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("data", type=Path, help=".npz exported by bench_cli.py")
-    parser.add_argument("out", type=Path, help=".npz written with the object and probe")
+    parser.add_argument("data", type=Path, help=".npz exported by bench_cli.py or "
+                        "bench_ptycho.py")
+    parser.add_argument("out", type=Path, nargs="?",
+                        help=".npz written with the object and probe (whole-process mode)")
     parser.add_argument("--iterations", type=int, default=20, help="epochs")
     parser.add_argument("--batch", type=int, default=128, help="positions per update")
     parser.add_argument("--engine", choices=ENGINES, default="lsqml")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--object-dir", type=Path, default=None,
+                        help="time each iteration instead (bench_ptycho.py), objects here")
+    parser.add_argument("--engines", nargs="+", choices=ENGINES, default=["lsqml", "epie"],
+                        help="per-iteration mode: the engines to time")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="per-iteration mode: torch threads of each case")
+    parser.add_argument("--probe-modes", type=int, default=1)
+    parser.add_argument("--learn-positions", action="store_true")
     args = parser.parse_args()
+    logging.getLogger("ptychi").setLevel(logging.WARNING)
+    if args.object_dir is not None:
+        torchvision = import_ptychi()
+        with np.load(args.data) as npz:
+            data = {key: npz[key] for key in npz.files}
+        per_iteration(args, data, torchvision)
+        return 0
+    if args.out is None:
+        parser.error("give OUT.npz, or --object-dir for the per-iteration mode")
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; give a new output path")
-    logging.getLogger("ptychi").setLevel(logging.WARNING)
     torchvision = import_ptychi()
     from ptychi.api.task import PtychographyTask
 
@@ -155,10 +238,7 @@ def main() -> int:
                       "batch": args.batch, "setup_s": round(t1 - t0, 4),
                       "reconstruct_s": round(t2 - t1, 4),
                       "torch_threads": torch.get_num_threads(),
-                      "versions": {"python": platform.python_version(),
-                                   **{name: metadata.version(name)
-                                      for name in ("ptychi", "torch", "numpy")},
-                                   "torchvision": torchvision}}),
+                      "versions": versions(torchvision)}),
           flush=True)
     return 0
 

@@ -153,13 +153,15 @@ def save(
 
 
 def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
-    """Write ``ds`` as it is (encodings included) as a new zarr v3 store at ``path``, on the
-    active scheduler, through ``<name>.partial-<id>``, renamed when every chunk is written;
-    an existing ``path`` is refused and nothing is left behind on failure."""
+    """Write ``ds`` as it is (encodings included; strings as variable-length UTF-8,
+    ``zarr_strings``) as a new zarr v3 store at ``path``, on the active scheduler, through
+    ``<name>.partial-<id>``, renamed when every chunk is written; an existing ``path`` is
+    refused and nothing is left behind on failure."""
     path = Path(path).expanduser()
     refuse_existing(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = partial_path(path)
+    ds = zarr_strings(ds)
     try:
         _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
         refuse_existing(path)
@@ -202,10 +204,10 @@ def _running_keys(dask_worker: distributed.Worker) -> set[str]:
 
 
 def _prepare(ds: xr.Dataset, layout: str, chunks: Mapping[str, int]) -> xr.Dataset:
-    """The dataset to write: strings as variable-length UTF-8, regular chunks, encodings and
-    the finite-value check of each block in front of its write."""
+    """The dataset to write: regular chunks, encodings and the finite-value check of each
+    block in front of its write (``write_new`` stores its strings as zarr's)."""
     check_chunks(ds, chunks)
-    out = zarr_strings(ds.copy())
+    out = ds.copy()
     out = out.chunk({dim: chunks.get(str(dim)) or _default_chunk(out, dim) for dim in out.dims})
     for name in finite_variables(out, layout):
         var = out.variables[name]

@@ -25,7 +25,11 @@ from outcore.errors import OutcoreError, refuse_existing
 from outcore.plan import Plan, Resources
 from outcore.ptycho import reconstruct_cli
 from outcore.ptycho.demo import run_stage
-from outcore.ptycho.memory import preprocess_stages, simulate_stages
+from outcore.ptycho.memory import (
+    PTYCHO_WORKER_BASELINE_BYTES,
+    preprocess_stages,
+    simulate_stages,
+)
 from outcore.ptycho.optics import ProbeWindowWarning
 from outcore.ptycho.pipeline import build
 from outcore.ptycho.scan import CHUNK_POSITIONS, setup
@@ -117,7 +121,8 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
     }
 
     def plan(resources: Resources) -> Plan:
-        return Plan.of(simulate_stages(sim), resources)
+        return Plan.of(simulate_stages(sim), resources,
+                       baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
 
     def execute(run: Run, client: distributed.Client) -> None:
         stack = run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))

@@ -40,7 +40,7 @@ import numpy as np
 
 from outcore.backend import namespace, to_host
 from outcore.errors import OutcoreError
-from outcore.ptycho import ops, solver
+from outcore.ptycho import kernels, ops, solver
 from outcore.ptycho.frames import reader
 from outcore.ptycho.kernels import AMPLITUDE, BatchTerms, Model, as_modes, as_slices
 from outcore.ptycho.solver import RESIDENCIES, Settings, State, Trajectory, batches
@@ -195,6 +195,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                                                                                np.complex64)),
                  coords.copy())
     trajectory = Trajectory(list(losses))
+    if backend == "numpy":  # compile here once, so the workers load from numba's cache
+        kernels.warm()
     tag = uuid.uuid4().hex[:8]
     bounds = shard_bounds(len(coords), len(_workers(client)), chunk)
     make = (str(store), variable, settings.residency, backend, model, settings, origin)

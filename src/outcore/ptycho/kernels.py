@@ -45,11 +45,14 @@ import numpy as np
 
 from outcore.backend import array_namespace, to_host
 from outcore.ptycho import ops
+from outcore.ptycho.ops.arrays import preconditioner
 
 Array = Any
 
 #: Amplitudes (and intensities) below this are treated as zero in the gradients' divisions.
 TINY = 1e-12
+#: Coordinates this close to the pixel grid (pixels) are on it.
+WHOLE_PIXEL = 1e-9
 NOISE_MODELS: tuple[str, ...] = ("amplitude", "poisson")
 
 
@@ -78,10 +81,19 @@ AMPLITUDE = Model()
 
 
 def split(coords: Array) -> tuple[np.ndarray, np.ndarray]:
-    """``top_left`` (n, 2) int64 and the sub-pixel rest ``f`` (n, 2) float64 of ``coords``."""
+    """``top_left`` (n, 2) int64 and the sub-pixel rest ``f`` (n, 2) float64 of ``coords``;
+    a rest under ``WHOLE_PIXEL`` is 0 (positions stored in metres come back a rounding error
+    off the pixel grid, and a shift of 1e-14 pixel is not worth an FFT pair per pattern)."""
     coords = np.asarray(to_host(coords), dtype=np.float64)
     top_left = np.floor(coords + 0.5).astype(np.int64)
-    return top_left, coords - top_left
+    frac = coords - top_left
+    frac[np.abs(frac) < WHOLE_PIXEL] = 0.0
+    return top_left, frac
+
+
+def subpixel(coords: Array) -> bool:
+    """Whether any of ``coords`` is off the pixel grid (by ``WHOLE_PIXEL`` or more)."""
+    return bool(np.any(split(coords)[1] != 0))
 
 
 def as_slices(obj: Array) -> Array:
@@ -110,14 +122,18 @@ def _ramps(frac: np.ndarray, k: int, xp: Any, dtype: Any) -> Array:
 
 @dataclass
 class Forward:
-    """The forward pass of a set of positions, kept for the backward pass."""
+    """The forward pass of a set of positions, kept for the backward pass.
+
+    Its FFTs are unnormalised (one pass less each than ``norm="ortho"``): the scales of the
+    unitary transforms sit in the small arrays, so the exit waves are ``1/K`` of the model's
+    and their unnormalised transforms are the model's far fields."""
 
     top_left: np.ndarray  # (n, 2) int64
-    cuts: list  # S arrays (n, K, K): the object's windows, slice by slice
-    probe_hat: Array | None  # (M, K, K) fft2 of the probe (sub-pixel or positions only)
+    obj: Array  # (S, Ny, Nx) the object the windows are cut from
+    probe_hat: Array | None  # (M, K, K) fft2(probe) / K^3 (sub-pixel or positions only)
     ramps: Array | None  # (n, K, K) Fourier shifts (None: integer positions)
-    incident: list  # S arrays (n or 1, M, K, K): the wave entering each slice
-    waves: Array  # (n, M, K, K) far fields, FFT order (zero frequency at index 0)
+    incident: list  # S arrays (n or 1, M, K, K): the wave entering each slice, over K
+    waves: Array  # (n, M, K, K) far fields Psi, FFT order (zero frequency at index 0)
 
 
 def forward(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE,
@@ -128,31 +144,39 @@ def forward(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE,
     fft = ops.fft(obj)
     k = probe.shape[-1]
     top_left, frac = split(coords)
-    cuts = [ops.windows(layer, top_left, k) for layer in obj]
     probe_hat = ramps = None
     if keep_shift or np.any(frac != 0):
-        probe_hat = fft.fft2(probe, norm="ortho")
+        probe_hat = fft.fft2(probe) * k ** -3.0
         ramps = _ramps(frac, k, xp, probe.dtype)
-        probes = fft.ifft2(probe_hat[None] * ramps[:, None], norm="ortho", overwrite_x=True)
+        probes = fft.ifft2(probe_hat[None] * ramps[:, None], norm="forward", overwrite_x=True)
     else:
-        probes = probe[None]
+        probes = (probe / k)[None]
     incident = [probes]
-    waves = _through(probes * cuts[0][:, None], cuts[1:], model, fft, incident)
-    return Forward(top_left, cuts, probe_hat, ramps, incident, waves)
+    wave = ops.exit_waves(obj[0], top_left, probes)
+    waves = _through(wave, obj[1:], top_left, model, fft, incident)
+    return Forward(top_left, obj, probe_hat, ramps, incident, waves)
 
 
-def _through(wave: Array, layers: list, model: Model, fft: Any,
+def _propagator(model: Model, k: int, conjugate: bool = False) -> Array:
+    """The free space between slices for unnormalised FFTs (``H / K^2``), or its adjoint."""
+    h = model.propagator * k ** -2.0
+    return h.conj() if conjugate else h
+
+
+def _through(wave: Array, layers: Array, top_left: np.ndarray, model: Model, fft: Any,
              incident: list | None = None) -> Array:
-    """The far field (FFT order) of the wave ``wave`` (n, M, K, K) leaving the first slice,
-    carried through the further slices ``layers`` (each (n, K, K)); the wave entering each
-    of them is appended to ``incident`` when given."""
+    """The far field (FFT order, unnormalised) of the wave ``wave`` (n, M, K, K) leaving the
+    first slice, carried through the further slices ``layers`` (each cut at ``top_left``);
+    the wave entering each of them is appended to ``incident`` when given."""
+    if len(layers):
+        h = _propagator(model, wave.shape[-1])
     for layer in layers:
-        wave = fft.ifft2(fft.fft2(wave, norm="ortho", overwrite_x=True) * model.propagator,
-                         norm="ortho", overwrite_x=True)
+        wave = fft.ifft2(fft.fft2(wave, overwrite_x=True) * h, norm="forward",
+                         overwrite_x=True)
         if incident is not None:
             incident.append(wave)
-        wave = wave * layer[:, None]
-    return fft.fft2(wave, norm="ortho", overwrite_x=True)
+        wave = ops.exit_waves(layer, top_left, wave)
+    return fft.fft2(wave, overwrite_x=True)
 
 
 def farfield(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE) -> Array:
@@ -167,38 +191,17 @@ def intensities(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUD
     return (waves.real**2 + waves.imag**2).sum(axis=1)
 
 
-def _residual(intensity: Array, amplitudes: Array, model: Model) -> tuple[float, Array]:
-    """The loss of the modelled ``intensity`` (n, K, K) against ``amplitudes`` (both FFT
-    order), and the factor ``w`` with ``dL/dPsi_m (as dRe + i dIm) = w Psi_m``."""
-    xp = array_namespace(intensity)
-    mask = None if model.valid is None else xp.fft.ifftshift(model.valid)
-    if model.noise == "poisson":
-        counts = amplitudes * amplitudes
-        safe = xp.maximum(intensity, TINY)
-        ratio = counts / safe
-        # y log(I / y) is 0 where y is; elsewhere -y log(y / I)
-        terms = intensity - counts + counts * xp.log(xp.where(counts > 0, ratio, 1.0))
-        factor = 1 - ratio
-    else:
-        modulus = xp.sqrt(intensity)
-        diff = modulus - amplitudes
-        terms = diff * diff
-        factor = 2 * diff / xp.maximum(modulus, TINY)
-    if mask is not None:
-        terms = terms * mask
-        factor = factor * mask
-    total = float(terms.sum(dtype=xp.float64))
-    return (0.5 * total if model.noise == "poisson" else total), factor
+def _residual(waves: Array, amplitudes: Array, model: Model) -> float:
+    """The loss of the far fields ``waves`` (n, M, K, K, FFT order) against the centred
+    ``amplitudes``; ``waves`` become ``dL/dPsi_m = w Psi_m`` in place (``ops.residual``)."""
+    return ops.residual(waves, array_namespace(waves).asarray(amplitudes), model.valid,
+                        model.noise == "poisson", TINY)
 
 
 def loss(obj: Array, probe: Array, coords: Array, amplitudes: Array,
          model: Model = AMPLITUDE) -> float:
     """The loss of the given positions (amplitudes centred), as a float."""
-    waves = forward(obj, probe, coords, model).waves
-    xp = array_namespace(waves)
-    intensity = (waves.real**2 + waves.imag**2).sum(axis=1)
-    measured = xp.fft.ifftshift(xp.asarray(amplitudes), axes=(-2, -1))
-    return _residual(intensity, measured, model)[0]
+    return _residual(forward(obj, probe, coords, model).waves, amplitudes, model)
 
 
 @dataclass
@@ -309,8 +312,8 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
     measured amplitudes are ``amplitudes`` (n, K, K), centred like ``farfield``.
 
     With ``index`` (n,) (the positions' numbers, kept with their terms), the position
-    gradients and curvatures are computed too. A fixed number of array operations over the
-    whole set; callers bound the set's size to bound the transient memory, about
+    gradients and curvatures are computed too. A fixed number of passes over the whole set
+    (``ops``); callers bound the set's size to bound the transient memory, about
     ``n M K^2`` x ``memory.SCRATCH_PER_PIXEL`` bytes.
     """
     obj, probe = as_slices(obj), as_modes(probe)
@@ -318,85 +321,64 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
     fft = ops.fft(obj)
     k = probe.shape[-1]
     fwd = forward(obj, probe, coords, model, keep_shift=index is not None)
-    waves = fwd.waves
-    intensity = (waves.real**2 + waves.imag**2).sum(axis=1)
-    measured = xp.fft.ifftshift(xp.asarray(amplitudes), axes=(-2, -1))
-    total_loss, factor = _residual(intensity, measured, model)
     curvature = None
     if index is not None:
-        curvature = _position_curvature(fwd, intensity, model, fft, xp)
-    del intensity, measured
-    waves *= factor[:, None].astype(waves.real.dtype)
-    chi = fft.ifft2(waves, norm="ortho", overwrite_x=True)  # dL/dpsi at the last slice
-    del waves, factor
+        curvature = _position_curvature(fwd, model, fft, xp)
+    total_loss = _residual(fwd.waves, amplitudes, model)
+    # K dL/dpsi at the last slice (the exit waves were 1/K of the model's)
+    chi = fft.ifft2(fwd.waves, norm="forward", overwrite_x=True)
+    fwd.waves = None
     top_left = fwd.top_left
     origin = (int(top_left[:, 0].min()), int(top_left[:, 1].min()))
     extent = (int(top_left[:, 0].max()) - origin[0] + k, int(top_left[:, 1].max()) - origin[1] + k)
-    grad_obj = xp.zeros((len(fwd.cuts), *extent), xp.complex128)
+    slices = len(obj)
+    grad_obj = xp.zeros((slices, *extent), xp.complex128)
     local = top_left - np.asarray(origin)
     illum_slices = None
-    if len(fwd.cuts) > 1:
-        illum_slices = xp.zeros((len(fwd.cuts), *extent), xp.float64)
+    if slices > 1:
+        illum_slices = xp.zeros((slices, *extent), xp.float64)
         for s, wave in enumerate(fwd.incident):
-            power = (wave.real**2 + wave.imag**2).sum(axis=1)
-            ops.scatter_add(illum_slices[s], local, xp.broadcast_to(power, fwd.cuts[0].shape))
-    for s in range(len(fwd.cuts) - 1, -1, -1):
-        ops.scatter_add(grad_obj[s], local, (xp.conj(fwd.incident[s]) * chi).sum(axis=1))
+            ops.scatter_add(illum_slices[s], local, (wave.real**2 + wave.imag**2).sum(axis=1)
+                            * k**2)
+    illum_probe = xp.zeros((k, k), xp.float64)
+    probe_sum = xp.zeros(probe.shape, xp.complex128) if fwd.ramps is None else None
+    for s in range(slices - 1, -1, -1):
+        ops.back_layer(chi, obj[s], top_left, fwd.incident[s], grad_obj[s], local,
+                       None if s else illum_probe, None if s else probe_sum)
         if s:
-            chi *= xp.conj(fwd.cuts[s])[:, None]
-            chi = fft.ifft2(fft.fft2(chi, norm="ortho", overwrite_x=True)
-                            * xp.conj(model.propagator), norm="ortho", overwrite_x=True)
-    chi *= xp.conj(fwd.cuts[0])[:, None]  # now dL/d(shifted probe), (n, M, K, K)
-    cut = fwd.cuts[0]
-    illum_probe = (cut.real**2 + cut.imag**2).sum(axis=0, dtype=xp.float64)
+            chi = fft.ifft2(fft.fft2(chi, overwrite_x=True) * _propagator(model, k, True),
+                            norm="forward", overwrite_x=True)
+    # chi is now K dL/d(shifted probe), (n, M, K, K)
     positions: dict[str, Any] = {}
     if fwd.ramps is None:
-        grad_probe = chi.sum(axis=0, dtype=xp.complex128)
+        grad_probe = probe_sum / k
     else:
-        chi_hat = fft.fft2(chi, norm="ortho", overwrite_x=True)
-        unshifted = (chi_hat * xp.conj(fwd.ramps)[:, None]).sum(axis=0, dtype=xp.complex128)
-        grad_probe = fft.ifft2(unshifted, norm="ortho", overwrite_x=True)
+        # Parseval: the fft2 of K dL/d probe_f against fft2(probe) / K^3 (both unnormalised)
+        # has the scale of the unitary transforms'
+        unshifted, grad_pos = ops.unshift(fft.fft2(chi, overwrite_x=True), fwd.probe_hat,
+                                          fwd.ramps, index is not None)
+        grad_probe = fft.ifft2(unshifted) / k
         if index is not None:
             positions = {"index": np.asarray(index), "curv_pos": curvature,
-                         "grad_pos": _position_gradient(chi_hat, fwd, xp)}
+                         "grad_pos": to_host(grad_pos)}
     return BatchTerms(total_loss, origin, grad_obj, grad_probe, illum_probe,
                       int(top_left.shape[0]), illum_slices=illum_slices, **positions)
 
 
-def _position_gradient(chi_hat: Array, fwd: Forward, xp: Any) -> np.ndarray:
-    """``dL/dcoords`` (n, 2) float64 on the host. The shifted probe moves with ``coords``:
-    ``d probe_f / d f = ifft2(fft2(probe) ramp (-2 pi i q))``, so by Parseval
-    ``dL/df = Re sum conj(chi_hat) probe_hat ramp (-2 pi i q)`` over modes and frequencies."""
-    q = _frequencies(chi_hat.shape[-1], xp)
-    product = (xp.conj(chi_hat) * fwd.probe_hat[None] * fwd.ramps[:, None]).sum(axis=1)
-    # Re(-2 pi i q x) = 2 pi q Im(x)
-    grad = xp.stack([(product.imag.sum(axis=2, dtype=xp.float64) * q).sum(axis=1),
-                     (product.imag.sum(axis=1, dtype=xp.float64) * q).sum(axis=1)], axis=1)
-    return to_host(2 * np.pi * grad)
-
-
-def _position_curvature(fwd: Forward, intensity: Array, model: Model, fft: Any, xp: Any
-                        ) -> np.ndarray:
+def _position_curvature(fwd: Forward, model: Model, fft: Any, xp: Any) -> np.ndarray:
     """The Gauss-Newton matrix of each position's amplitudes, ``sum_k J_a J_b`` with
     ``J = d sqrt(I) / d coords``, as (n, 3) ``[yy, yx, xx]`` float64 on the host (the Poisson
-    loss's curvature equals it near the fit)."""
-    k = intensity.shape[-1]
-    q = _frequencies(k, xp)
-    modulus = xp.sqrt(xp.maximum(intensity, TINY))
+    loss's curvature equals it near the fit). The shifted probe moves with ``coords``:
+    ``d probe_f / d f_a = ifft2(fft2(probe) ramp (-2 pi i q_a))``, carried to the far field."""
     waves = fwd.waves
-    jacobians = []
+    q = _frequencies(waves.shape[-1], xp)
+    far = []
     for axis_q in (q[:, None], q[None, :]):
-        slope = fwd.probe_hat[None] * fwd.ramps[:, None] * (-2j * np.pi * axis_q)
-        moved = fft.ifft2(slope.astype(waves.dtype), norm="ortho", overwrite_x=True)
-        d_far = _through(moved * fwd.cuts[0][:, None], fwd.cuts[1:], model, fft)
-        jacobian = (waves.real * d_far.real + waves.imag * d_far.imag).sum(axis=1) / modulus
-        if model.valid is not None:
-            jacobian *= xp.fft.ifftshift(model.valid)
-        jacobians.append(jacobian)
-    jy, jx = jacobians
-    pairs = [(jy, jy), (jy, jx), (jx, jx)]
-    return to_host(xp.stack([(a * b).sum(axis=(1, 2), dtype=xp.float64) for a, b in pairs],
-                            axis=1))
+        slope = (fwd.probe_hat * (-2j * np.pi * axis_q)).astype(waves.dtype)
+        moved = fft.ifft2(slope[None] * fwd.ramps[:, None], norm="forward", overwrite_x=True)
+        far.append(_through(ops.exit_waves(fwd.obj[0], fwd.top_left, moved), fwd.obj[1:],
+                            fwd.top_left, model, fft))
+    return to_host(ops.curvature(waves, *far, model.valid, TINY))
 
 
 def object_illumination(probe: Array, top_left: Array, object_shape: tuple[int, ...]) -> Array:
@@ -407,7 +389,7 @@ def object_illumination(probe: Array, top_left: Array, object_shape: tuple[int, 
     power = (probe.real**2 + probe.imag**2).sum(axis=0).astype(xp.float64)
     illumination = xp.zeros(object_shape[-2:], xp.float64)
     top_left = np.asarray(to_host(top_left))
-    ops.scatter_add(illumination, top_left, xp.broadcast_to(power, (len(top_left), *power.shape)))
+    ops.scatter_add(illumination, top_left, power[None])
     return illumination
 
 
@@ -431,21 +413,38 @@ def update(obj: Array, probe: Array, terms: BatchTerms, coords: Array, *, step_o
         illumination = object_illumination(probe, local, (h, w))[None]
     else:  # each slice by the power of the waves entering it
         illumination = terms.illum_slices
-    step = terms.grad_obj * (step_obj / slices * 0.5)
-    step /= _preconditioner(illumination, alpha)
     new_obj = obj.copy()
     layers = as_slices(new_obj)
-    layers[:, r:r + h, c:c + w] -= step.astype(obj.dtype)
+    layers[:, r:r + h, c:c + w] -= ops.object_step(terms.grad_obj, illumination,
+                                                   step_obj / slices * 0.5, alpha, TINY,
+                                                   obj.dtype)
     if step_probe == 0:
         return new_obj, probe
-    step = step_probe * 0.5 * terms.grad_probe / _preconditioner(terms.illum_probe, alpha)
+    step = step_probe * 0.5 * terms.grad_probe / preconditioner(terms.illum_probe, alpha,
+                                                                TINY)
     new_probe = probe - step.reshape(probe.shape).astype(probe.dtype)
     return new_obj, new_probe
 
 
-def _preconditioner(illumination: Array, alpha: float) -> Array:
-    """``(1 - alpha) illumination + alpha max(illumination)``: rPIE's regularised weight,
-    the maximum taken over the last two axes (each slice its own)."""
-    xp = array_namespace(illumination)
-    peak = illumination.max(axis=(-2, -1), keepdims=True)
-    return (1 - alpha) * illumination + xp.maximum(alpha * peak, TINY)
+_WARM: set[str] = set()
+
+
+def warm() -> None:
+    """Compile the host loops of ``ops`` for the engine's dtypes (complex64 waves and object,
+    float32 amplitudes), or load them from numba's on-disk cache (``cache=True``), once per
+    process, by running ``batch_terms`` and ``update`` on a tiny scan: whole-pixel and
+    sub-pixel positions, refined, one and two slices. ``engine.run`` calls it where the
+    client starts the shards, so that workers sharing numba's cache directory load the
+    machine code instead of each compiling it (about 10 CPU seconds on a clean cache)."""
+    if "cpu" in _WARM:
+        return
+    k = 4
+    amplitudes = np.ones((2, k, k), np.float32)
+    probe = np.ones((1, k, k), np.complex64)
+    for slices in (1, 2):
+        obj = np.ones((slices, 2 * k, 2 * k), np.complex64)
+        model = Model(propagator=np.ones((k, k), np.complex64) if slices > 1 else None)
+        for coords, index in ((np.zeros((2, 2)), None), (np.full((2, 2), 0.25), np.arange(2))):
+            terms = batch_terms(obj, probe, coords, amplitudes, model, index=index)
+            update(obj, probe, terms, coords, step_obj=1.0, step_probe=1.0, alpha=0.1)
+    _WARM.add("cpu")

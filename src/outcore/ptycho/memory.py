@@ -37,13 +37,31 @@ if TYPE_CHECKING:
     from outcore.ptycho.simulate import Simulation
 
 
+#: Resident memory of a worker process that has run reconstruction steps, bytes: 356-359 MiB
+#: measured (VmHWM, ``peak_worker_rss``, a small scan, refined or not) against 203 MiB before
+#: the host loops were compiled: ``import numba`` (llvmlite's LLVM) and loading the loops from
+#: numba's cache add about 155 MiB. ``ptycho reconstruct``'s plans count it in place of
+#: ``outcore.plan.WORKER_BASELINE_BYTES``.
+PTYCHO_WORKER_BASELINE_BYTES = 360 * 2**20
+
+
 def scratch_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False,
                       refine: bool = False) -> int:
     """Bytes of ``batch_terms`` scratch per detector pixel per position (measured with
-    tracemalloc: 40 for one mode and slice on whole pixels, 56 with sub-pixel positions,
-    each further slice about 8 + 8 M, each mode 8 S (+ 13 sub-pixel, + 50 refined))."""
+    tracemalloc on 64 x 64 patterns: 9.5 for one mode and slice on whole pixels, 28 with
+    three modes, 26 with sub-pixel positions; each further slice about 5 + 12 M, the shift
+    8 + 9 M, refinement 22 M more)."""
     shift = int(subpixel or refine)
-    return 24 + 8 * slices + 3 * shift + modes * (8 * slices + 13 * shift + 50 * int(refine))
+    further = slices - 1
+    return (1 + 10 * modes + further * (5 + 12 * modes) + shift * (8 + 9 * modes)
+            + 22 * modes * int(refine))
+
+
+def intensities_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False) -> int:
+    """Bytes of ``kernels.intensities`` scratch per detector pixel per position (the waves,
+    their centred copy and the intensities; measured with tracemalloc: 16 for one mode and
+    slice, 16 per mode, 8 more with sub-pixel positions, about 12 M per further slice)."""
+    return 4 + 8 * int(subpixel) + 16 * modes + 12 * modes * (slices - 1)
 
 
 #: Scratch of the simplest case (one mode and slice, whole pixels), bytes per pixel.
@@ -106,7 +124,7 @@ def simulate_stages(sim: Simulation) -> list[TaskMemory]:
     probe, obj = sim.truth["probe"], sim.truth["object"]
     modes = probe.shape[0] if probe.ndim == 3 else 1
     slices = obj.shape[0] if obj.ndim == 3 else 1
-    forward = scratch_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
+    forward = intensities_per_pixel(modes, slices, bool(sim.stack.attrs.get("subpixel")))
     patterns = TaskMemory("simulate-patterns", math.prod(len(c) for c in data.chunks),
                           0, out, transient_bytes=frames * (forward + F64)
                           + slices * patch * (C64 + 4 * F64), write_bytes=out)

@@ -30,7 +30,8 @@ from outcore.io.store import write_new
 from outcore.plan import Plan, Resources
 from outcore.ptycho import engine
 from outcore.ptycho.engine import Result
-from outcore.ptycho.memory import memory_model
+from outcore.ptycho.kernels import subpixel
+from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, memory_model
 from outcore.ptycho.quality import convergence_warnings, truth_errors
 from outcore.ptycho.reconstruct import (
     Prepared,
@@ -158,15 +159,16 @@ def earlier_checkpoint(run_dir: str, input_path: str, settings: Settings
 def _plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
     """The memory plan; when it does not fit, the error names the changes that would."""
     coords = coords_of(ds) if "positions" in ds else np.zeros((1, 2))
-    subpixel = bool(np.any(coords != np.floor(coords)))
+    shifted = subpixel(coords)
 
     def plan_for(workers: int, residency: str, sub_batch: int) -> Plan:
         stages = memory_model(ds.sizes["position"], ds.sizes["k_y"],
                               tuple(ds.attrs["object_shape"]), workers, residency, sub_batch,
                               settings.batch_size, backend=resources.backend,
                               modes=settings.probe_modes, slices=settings.slices,
-                              subpixel=subpixel, refine=settings.refine_positions)
-        return Plan.of(stages, replace(resources, workers=workers))
+                              subpixel=shifted, refine=settings.refine_positions)
+        return Plan.of(stages, replace(resources, workers=workers),
+                       baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
 
     plan = plan_for(resources.workers, settings.residency, settings.sub_batch)
     if not plan.fits:

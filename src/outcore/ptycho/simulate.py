@@ -39,7 +39,7 @@ from outcore import io
 from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked
-from outcore.ptycho.kernels import Model, intensities
+from outcore.ptycho.kernels import Model, intensities, warm
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
 from outcore.ptycho.scan import CHUNK_POSITIONS
 from outcore.ptycho.store import write_store
@@ -408,6 +408,7 @@ def simulate_stack(
                    {**attrs, "wavelength": lam, "pixel_size": pixel_size, "detector_size": k,
                     "scan_shape": list(scan), "step": step, "object_padding": object_padding,
                     io.LAYOUT_ATTR: TRUTH_LAYOUT})
+    warm()  # compile here once, so the workers load from numba's cache
     return Simulation(stack, truth)
 
 

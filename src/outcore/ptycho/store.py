@@ -18,7 +18,7 @@ from zarr.codecs import BloscCodec
 from outcore import io
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
-from outcore.io.store import open_unchecked, write_new, zarr_strings
+from outcore.io.store import open_unchecked, write_new
 from outcore.ptycho.optics import positive_attr
 from outcore.ptycho.scan import CHUNK_POSITIONS
 
@@ -60,7 +60,7 @@ def write_store(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
     ``<name>.partial-<id>`` renamed when every chunk is written; never overwrites."""
     path = Path(path).expanduser()
     refuse_existing(path)
-    return write_new(zarr_strings(ds), path)
+    return write_new(ds, path)
 
 
 def open_preprocessed(path: str | PathLike[str], *, check_values: bool = False) -> xr.Dataset:

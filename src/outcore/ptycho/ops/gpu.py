@@ -1,6 +1,7 @@
-"""cupy versions of ``outcore.ptycho.ops`` (their numpy twins are in ``cpu.py``): windows by
-fancy indexing, overlaps summed with ``cupyx.scatter_add``, ``cupyx.scipy.fft``, pinned host
-memory. cupy is imported on first use, so this module imports on machines without it."""
+"""cupy versions of ``outcore.ptycho.ops`` (their host twins are in ``cpu.py``): windows by
+fancy indexing, overlaps summed with ``cupyx.scatter_add``, the fused operations as the array
+code of ``arrays.py``, ``cupyx.scipy.fft``, pinned host memory. cupy is imported on first
+use, so this module imports on machines without it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from outcore.ptycho.ops import arrays
 
 Array = Any
 
@@ -37,12 +40,29 @@ def scatter_add(target: Array, top_left: np.ndarray, values: Array) -> None:
     import cupy
     import cupyx
 
+    values = cupy.broadcast_to(values, (len(top_left), *values.shape[1:]))
     rows, cols = (cupy.broadcast_to(i, values.shape) for i in _index(top_left, values.shape[-1]))
     if cupy.iscomplexobj(values):
         cupyx.scatter_add(target.real, (rows, cols), values.real)
         cupyx.scatter_add(target.imag, (rows, cols), values.imag)
     else:
         cupyx.scatter_add(target, (rows, cols), values)
+
+
+def exit_waves(layer: Array, top_left: np.ndarray, waves: Array) -> Array:
+    return arrays.exit_waves(layer, top_left, waves, windows)
+
+
+residual = arrays.residual
+curvature = arrays.curvature
+unshift = arrays.unshift
+object_step = arrays.object_step
+
+
+def back_layer(chi: Array, layer: Array, top_left: np.ndarray, incident: Array, grad: Array,
+               local: np.ndarray, illum: Array | None, probe_sum: Array | None) -> None:
+    arrays.back_layer(chi, layer, top_left, incident, grad, local, illum, probe_sum, windows,
+                      scatter_add)
 
 
 def pinned(host: np.ndarray) -> np.ndarray:
