@@ -84,7 +84,7 @@ class Projector:
         self.slab = min(int(slab), shape[0])
         self.blocks = blocks(geometry, shape, partition, self.views_per_block, self.slab)
         if self.backend == "numpy":  # compile here once, so workers load from numba's cache
-            kernels.warm()
+            kernels.warm(geometry.kind, self.dtype)
 
     @property
     def projection_shape(self) -> tuple[int, int, int]:

@@ -81,31 +81,35 @@ def backproject(proj: Array, angles: np.ndarray, geometry: Geometry,
                            geometry.detector_shape[0], cz))
 
 
-_WARM: set[str] = set()
+_WARM: set[tuple[str, str]] = set()
 
 
-def warm() -> None:
-    """Compile the CPU kernels (parallel and cone beam) for float32 and float64 in this
-    process, or load them from numba's on-disk cache (``cache=True``), once per process.
+def warm(kind: str = "parallel", dtype: Any = np.float32) -> None:
+    """Compile the CPU kernels of one geometry (``parallel`` or ``cone``) for blocks of
+    ``dtype`` in this process, or load them from numba's on-disk cache (``cache=True``),
+    once per process and pair.
 
-    ``Projector`` calls it where it builds a graph, so that the kernels are compiled once per
-    machine, here, rather than in every worker: a worker that compiles them peaks about
-    60-85 MiB higher (345-372 MiB instead of 285-297, VmHWM) and keeps that memory
-    (``memory.TOMO_WORKER_BASELINE_BYTES``). Workers that share numba's cache directory
-    (the package's ``__pycache__``, or ``NUMBA_CACHE_DIR``) then only load the machine code.
-    The arguments match the ``Projector``'s calls (C-contiguous blocks, read-only angles), so
-    that every signature a task uses is in the cache.
+    ``Projector`` calls it for its own geometry and dtype where it builds a graph, so that
+    the kernels are compiled once per machine, here, rather than in every worker: a worker
+    that compiles them peaks about 60-85 MiB higher (345-372 MiB instead of 285-297, VmHWM)
+    and keeps that memory (``memory.TOMO_WORKER_BASELINE_BYTES``). Workers that share numba's
+    cache directory (the package's ``__pycache__``, or ``NUMBA_CACHE_DIR``) then only load
+    the machine code. The arguments match the ``Projector``'s calls (C-contiguous blocks,
+    read-only angles), so that every signature a task uses is in the cache. Only the pair
+    asked for: each of the other three costs a compile on a fresh install and a cache load
+    in every process.
     """
-    if "cpu" in _WARM:
+    key = (kind, np.dtype(dtype).name)
+    if key in _WARM:
         return
     angles = np.array([0.0, 1.0])  # read-only in each geometry
-    for geometry in (Geometry.parallel(angles, (3, 5)), Geometry.cone(angles, (3, 5), 20.0, 10.0)):
-        for dtype in (np.float32, np.float64):
-            slab = np.ones((2, 3, 4), dtype)
-            proj = forward(slab, geometry.angles, geometry, z0=0, depth=3, rows=(0, 3))
-            adjoint(proj, geometry.angles, geometry, slab.shape, z0=0, depth=3)
-            backproject(proj, geometry.angles, geometry, slab.shape, np.ones(2), z0=0, depth=3)
-    _WARM.add("cpu")
+    geometry = (Geometry.parallel(angles, (3, 5)) if kind == "parallel"
+                else Geometry.cone(angles, (3, 5), 20.0, 10.0))
+    slab = np.ones((2, 3, 4), dtype)
+    proj = forward(slab, geometry.angles, geometry, z0=0, depth=3, rows=(0, 3))
+    adjoint(proj, geometry.angles, geometry, slab.shape, z0=0, depth=3)
+    backproject(proj, geometry.angles, geometry, slab.shape, np.ones(2), z0=0, depth=3)
+    _WARM.add(key)
 
 
 def _accumulate(proj: Array, slab_shape: tuple[int, ...], z0: int, depth: int | None,
