@@ -41,8 +41,6 @@ Cases (``--cases``):
   object against the simulation's truth on the well-lit pixels (global phase, scale and phase
   ramp removed). torch's peers keep their default threads with ``OMP_WAIT_POLICY=PASSIVE``
   (its spinning threads cost several times the work on a shared machine).
-  ``--ptycho-clusters`` runs outcore once per ``--cluster`` kind given (e.g. ``local
-  threads``: worker processes, and workers in outcore's own process).
 - ``demo``: ``outcore demo`` end to end; ``quality`` holds the demo's own checks.
 - ``startup``: ``outcore --help`` and ``outcore info`` as processes, the import time of
   ``python -X importtime -m outcore.cli --help`` (and whether numba or pyarrow are among its
@@ -729,14 +727,11 @@ def case_ptycho(args: argparse.Namespace, work: Path) -> None:
                 "peak_worker_bytes": peak_worker(metrics)}
 
     contenders = [Contender(
-        "outcore", "outcore" + ("" if kind == "auto" else f" --cluster {kind}"),
-        {**base, "residency": "host (default)", "cluster": kind},
-        lambda run, kind=kind: [*outcore_command(), "ptycho", "reconstruct", "--input",
-                                str(folder / "pre.zarr"), "--iterations",
-                                str(args.ptycho_iterations), "--batch-size",
-                                str(args.ptycho_batch), *workers, "--cluster", kind,
-                                "--output-dir", str(run), "--name", "out"], judge_outcore)
-        for kind in args.ptycho_clusters]
+        "outcore", "outcore", {**base, "residency": "host (default)"},
+        lambda run: [*outcore_command(), "ptycho", "reconstruct", "--input",
+                     str(folder / "pre.zarr"), "--iterations", str(args.ptycho_iterations),
+                     "--batch-size", str(args.ptycho_batch), *workers,
+                     "--output-dir", str(run), "--name", "out"], judge_outcore)]
     passive = {"OMP_WAIT_POLICY": "PASSIVE"}
 
     def judge_peer(run: Path, measured: Measured) -> dict:
@@ -980,10 +975,6 @@ def main() -> None:
     parser.add_argument("--ptycho-k", type=int, default=64, help="detector pixels per side")
     parser.add_argument("--ptycho-iterations", type=int, default=20)
     parser.add_argument("--ptycho-batch", type=int, default=128)
-    parser.add_argument("--ptycho-clusters", nargs="+", default=["auto"],
-                        choices=["auto", "local", "threads"],
-                        help="outcore's --cluster for the ptycho case, one contender each "
-                             "(threads: in-process workers)")
     parser.add_argument("--quantem-modes", nargs="+", choices=["gd", "adam"], default=["adam"])
     parser.add_argument("--ptychi-engines", nargs="+", choices=["lsqml", "rpie", "epie"],
                         default=["epie"])
