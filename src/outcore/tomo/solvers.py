@@ -1,7 +1,8 @@
 """Reconstruction: FBP (parallel beam), FDK (cone beam), and CGLS and SIRT out of core.
 
 Analytic (one pass, lazy): rows are ramp-filtered along ``u`` with a window, zero-padded
-to at least twice their length, with numpy's or cupy's FFT; then a voxel-driven weighted
+to at least twice their length (``memory.padded``), with scipy's or cupy's FFT in the
+data's precision; then a voxel-driven weighted
 backprojection (``Projector.weighted_backproject``) gives the volume, for a full scan (a half
 turn parallel, a full turn cone). FDK first weights each pixel by the cosine of its ray's
 angle to the central ray, filters on the detector scaled to the rotation axis, and weights
@@ -71,18 +72,26 @@ def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
 
 def filter_rows(projections: da.Array, response: np.ndarray, backend: str = "numpy"
                 ) -> da.Array:
-    """Convolve every row (along ``u``, the last axis) with the filter ``response``."""
+    """Convolve every row (along ``u``, the last axis) with the filter ``response``
+    (``ramp_filter``'s, on the ``rfft`` grid of ``padded(nu)`` points), in the data's
+    precision (``backend.fft``: scipy's or cupy's, float32 in float32)."""
     nu = projections.shape[-1]
+    size = padded(nu)
+    if response.shape != (size // 2 + 1,):
+        raise ValueError(f"response must have {size // 2 + 1} values (rfft of {size}), "
+                         f"not {response.shape}.")
     rows = projections.rechunk({2: -1})
+    dtype = np.dtype(projections.dtype)
 
     def block(x: np.ndarray) -> np.ndarray:
         xp = backends.namespace(backend)
-        data = backends.to_backend(x, backend)
-        spectrum = xp.fft.rfft(data.astype(np.float64), n=2 * (response.size - 1), axis=-1)
-        spectrum *= xp.asarray(response)
-        return backends.to_host(xp.fft.irfft(spectrum, axis=-1)[..., :nu].astype(x.dtype))
+        fft = backends.fft(xp)
+        spectrum = fft.rfft(backends.to_backend(x, backend), n=size, axis=-1)
+        spectrum *= xp.asarray(response, dtype=dtype)
+        filtered = fft.irfft(spectrum, n=size, axis=-1)
+        return backends.to_host(filtered[..., :nu].astype(dtype))
 
-    return rows.map_blocks(block, dtype=projections.dtype)
+    return rows.map_blocks(block, dtype=dtype)
 
 
 def fbp(projections: Any, projector: Projector, window: str = "ram-lak") -> da.Array:
