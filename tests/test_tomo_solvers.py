@@ -11,6 +11,7 @@ import dask.array as da
 import numpy as np
 import pytest
 
+from outcore import cluster
 from outcore.errors import RunExistsError
 from outcore.tomo import (
     Geometry,
@@ -183,6 +184,25 @@ def test_vectors_in_memory_give_the_zarr_backed_result_and_resume_from_disk(
     resumed = solver(b, projector, tmp_path / "cut", 5, resume=True)
     np.testing.assert_array_equal(resumed.volume.compute(), on_disk.volume.compute())
     assert resumed.residuals == on_disk.residuals
+
+
+@pytest.mark.parametrize("solver", [cgls, sirt])
+def test_one_or_three_workers_give_the_same_bits(small_problem, tmp_path, solver):
+    """In-memory state on clusters of 1 and 3 workers (each pass's tasks spread over them,
+    vectors persisted where they were computed) equals zarr-backed state without a cluster,
+    bit for bit."""
+    projector, b = small_problem
+    b = b.compute()  # an input that no cluster holds
+    alone = solver(b, projector, tmp_path / "alone", 3)
+    for workers in (1, 3):
+        client = cluster.start("threads", workers=workers)
+        try:
+            spread = solver(b, projector, tmp_path / f"w{workers}", 3, in_memory=True)
+            volume = spread.volume.compute()
+        finally:
+            cluster.stop(client)
+        np.testing.assert_array_equal(volume, alone.volume.compute())
+        assert spread.residuals == alone.residuals
 
 
 def test_phantoms_are_lazy_and_chunk_independent():

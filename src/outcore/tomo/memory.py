@@ -325,12 +325,14 @@ def method_stages(projector: Projector, method: str,
         return reads + [TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
                                    transient_bytes=views * rows * filter_row_bytes(
                                        nu, projector.geometry.kind == "cone", item))]
-    return reads + [  # x, p, s in and x, p out, float64 squares for the norms
-        TaskMemory("update-volume", n_slabs, 3 * slab * item, 2 * slab * item,
-                   transient_bytes=2 * F64 * slab, read_bytes=3 * slab * item,
-                   write_bytes=2 * slab * item),
-        TaskMemory("update-projections", n_chunks, 2 * chunk * item, chunk * item,
-                   transient_bytes=2 * F64 * chunk, read_bytes=2 * chunk * item,
+    # a vector update reads up to three vectors (SIRT's x, C and A^T w; b, A x and R) and
+    # writes one, through one temporary; its norm sums in place (``solvers._norm2``)
+    return reads + [
+        TaskMemory("update-volume", n_slabs, 3 * slab * item, slab * item,
+                   transient_bytes=slab * item, read_bytes=3 * slab * item,
+                   write_bytes=slab * item),
+        TaskMemory("update-projections", n_chunks, 3 * chunk * item, chunk * item,
+                   transient_bytes=chunk * item, read_bytes=3 * chunk * item,
                    write_bytes=chunk * item),
     ]
 
@@ -345,10 +347,11 @@ def stages(projector: Projector, method: str,
     return own + method_stages(projector, method, store_chunks)
 
 
-#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p`` of
-#: two iterations and ``s``; ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations
-#: and the column weights; the row weights and ``w``.
-SOLVER_VECTORS = {"cgls": (5, 3), "sirt": (3, 2)}
+#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p``
+#: and the new ``x, s`` (or, in its first pass, ``x, s``, the old ``p`` and the new);
+#: ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations and the column weights;
+#: the row weights and ``w``.
+SOLVER_VECTORS = {"cgls": (4, 3), "sirt": (3, 2)}
 
 
 def state_bytes(projector: Projector, method: str, workers: int) -> int:
