@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from outcore.tomo import Geometry, ball, kernels
+from outcore.tomo.kernels import cpu
 
 RNG = np.random.default_rng(2024)
 
@@ -42,6 +43,20 @@ def test_adjoint_dot_test(kind, dtype, tolerance):
         geometry = _random_geometry(kind, rng)
         shape = (int(rng.integers(5, 14)), int(rng.integers(6, 16)), int(rng.integers(6, 16)))
         assert _dot_error(geometry, shape, dtype) < tolerance
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_tiled_layouts_are_the_transposes(dtype):
+    """The CPU kernels' tiled copies into a layout and adds back equal numpy's transposes,
+    on a slab whose edges are no multiple of the tile."""
+    vol = np.random.default_rng(1).random((37, 5, 19)).astype(dtype)
+    for drive, axes in enumerate(cpu.LAYOUTS):
+        layout = np.empty(tuple(vol.shape[i] for i in axes), dtype)
+        cpu._to_layout(vol, cpu._yxz(layout, drive))
+        np.testing.assert_array_equal(layout, vol.transpose(axes))
+        out = np.ones(vol.shape)
+        cpu._add_layout(cpu._yxz(layout, drive), out)
+        np.testing.assert_array_equal(out, 1.0 + vol.astype(np.float64))
 
 
 @pytest.mark.parametrize("kind", ["parallel", "cone"])

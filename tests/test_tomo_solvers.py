@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import tracemalloc
 
+import dask.array as da
 import numpy as np
 import pytest
 
+from outcore import cluster
 from outcore.errors import RunExistsError
 from outcore.tomo import (
     Geometry,
@@ -21,6 +24,8 @@ from outcore.tomo import (
     sirt,
     uniform_angles,
 )
+from outcore.tomo.memory import filter_row_bytes, padded
+from outcore.tomo.solvers import filter_rows
 
 N = 64
 
@@ -60,11 +65,51 @@ def test_fbp_of_shepp_logan_reaches_its_psnr(phantom, make, window, floor):
 
 def test_ramp_filter_has_no_dc_and_windows_damp_high_frequencies():
     ram, shepp, hann = (ramp_filter(50, 0.5, w) for w in ("ram-lak", "shepp-logan", "hann"))
-    assert ram.size == 65 and abs(ram[0]) < 0.02 * ram.max()
+    assert padded(50) >= 100 and padded(50) % 2 == 0  # no wrap-around of the convolution
+    assert ram.size == padded(50) // 2 + 1 and abs(ram[0]) < 0.02 * ram.max()
     assert ram[-1] == pytest.approx(1 / 0.5 * 0.5, rel=0.05)  # |f| in cycles per length
     assert hann[-1] == pytest.approx(0, abs=1e-12) and shepp[-1] < ram[-1]
     with pytest.raises(ValueError, match="window"):
         ramp_filter(10, 1.0, "cosine")
+
+
+@pytest.mark.parametrize("nu", [50, 61, 366])
+def test_filtered_rows_are_the_linear_convolution_with_the_ramp(nu):
+    """Ram-Lak filtering in float32 equals, to float32 rounding, the direct float64 linear
+    convolution of each row with the band-limited ramp's impulse response (``1 / (4 d^2)``
+    at 0, ``-1 / (pi k d)^2`` at odd ``k``, times ``d``): the padding leaves no wrap-around
+    whatever the FFT length."""
+    d = 0.7
+    rows = np.random.default_rng(nu).random((3, 4, nu)).astype(np.float32)
+    got = filter_rows(da.from_array(rows, chunks=(2, 4, nu)), ramp_filter(nu, d)).compute()
+    k = np.arange(-(nu - 1), nu)
+    h = np.zeros(k.size)
+    odd = k % 2 == 1
+    h[odd] = -1.0 / (np.pi * k[odd] * d) ** 2
+    h[nu - 1] = 1.0 / (4 * d**2)
+    truth = np.apply_along_axis(lambda row: np.convolve(row, h * d)[nu - 1:2 * nu - 1], -1,
+                                rows.astype(np.float64))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, truth, rtol=0, atol=2e-6 * np.abs(truth).max())
+
+
+@pytest.mark.parametrize("cone", [False, True])
+def test_ramp_filter_memory_model_matches_tracemalloc(cone):
+    """The ramp filter's task holds what ``memory.filter_row_bytes`` counts (besides its
+    input and output block)."""
+    nu, rows = 366, 8 * 40
+    block = np.ones((8, 40, nu), np.float32)
+    response = ramp_filter(nu, 1.0)
+    weighted = da.from_array(block) * np.float32(0.5) if cone else da.from_array(block)
+    graph = filter_rows(weighted, response)
+    tracemalloc.start()
+    try:
+        graph.compute(scheduler="sync")
+        measured = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    modeled = rows * filter_row_bytes(nu, cone) + 2 * block.nbytes  # scratch, in and out
+    assert 0.8 <= modeled / measured <= 1.5, (modeled, measured)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +184,25 @@ def test_vectors_in_memory_give_the_zarr_backed_result_and_resume_from_disk(
     resumed = solver(b, projector, tmp_path / "cut", 5, resume=True)
     np.testing.assert_array_equal(resumed.volume.compute(), on_disk.volume.compute())
     assert resumed.residuals == on_disk.residuals
+
+
+@pytest.mark.parametrize("solver", [cgls, sirt])
+def test_one_or_three_workers_give_the_same_bits(small_problem, tmp_path, solver):
+    """In-memory state on clusters of 1 and 3 workers (each pass's tasks spread over them,
+    vectors persisted where they were computed) equals zarr-backed state without a cluster,
+    bit for bit."""
+    projector, b = small_problem
+    b = b.compute()  # an input that no cluster holds
+    alone = solver(b, projector, tmp_path / "alone", 3)
+    for workers in (1, 3):
+        client = cluster.start("threads", workers=workers)
+        try:
+            spread = solver(b, projector, tmp_path / f"w{workers}", 3, in_memory=True)
+            volume = spread.volume.compute()
+        finally:
+            cluster.stop(client)
+        np.testing.assert_array_equal(volume, alone.volume.compute())
+        assert spread.residuals == alone.residuals
 
 
 def test_phantoms_are_lazy_and_chunk_independent():

@@ -89,6 +89,16 @@ def array_namespace(x: Any) -> ModuleType:
     return np
 
 
+def fft(xp: ModuleType) -> ModuleType:
+    """The FFT module of an array namespace: ``scipy.fft`` for numpy (float32 in, complex64
+    out, fast at any length of small primes), ``cupy.fft`` for cupy."""
+    if xp is np:
+        import scipy.fft
+
+        return scipy.fft
+    return xp.fft  # type: ignore[no-any-return]
+
+
 def to_backend(x: Any, name: str) -> Any:
     """Move an array to the backend ``name`` (host -> device for cupy, device -> host for numpy)."""
     if resolve(name) == "cupy":

@@ -285,16 +285,22 @@ def suggest_blocks(geometry: Geometry, volume_shape: tuple[int, int, int],
 
 
 def padded(n: int) -> int:
-    """FFT length of the ramp filter for rows of ``n`` pixels: a power of two, at least
-    ``2 n``."""
-    return 1 << max(1, math.ceil(math.log2(2 * n)))
+    """FFT length of the ramp filter for rows of ``n`` pixels: twice a length of only the
+    factors 2, 3 and 5 (``scipy.fft.next_fast_len``) of at least ``n``, so even, at least
+    ``2 n`` (no wrap-around of the convolution) and fast (732 -> 750, where a power of two
+    is 1024)."""
+    import scipy.fft
+
+    return 2 * scipy.fft.next_fast_len(max(1, n), real=True)
 
 
-def filter_row_bytes(nu: int, cone: bool) -> int:
-    """Scratch of the ramp filter for one detector row of ``nu`` pixels, bytes: the float64
-    copy, its padded spectrum and inverse transform (and the cone's weighted copy)."""
+def filter_row_bytes(nu: int, cone: bool, itemsize: int = 4) -> int:
+    """Scratch of the ramp filter for one detector row of ``nu`` pixels in values of
+    ``itemsize`` bytes (the FFT keeps the data's precision), bytes: the zero-padded copy
+    and its half spectrum (the forward transform), then the spectrum and the inverse
+    transform, whichever pair is larger (the same here), and the cone's weighted copy."""
     size = padded(nu)
-    return F64 * nu + 16 * (size // 2 + 1) + F64 * size + (4 * nu if cone else 0)
+    return itemsize * size + 2 * itemsize * (size // 2 + 1) + (itemsize * nu if cone else 0)
 
 
 def method_stages(projector: Projector, method: str,
@@ -318,13 +324,15 @@ def method_stages(projector: Projector, method: str,
     if method == "fbp":
         return reads + [TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
                                    transient_bytes=views * rows * filter_row_bytes(
-                                       nu, projector.geometry.kind == "cone"))]
-    return reads + [  # x, p, s in and x, p out, float64 squares for the norms
-        TaskMemory("update-volume", n_slabs, 3 * slab * item, 2 * slab * item,
-                   transient_bytes=2 * F64 * slab, read_bytes=3 * slab * item,
-                   write_bytes=2 * slab * item),
-        TaskMemory("update-projections", n_chunks, 2 * chunk * item, chunk * item,
-                   transient_bytes=2 * F64 * chunk, read_bytes=2 * chunk * item,
+                                       nu, projector.geometry.kind == "cone", item))]
+    # a vector update reads up to three vectors (SIRT's x, C and A^T w; b, A x and R) and
+    # writes one, through one temporary; its norm sums in place (``solvers._norm2``)
+    return reads + [
+        TaskMemory("update-volume", n_slabs, 3 * slab * item, slab * item,
+                   transient_bytes=slab * item, read_bytes=3 * slab * item,
+                   write_bytes=slab * item),
+        TaskMemory("update-projections", n_chunks, 3 * chunk * item, chunk * item,
+                   transient_bytes=chunk * item, read_bytes=3 * chunk * item,
                    write_bytes=chunk * item),
     ]
 
@@ -339,10 +347,11 @@ def stages(projector: Projector, method: str,
     return own + method_stages(projector, method, store_chunks)
 
 
-#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p`` of
-#: two iterations and ``s``; ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations
-#: and the column weights; the row weights and ``w``.
-SOLVER_VECTORS = {"cgls": (5, 3), "sirt": (3, 2)}
+#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p``
+#: and the new ``x, s`` (or, in its first pass, ``x, s``, the old ``p`` and the new);
+#: ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations and the column weights;
+#: the row weights and ``w``.
+SOLVER_VECTORS = {"cgls": (4, 3), "sirt": (3, 2)}
 
 
 def state_bytes(projector: Projector, method: str, workers: int) -> int:

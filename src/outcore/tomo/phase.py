@@ -44,6 +44,7 @@ import xarray as xr
 from dask.array.overlap import ensure_minimum_chunksize
 
 from outcore.backend import array_namespace
+from outcore.backend import fft as backend_fft
 from outcore.errors import OutcoreError
 from outcore.plan import TaskMemory
 from outcore.tomo.correction import Step
@@ -82,11 +83,6 @@ def pad_width(length: float, pixel: float) -> int:
     return max(1, math.ceil(length / pixel * math.log(0.5 / TAIL)))
 
 
-def _fft(xp: ModuleType) -> ModuleType:
-    """The FFT module of an array namespace: scipy.fft for numpy, cupy.fft for cupy."""
-    return scipy.fft if xp is np else xp.fft
-
-
 def fft_shape(frame: tuple[int, int], pad: tuple[int, int]) -> tuple[int, int]:
     """FFT lengths of a ``frame (nv, nu)`` padded by ``pad (pv, pu)`` on each side."""
     return (scipy.fft.next_fast_len(frame[0] + 2 * pad[0]),
@@ -114,7 +110,7 @@ def filter_frames(frames: Any, *, delta_beta: float, energy_kev: float, distance
     ``symmetric``), then to the FFT lengths of :func:`fft_shape`, one frame at a time.
     """
     xp = array_namespace(frames)
-    fft = _fft(xp)
+    fft = backend_fft(xp)
     frames = xp.asarray(frames, dtype=xp.float32)
     nv, nu = frames.shape[-2:]
     shape = fft_shape((nv, nu), pad)

@@ -1,7 +1,8 @@
 """Reconstruction: FBP (parallel beam), FDK (cone beam), and CGLS and SIRT out of core.
 
 Analytic (one pass, lazy): rows are ramp-filtered along ``u`` with a window, zero-padded
-to at least twice their length, with numpy's or cupy's FFT; then a voxel-driven weighted
+to at least twice their length (``memory.padded``), with scipy's or cupy's FFT in the
+data's precision; then a voxel-driven weighted
 backprojection (``Projector.weighted_backproject``) gives the volume, for a full scan (a half
 turn parallel, a full turn cone). FDK first weights each pixel by the cosine of its ray's
 angle to the central ray, filters on the detector scaled to the rotation axis, and weights
@@ -71,18 +72,26 @@ def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
 
 def filter_rows(projections: da.Array, response: np.ndarray, backend: str = "numpy"
                 ) -> da.Array:
-    """Convolve every row (along ``u``, the last axis) with the filter ``response``."""
+    """Convolve every row (along ``u``, the last axis) with the filter ``response``
+    (``ramp_filter``'s, on the ``rfft`` grid of ``padded(nu)`` points), in the data's
+    precision (``backend.fft``: scipy's or cupy's, float32 in float32)."""
     nu = projections.shape[-1]
+    size = padded(nu)
+    if response.shape != (size // 2 + 1,):
+        raise ValueError(f"response must have {size // 2 + 1} values (rfft of {size}), "
+                         f"not {response.shape}.")
     rows = projections.rechunk({2: -1})
+    dtype = np.dtype(projections.dtype)
 
     def block(x: np.ndarray) -> np.ndarray:
         xp = backends.namespace(backend)
-        data = backends.to_backend(x, backend)
-        spectrum = xp.fft.rfft(data.astype(np.float64), n=2 * (response.size - 1), axis=-1)
-        spectrum *= xp.asarray(response)
-        return backends.to_host(xp.fft.irfft(spectrum, axis=-1)[..., :nu].astype(x.dtype))
+        fft = backends.fft(xp)
+        spectrum = fft.rfft(backends.to_backend(x, backend), n=size, axis=-1)
+        spectrum *= xp.asarray(response, dtype=dtype)
+        filtered = fft.irfft(spectrum, n=size, axis=-1)
+        return backends.to_host(filtered[..., :nu].astype(dtype))
 
-    return rows.map_blocks(block, dtype=projections.dtype)
+    return rows.map_blocks(block, dtype=dtype)
 
 
 def fbp(projections: Any, projector: Projector, window: str = "ram-lak") -> da.Array:
@@ -202,7 +211,12 @@ class Reconstruction:
 class _Workspace:
     """The vectors of one solver run: in zarr under ``workdir`` (``iter-<k>/<name>.zarr`` for
     the state after iteration ``k``), or persisted in the workers' memory (``in_memory``)
-    and written to zarr only at checkpoints; ``state.json`` names the last checkpoint."""
+    and written to zarr only at checkpoints; ``state.json`` names the last checkpoint.
+
+    ``write(..., defer=True)`` keeps vectors that a later pass reads: in zarr it writes them
+    in a pass of their own, so that the later pass reads them chunk by chunk from disk; in
+    memory it leaves them lazy and the next ``write`` computes them in its pass (one pass
+    instead of two). Either way the values are the same."""
 
     def __init__(self, workdir: str | os.PathLike[str], config: dict, resume: bool,
                  in_memory: bool = False) -> None:
@@ -210,6 +224,8 @@ class _Workspace:
         self.config = config
         self.in_memory = in_memory
         self.held: dict[tuple[str, str], tuple[da.Array, tuple]] = {}
+        self.pending: list[tuple[str, str]] = []  # held lazily until the next write
+        self.norms: list[Any] = []  # of deferred writes: lazy (in memory) or values (zarr)
         state_file = self.root / STATE
         self.state: dict | None = None
         if resume and state_file.is_file():
@@ -234,21 +250,39 @@ class _Workspace:
         return held[0] if held is not None else da.from_zarr(str(self.path(iteration, name)))
 
     def write(self, iteration: int | str, arrays: dict[str, tuple[da.Array, tuple]],
-              *norms: da.Array) -> list[float]:
+              *norms: da.Array, defer: bool = False) -> list[float]:
         """Keep ``arrays`` (name -> (array, zarr chunk shape)) as ``iter-<iteration>``, in
-        zarr or persisted in memory, and return the squared norms ``norms`` computed in the
-        same pass."""
-        if self.in_memory:
-            names = list(arrays)
-            kept = dask.persist(*(array.rechunk(chunks) for array, chunks in arrays.values()),
-                                *norms)
-            for name, array in zip(names, kept, strict=False):
-                self.held[(str(iteration), name)] = (array, arrays[name][1])
-            return [float(v) for v in dask.compute(*kept[len(names):])]
-        stored = self._store(iteration, {name: (array.rechunk(chunks), chunks)
-                                         for name, (array, chunks) in arrays.items()})
-        values = dask.compute(stored, *norms)[1:]
-        return [float(v) for v in values]
+        zarr or persisted in memory, and return the squared norms computed in the same pass:
+        those of the deferred writes since the last one first, then ``norms``. With
+        ``defer``, return nothing yet (see the class)."""
+        chunked = {name: (array.rechunk(chunks), chunks) for name, (array, chunks) in
+                   arrays.items()}
+        if not self.in_memory:
+            values = dask.compute(self._store(iteration, chunked), *norms)[1:]
+            self.norms.extend(float(v) for v in values)
+            return [] if defer else self._take_norms()
+        for name, held in chunked.items():
+            self.held[(str(iteration), name)] = held
+            self.pending.append((str(iteration), name))
+        self.norms.extend(norms)
+        if defer:
+            return []
+        keys, self.pending = self.pending, []
+        lazy = self._take_norms()
+        kept = dask.persist(*(self.held[key][0] for key in keys), *lazy)
+        for key, array in zip(keys, kept, strict=False):
+            self.held[key] = (array, self.held[key][1])
+        return [float(v) for v in dask.compute(*kept[len(keys):])]
+
+    def _take_norms(self) -> list[Any]:
+        norms, self.norms = self.norms, []
+        return norms
+
+    def forget(self, iteration: int | str, *names: str) -> None:
+        """Release the in-memory vectors ``names`` of ``iter-<iteration>`` (their zarr copy,
+        if any, stays until ``drop_except``)."""
+        for name in names:
+            self.held.pop((str(iteration), name), None)
 
     def _store(self, iteration: int | str, arrays: dict[str, tuple[da.Array, tuple]]) -> Any:
         """The lazy store of ``arrays`` (already in their chunks) into new zarr arrays."""
@@ -265,6 +299,8 @@ class _Workspace:
     def checkpoint(self, iteration: int, scalars: dict, residuals: list[float]) -> None:
         """Name ``iter-<iteration>`` the state to resume from (writing it to zarr first when
         it is held in memory), then drop older iterations."""
+        if self.pending:
+            raise RuntimeError(f"checkpoint with deferred writes pending: {self.pending}")
         if self.in_memory:
             dask.compute(self._store(iteration, {
                 name: held for (it, name), held in self.held.items()
@@ -292,7 +328,19 @@ class _Workspace:
 
 
 def _norm2(x: da.Array) -> da.Array:
-    return da.sum(x.astype(np.float64) ** 2)
+    """``sum(x^2)`` in float64 (0-d, lazy): one sum per chunk, then a tree of fixed order."""
+    return da.reduction(x, _chunk_norm2, _sum_partials, dtype=np.float64)
+
+
+def _chunk_norm2(block: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    """The float64 sum of squares of a block's values, without a float64 copy of them."""
+    flat = block.reshape(-1)
+    total = np.einsum("i,i->", flat, flat, dtype=np.float64)
+    return np.full((1,) * block.ndim, total) if keepdims else np.float64(total)
+
+
+def _sum_partials(parts: np.ndarray, axis: Any = None, keepdims: bool = False) -> np.ndarray:
+    return np.sum(parts, axis=axis, keepdims=keepdims, dtype=np.float64)
 
 
 def _chunks(projector: Projector) -> tuple[tuple, tuple]:
@@ -314,45 +362,68 @@ def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
          ) -> Reconstruction:
     """Least squares ``min ||A x - b||`` by conjugate gradients on the normal equations.
 
-    Vectors ``x, r, p`` live in zarr under ``workdir`` (or in the workers' memory with
-    ``in_memory``, checkpoints in zarr); four streaming passes an iteration
-    (``q = A p``; ``r -= alpha q``; ``s = A^T r``; ``x += alpha p``, ``p = s + beta p``).
-    ``callback(k, residual)`` runs after each iteration.
+    Iteration ``k`` is two passes, one per global reduction: the direction
+    ``p = s + beta p`` and ``q = A p`` (with ``||q||^2``); then ``r -= alpha q``,
+    ``x += alpha p`` and ``s = A^T r`` (with ``||r||^2`` and ``||s||^2``). ``iter-<k>``
+    holds ``x, r, s`` and the previous direction ``p``. In zarr under ``workdir`` each
+    vector is written in a pass of its own before another pass reads it (four an
+    iteration); in the workers' memory (``in_memory``, checkpoints in zarr) the two passes
+    compute all. ``callback(k, residual)`` runs after each iteration.
     """
     b = as_dask(projections).astype(projector.dtype)
-    ws = _Workspace(workdir, _config("cgls", projector, b), resume, in_memory)
+    # "vectors": what a checkpoint holds (one that holds others is refused on resume)
+    ws = _Workspace(workdir, _config("cgls", projector, b, vectors="x r s p"), resume,
+                    in_memory)
     vol_chunks, proj_chunks = _chunks(projector)
     if ws.state is None:
         zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
-        (bb,) = ws.write(0, {"r": (b, proj_chunks)}, _norm2(b))
+        ws.write(0, {"r": (b, proj_chunks), "x": (zeros, vol_chunks)}, _norm2(b), defer=True)
         s = projector.backproject(ws.read(0, "r"))
-        (gamma,) = ws.write(0, {"x": (zeros, vol_chunks), "p": (s, vol_chunks)}, _norm2(s))
-        ws.checkpoint(0, {"gamma": gamma}, [math.sqrt(bb)])
-    start, gamma = ws.state["iteration"], ws.state["scalars"]["gamma"]
+        bb, gamma = ws.write(0, {"s": (s, vol_chunks)}, _norm2(s))
+        ws.checkpoint(0, {"gamma": gamma, "beta": 0.0}, [math.sqrt(bb)])
+    start = ws.state["iteration"]
+    gamma, beta = ws.state["scalars"]["gamma"], ws.state["scalars"]["beta"]
     residuals = list(ws.state["residuals"])
     for k in range(start, iterations):
         ws.drop_except(ws.state["iteration"], k)
-        p = ws.read(k, "p")
-        q = projector.project(p)
-        (qq,) = ws.write("q", {"q": (q, proj_chunks)}, _norm2(q))
-        alpha = gamma / qq if qq > 0 else 0.0
-        r = ws.read(k, "r") - ws.read("q", "q") * _scalar(alpha, projector)
-        (rr,) = ws.write(k + 1, {"r": (r, proj_chunks)}, _norm2(r))
-        s = projector.backproject(ws.read(k + 1, "r"))
-        (ss,) = ws.write("s", {"s": (s, vol_chunks)}, _norm2(s))
-        beta = ss / gamma if gamma > 0 else 0.0
-        s = ws.read("s", "s")
-        x = ws.read(k, "x") + p * _scalar(alpha, projector)
-        p_next = s + p * _scalar(beta, projector)
-        ws.write(k + 1, {"x": (x, vol_chunks), "p": (p_next, vol_chunks)})
-        gamma = ss
+        qq = _cgls_direction(ws, projector, k, beta)
+        rr, ss = _cgls_step(ws, projector, k, gamma / qq if qq > 0 else 0.0)
+        beta, gamma = (ss / gamma if gamma > 0 else 0.0), ss
         residuals.append(math.sqrt(rr))
         if (k + 1) % checkpoint_every == 0 or k + 1 == iterations:
-            ws.checkpoint(k + 1, {"gamma": gamma}, residuals)
+            ws.checkpoint(k + 1, {"gamma": gamma, "beta": beta}, residuals)
         if callback is not None:
             callback(k + 1, residuals[-1])
     final = max(start, iterations)
     return Reconstruction(ws.read(final, "x"), residuals, final, ws.root)
+
+
+def _cgls_direction(ws: _Workspace, projector: Projector, k: int, beta: float) -> float:
+    """CGLS's first pass of iteration ``k``: the direction ``p = s + beta p`` (``s`` at
+    ``k = 0``) and ``q = A p``; returns ``||q||^2``. (Its own function, so that no lazy
+    array of ``s`` or the old ``p`` outlives the pass and holds them in memory.)"""
+    vol_chunks, proj_chunks = _chunks(projector)
+    s = ws.read(k, "s")
+    p = s if k == 0 else s + ws.read(k, "p") * _scalar(beta, projector)
+    ws.write(k + 1, {"p": (p, vol_chunks)}, defer=True)
+    q = projector.project(ws.read(k + 1, "p"))
+    (qq,) = ws.write("q", {"q": (q, proj_chunks)}, _norm2(q))
+    ws.forget(k, "s", "p")
+    return qq
+
+
+def _cgls_step(ws: _Workspace, projector: Projector, k: int, alpha: float
+               ) -> tuple[float, float]:
+    """CGLS's second pass of iteration ``k``: ``r -= alpha q``, ``x += alpha p`` and
+    ``s = A^T r``; returns ``||r||^2`` and ``||s||^2``."""
+    vol_chunks, proj_chunks = _chunks(projector)
+    a = _scalar(alpha, projector)
+    r = ws.read(k, "r") - ws.read("q", "q") * a
+    x = ws.read(k, "x") + ws.read(k + 1, "p") * a
+    ws.write(k + 1, {"r": (r, proj_chunks), "x": (x, vol_chunks)}, _norm2(r), defer=True)
+    s = projector.backproject(ws.read(k + 1, "r"))
+    rr, ss = ws.write(k + 1, {"s": (s, vol_chunks)}, _norm2(s))
+    return rr, ss
 
 
 def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str],
@@ -360,9 +431,9 @@ def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
          resume: bool = False, callback: Callable[[int, float], None] | None = None,
          in_memory: bool = False) -> Reconstruction:
     """SIRT: ``x += C A^T R (b - A x)``, ``R = 1 / A 1`` and ``C = 1 / A^T 1`` (0 where the
-    sums vanish); ``nonnegative`` clips ``x`` at 0 after each update. Vectors in zarr (or in
-    the workers' memory with ``in_memory``), two streaming passes an iteration; the
-    residual is ``||b - A x_k||``."""
+    sums vanish); ``nonnegative`` clips ``x`` at 0 after each update. Vectors in zarr (two
+    streaming passes an iteration: ``w = R (b - A x)``, then ``x``) or in the workers'
+    memory with ``in_memory`` (one pass); the residual is ``||b - A x_k||``."""
     b = as_dask(projections).astype(projector.dtype)
     ws = _Workspace(workdir, _config("sirt", projector, b, nonnegative=nonnegative), resume,
                     in_memory)
@@ -371,7 +442,8 @@ def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
         ones_v = da.ones(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
         ones_p = da.ones(b.shape, dtype=projector.dtype, chunks=proj_chunks)
         ws.write("weights", {"row": (_inverse(projector.project(ones_v)), proj_chunks),
-                             "column": (_inverse(projector.backproject(ones_p)), vol_chunks)})
+                             "column": (_inverse(projector.backproject(ones_p)), vol_chunks)},
+                 defer=True)
         zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
         ws.write(0, {"x": (zeros, vol_chunks)})
         ws.checkpoint(0, {}, [])
@@ -379,14 +451,7 @@ def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
     residuals = list(ws.state["residuals"])
     for k in range(start, iterations):
         ws.drop_except(ws.state["iteration"], k)
-        x = ws.read(k, "x")
-        res = b - projector.project(x)
-        (rr,) = ws.write("w", {"w": (res * ws.read("weights", "row"), proj_chunks)},
-                         _norm2(res))
-        x_next = x + ws.read("weights", "column") * projector.backproject(ws.read("w", "w"))
-        if nonnegative:
-            x_next = da.maximum(x_next, 0)
-        ws.write(k + 1, {"x": (x_next, vol_chunks)})
+        rr = _sirt_step(ws, projector, b, k, nonnegative)
         residuals.append(math.sqrt(rr))
         if (k + 1) % checkpoint_every == 0 or k + 1 == iterations:
             ws.checkpoint(k + 1, {}, residuals)
@@ -402,3 +467,19 @@ def _inverse(x: da.Array) -> da.Array:
 
 def _scalar(value: float, projector: Projector) -> np.generic:
     return projector.dtype.type(value)
+
+
+def _sirt_step(ws: _Workspace, projector: Projector, b: da.Array, k: int, nonnegative: bool
+               ) -> float:
+    """SIRT's iteration ``k``: ``w = R (b - A x)``, ``x += C A^T w``; returns
+    ``||b - A x||^2``."""
+    vol_chunks, proj_chunks = _chunks(projector)
+    x = ws.read(k, "x")
+    res = b - projector.project(x)
+    ws.write("w", {"w": (res * ws.read("weights", "row"), proj_chunks)}, _norm2(res),
+             defer=True)
+    x_next = x + ws.read("weights", "column") * projector.backproject(ws.read("w", "w"))
+    if nonnegative:
+        x_next = da.maximum(x_next, 0)
+    (rr,) = ws.write(k + 1, {"x": (x_next, vol_chunks)})
+    return rr
