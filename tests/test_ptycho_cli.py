@@ -56,7 +56,7 @@ def test_reconstruct_writes_its_run_and_reaches_the_truth(prepared):
     assert recon["x"].attrs["units"] == "m" and recon.sizes["iteration"] == 30
     assert recon["object"].dims == ("y", "x") and recon["probe"].dims == ("k_y", "k_x")
     assert np.all(np.diff(recon["loss"].values[2:]) < 0)
-    for png in ("object_phase.png", "object_amplitude.png", "probe.png"):
+    for png in ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase.png"):
         assert (run / png).read_bytes()[:4] == b"\x89PNG"
     latest = json.loads((run / "work" / "latest.json").read_text())
     assert latest == {"checkpoint": "checkpoint-000030.zarr", "iterations_done": 30}

@@ -1,12 +1,13 @@
 """``outcore ptycho reconstruct``: a preprocessed store in, a run directory out.
 
 Writes ``reconstruction.zarr`` (``reconstruct.result_dataset``: object, probe modes,
-positions, loss), ``object_phase.png``, ``object_amplitude.png`` and ``probe.png``, and the
-checkpoints in ``work/`` (every ``--checkpoint-every`` iterations). ``--resume --resume-from
-RUN_DIR`` goes on from that run's newest checkpoint with the same settings, ending
-bit-identical to an uninterrupted run. ``--truth`` (the ``.truth.zarr`` of ``ptycho
-simulate``) adds the object's (and positions') error to the summary. Warnings that the run
-has not converged go to the terminal and into the summary's ``warnings``.
+positions, loss), ``object_phase.png``, ``object_amplitude.png``, ``probe.png`` (the probe's
+amplitude), ``probe_phase.png`` and the checkpoints in ``work/`` (every ``--checkpoint-every``
+iterations). ``--resume --resume-from RUN_DIR`` goes on from that run's newest checkpoint
+with the same settings, ending bit-identical to an uninterrupted run. ``--truth`` (the
+``.truth.zarr`` of ``ptycho simulate``) adds the object's (and positions') error to the
+summary. Warnings that the run has not converged go to the terminal and into the summary's
+``warnings``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import distributed
 import numpy as np
 import xarray as xr
 
+from outcore import figures
 from outcore.checks import at_least, existing_path
 from outcore.errors import OutcoreError
 from outcore.io.store import write_new
@@ -46,12 +48,12 @@ from outcore.ptycho.reconstruct import (
     result_dataset,
 )
 from outcore.ptycho.solver import Settings, State
-from outcore.runs import Run, resumed_run
+from outcore.runs import Run, check_png, resumed_run
 from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
 
 RECONSTRUCTION = "reconstruction.zarr"
 WORK = "work"
-FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png")
+FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase.png")
 #: Settings that may differ between a run and the run it resumes: how many iterations, when
 #: to stop, where the targets live.
 FREE_ON_RESUME = ("iterations", "max_iterations", "tolerance", "residency")
@@ -298,32 +300,19 @@ def _open_truth(path: str) -> xr.Dataset:
 
 
 def write_figures(run: Run, recon: xr.Dataset) -> None:
-    """Phase and amplitude of the object (the product of its slices), and the probe (its
-    strongest mode), as PNG (skipped without matplotlib)."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        print("note: matplotlib is not installed, so no PNG figures", file=sys.stderr)
-        return
+    """Phase and amplitude of the object (the product of its slices) and of the probe (its
+    strongest mode), one grey PNG each (``figures.panels``; x right, y down)."""
     obj, probe = recon["object"].values, recon["probe"].values
     obj = obj.prod(axis=0) if obj.ndim == 3 else obj
     probe = probe[0] if probe.ndim == 3 else probe
-    extent_um = [0, recon["x"].values[-1] * 1e6, recon["y"].values[-1] * 1e6, 0]
-    panels = [(FIGURES[0], np.angle(obj), "object phase [rad]", "twilight"),
-              (FIGURES[1], np.abs(obj), "object amplitude", "gray")]
-    for name, image, label, cmap in panels:
-        fig = Figure(figsize=(5.5, 4.5), layout="constrained")
-        ax = fig.subplots()
-        shown = ax.imshow(image, cmap=cmap, extent=extent_um)
-        ax.set(xlabel="x [um]", ylabel="y [um]", title=label)
-        fig.colorbar(shown, ax=ax)
-        fig.savefig(run.add_output(name), format="png", dpi=90)
-    fig = Figure(figsize=(9, 4), layout="constrained")
-    for ax, image, label in zip(fig.subplots(1, 2), (np.abs(probe), np.angle(probe)),
-                                ("probe amplitude", "probe phase [rad]"), strict=True):
-        fig.colorbar(ax.imshow(image, cmap="magma" if "amp" in label else "twilight"), ax=ax)
-        ax.set(title=label, xlabel="k_x [pixel]", ylabel="k_y [pixel]")
-    fig.savefig(run.add_output(FIGURES[2]), format="png", dpi=90)
+    width_um = float(recon["x"].values[-1]) * 1e6
+    pictures = [(FIGURES[0], "object phase", f"{width_um:.3g} um wide", np.angle(obj), "rad"),
+                (FIGURES[1], "object amplitude", f"{width_um:.3g} um wide", np.abs(obj), ""),
+                (FIGURES[2], "probe amplitude", "detector pixels", np.abs(probe), ""),
+                (FIGURES[3], "probe phase", "detector pixels", np.angle(probe), "rad")]
+    for name, title, caption, image, units in pictures:
+        figures.panels(run.add_output(name, verify=check_png), [(caption, image[::-1])], title,
+                       float(image.min()), float(image.max()), units)
 
 
 def _pattern_iterations(args: argparse.Namespace) -> float:
