@@ -277,7 +277,7 @@ def write_truth(scan: TrueScan, path: Path) -> Path:
     a stack), in the frame of ``write_preprocessed``'s store."""
     import xarray as xr
 
-    from outcore.ptycho.store import write_store as write_zarr
+    from outcore.io.store import write_new as write_zarr
 
     probe = scan.probes()
     obj = np.stack(scan.slices)

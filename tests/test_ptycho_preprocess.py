@@ -17,6 +17,7 @@ import outcore
 from outcore.cli import main
 from outcore.errors import LayoutError, OutcoreError
 from outcore.io import convert
+from outcore.io.store import write_new
 from outcore.ptycho import (
     ProbeWindowWarning,
     kernels,
@@ -26,7 +27,6 @@ from outcore.ptycho import (
     save_preprocessed,
     simulate_stack,
 )
-from outcore.ptycho.store import write_store
 from outcore.runs import load_summary
 
 K = 32
@@ -241,7 +241,7 @@ def _rewrite(path, tmp_path, change) -> object:
     ds = change(ds)
     for var in ds.variables.values():
         var.encoding = {}
-    return write_store(ds, tmp_path / "bad.zarr")
+    return write_new(ds, tmp_path / "bad.zarr")
 
 
 @pytest.mark.parametrize(("change", "words"), [

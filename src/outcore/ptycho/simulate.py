@@ -38,11 +38,10 @@ import xarray as xr
 from outcore import io
 from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
-from outcore.io.store import open_unchecked
+from outcore.io.store import open_unchecked, write_new
 from outcore.ptycho.kernels import Model, intensities, warm
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
 from outcore.ptycho.scan import CHUNK_POSITIONS
-from outcore.ptycho.store import write_store
 
 #: Energy [eV] and object pixel [m] when none are given.
 DEFAULT_ENERGY_EV = 8000.0
@@ -265,7 +264,7 @@ class Simulation:
         io.save(self.stack, output, layout="diffraction")
         for var in self.truth.variables.values():
             var.encoding = {"compressors": None}
-        write_store(self.truth, truth_path)
+        write_new(self.truth, truth_path)
         return output, truth_path
 
 

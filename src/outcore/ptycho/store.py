@@ -52,15 +52,7 @@ def save_preprocessed(ds: xr.Dataset, path: str | PathLike[str], *,
         var.encoding = {"compressors": (codec,) if codec and name == "amplitudes" else None}
         if name == "amplitudes":
             var.encoding["chunks"] = (step, *var.shape[1:])
-    return write_store(out, path)
-
-
-def write_store(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
-    """Write ``ds`` (encodings set) as a new zarr v3 store on the active scheduler, through
-    ``<name>.partial-<id>`` renamed when every chunk is written; never overwrites."""
-    path = Path(path).expanduser()
-    refuse_existing(path)
-    return write_new(ds, path)
+    return write_new(out, path)
 
 
 def open_preprocessed(path: str | PathLike[str], *, check_values: bool = False) -> xr.Dataset:
