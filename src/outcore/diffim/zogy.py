@@ -37,6 +37,7 @@ import numpy as np
 import scipy.fft
 
 from outcore.backend import array_namespace
+from outcore.backend import fft as backend_fft
 
 Array = Any
 #: Relative absolute sum of a kernel allowed outside its crop.
@@ -117,18 +118,13 @@ def pair_kernels(psf_r: np.ndarray, psf_n: np.ndarray, sigma_r: float, sigma_n: 
     return ZogyKernels(dn, dr, sn, sr, psf_d / psf_d.sum(), f_d)
 
 
-def _fft(xp: ModuleType) -> ModuleType:
-    """The FFT module of an array namespace: scipy.fft for numpy, cupy.fft for cupy."""
-    return scipy.fft if xp is np else xp.fft
-
-
 def _kernel_hat(kernel: np.ndarray, shape: tuple[int, int], xp: ModuleType) -> Array:
     """The real FFT, at ``shape``, of ``kernel`` placed with its middle pixel at index 0.
 
     The kernel fills only ``2 H + 1`` rows of the grid, so the row transforms run on those
     rows alone and the column transforms on the whole grid: the same numbers as ``rfft2`` of
     the padded grid (the same passes), in about 60 % of its time."""
-    fft = _fft(xp)
+    fft = backend_fft(xp)
     size, half = kernel.shape[0], kernel.shape[0] // 2
     ly, lx = shape
     rows = xp.zeros((size, lx))
@@ -151,7 +147,7 @@ def apply(reference: Array, target: Array, var_r: Array, var_n: Array,
     window's, so no output pixel sees a wrapped one. ``S_corr`` is 0 where ``V_S`` is 0.
     """
     xp = array_namespace(reference)
-    fft = _fft(xp)
+    fft = backend_fft(xp)
     half = kernels.half_width
     ly, lx = reference.shape
     shape = (fft.next_fast_len(ly, real=True), fft.next_fast_len(lx, real=True))
