@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from outcore import figures
 from outcore.diffim.tile import COLUMNS, TileResult
 
 #: Colours (RGB) of positive singles, negative singles and dipoles, and of excluded pixels.
@@ -41,10 +42,9 @@ def draw_item(path: str, item_id: str, shape: tuple[int, int], step: int,
 
     image = preview_image(shape, step, tiles)
     zoom = max(1, MIN_SIDE // max(image.shape))
-    grey = np.clip((np.nan_to_num(image) + 5) * 25.5, 0, 255).astype(np.uint8)
-    rgb = np.repeat(grey[..., None], 3, axis=2)
-    rgb[np.isnan(image)] = EXCLUDED
-    rgb = np.repeat(np.repeat(rgb[::-1], zoom, axis=0), zoom, axis=1)
+    rgb = np.repeat(figures.grey(image, -5.0, 5.0)[..., None], 3, axis=2)  # y upwards
+    rgb[np.isnan(image)[::-1]] = EXCLUDED
+    rgb = np.repeat(np.repeat(rgb, zoom, axis=0), zoom, axis=1)
     caption = 18
     canvas = Image.new("RGB", (rgb.shape[1], rgb.shape[0] + caption), (255, 255, 255))
     canvas.paste(Image.fromarray(rgb), (0, caption))
