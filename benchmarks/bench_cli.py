@@ -175,8 +175,12 @@ def children_cpu_s() -> float:
 
 
 def run_process(argv: list[str], folder: Path, timeout: float,
-                env: dict[str, str] | None = None) -> Measured:
-    """Run ``argv`` in ``folder`` (its stdout and stderr kept there), measured."""
+                env: dict[str, str] | None = None, address_limit: int | None = None
+                ) -> Measured:
+    """Run ``argv`` in ``folder`` (its stdout and stderr kept there), measured; with
+    ``address_limit`` (bytes) its address space is capped there, so that a command needing
+    more memory than the machine has fails with its own MemoryError instead of waking the
+    kernel's OOM killer."""
     folder.mkdir(parents=True, exist_ok=True)
     environ = {**START_ENVIRON, "PYTHONUNBUFFERED": "1", **(env or {})}
     cpu0 = children_cpu_s()
@@ -184,8 +188,10 @@ def run_process(argv: list[str], folder: Path, timeout: float,
     returns = [0]
     with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
         t0 = time.perf_counter()
+        cap = None if address_limit is None else (lambda: resource.setrlimit(
+            resource.RLIMIT_AS, (address_limit, address_limit)))
         proc = subprocess.Popen(argv, cwd=folder, env=environ, stdout=subprocess.PIPE,
-                                stderr=err, stdin=subprocess.DEVNULL)
+                                stderr=err, stdin=subprocess.DEVNULL, preexec_fn=cap)
         sampler = TreeSampler(proc.pid)
 
         def read() -> None:
@@ -282,7 +288,10 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
             folder = work / "runs" / f"{bench}-{contender.label}-{repeat}".replace(" ", "_")
             if folder.exists():
                 shutil.rmtree(folder)
-            found = run_process(contender.command(folder), folder, args.timeout, contender.env)
+            limit = (None if contender.tool == "outcore" or args.peer_memory_limit is None
+                     else int(args.peer_memory_limit * 2**30))
+            found = run_process(contender.command(folder), folder, args.timeout, contender.env,
+                                limit)
             progress(f"{bench} {contender.label} run {repeat + 1}/{args.repeats}: "
                      f"{found.wall_s:.1f} s, exit {found.returncode}")
             if found.returncode != 0:
@@ -941,6 +950,9 @@ def add_harness_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="outcore's --workers (default: outcore's own choice)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    parser.add_argument("--peer-memory-limit", type=float, default=None, metavar="GIB",
+                        help="cap each peer's address space (GiB): a peer that needs more "
+                             "fails with its own MemoryError, recorded as its failure")
     parser.add_argument("--work", type=Path, default=None,
                         help="folder for the inputs and runs (kept; inputs found there are "
                              "reused); default a temporary folder, removed at the end")
