@@ -298,6 +298,8 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
                 contender.failure = (f"timed out after {args.timeout:.0f} s"
                                      if found.returncode is None else
                                      f"exit {found.returncode}: {found.stderr_tail}")
+                if limit is not None:
+                    contender.failure += f" (address space capped at {limit / 2**30:g} GiB)"
                 continue
             contender.runs.append(found)
             summary = folder / "out" / "summary.json"

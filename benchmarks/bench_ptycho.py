@@ -17,7 +17,9 @@ the far-field model, noise-free) is reconstructed by
   residency (``--residency``: ``device`` keeps each
   shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
   ``disk`` reads each sub-batch from the zarr store, the next one in a thread), each case on
-  a fresh cluster so that its peak worker memory is its own. The stack lies in a zarr store
+  a fresh cluster so that its peak worker memory is its own; ``--repeats`` runs each case
+  that many times, the residencies alternating, and takes the median over all their
+  iterations. The stack lies in a zarr store
   in a temporary folder, uncompressed, ``--chunk`` positions per chunk (64: what
   ``outcore ptycho preprocess`` writes); its pages stay in the page cache unless
   ``--disk-cold`` drops them after every iteration. On the numpy backend ``device`` and
@@ -281,8 +283,18 @@ def worker_malloc(variant: str) -> Iterator[None]:
         os.environ.update(START_ENVIRON)
 
 
+@dataclass
+class OutcoreRun:
+    case: dict
+    walls: list[float]
+    cpu: list[float]
+    extra: dict
+
+
 def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: int,
-                  residency: str, malloc: str, setting: str, batch: int) -> dict:
+                  residency: str, malloc: str, setting: str, batch: int) -> OutcoreRun:
+    """One engine run on a fresh cluster: its case, the wall and CPU seconds of each timed
+    iteration, and the rest of its line."""
     n = len(scan.top_left)
     settings = settings_of(args, residency, setting, batch)
     with (worker_malloc(malloc),
@@ -312,15 +324,24 @@ def bench_outcore(args: argparse.Namespace, scan: Scan, store: Path, workers: in
     # iteration i runs from the end of callback i - 1 to callback i; the first is the warm-up
     walls = [marks[i][0] - marks[i - 1][1] for i in range(1, len(marks))]
     cpu = [marks[i][2] - marks[i - 1][2] for i in range(1, len(marks))]
-    return emit("outcore", case_of(args, n, setting, batch, sub_batch=args.sub_batch,
-                                   workers=workers, cluster=args.cluster,
-                                   residency=residency, chunk=args.chunk,
-                                   compression=args.compression, disk_cold=cold,
-                                   worker_malloc=malloc, backend=args.backend),
-                walls, n, cpu, warmup_s=round(marks[0][0] - start, 4),
-                steps_per_iteration=steps_per_iteration(n, batch),
-                peak_worker_bytes=max(peaks.values()),
-                loss_first_last=[losses[0], losses[-1]], object_error=error_of(scan, result.obj))
+    case = case_of(args, n, setting, batch, sub_batch=args.sub_batch, workers=workers,
+                   cluster=args.cluster, residency=residency, chunk=args.chunk,
+                   compression=args.compression, disk_cold=cold, worker_malloc=malloc,
+                   backend=args.backend)
+    return OutcoreRun(case, walls, cpu, {
+        "warmup_s": round(marks[0][0] - start, 4),
+        "steps_per_iteration": steps_per_iteration(n, batch),
+        "peak_worker_bytes": max(peaks.values()), "loss_first_last": [losses[0], losses[-1]],
+        "object_error": error_of(scan, result.obj)})
+
+
+def emit_outcore(runs: list[OutcoreRun], n: int) -> dict:
+    """One line of the ``--repeats`` runs of a case: the median and mean over every timed
+    iteration of all of them; the peak memory is the largest, the rest the last run's."""
+    extra = {**runs[-1].extra, "peak_worker_bytes": max(r.extra["peak_worker_bytes"]
+                                                        for r in runs), "repeats": len(runs)}
+    return emit("outcore", runs[0].case, [w for r in runs for w in r.walls], n,
+                [c for r in runs for c in r.cpu], **extra)
 
 
 def bench_kernels(args: argparse.Namespace, scan: Scan, setting: str, batch: int) -> dict:
@@ -539,6 +560,10 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10,
                         help="timed iterations (after one warm-up)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="engine runs of each outcore case, the residencies alternating "
+                             "(forwards, then backwards); a line's median is over the timed "
+                             "iterations of all its runs")
     parser.add_argument("--residency", nargs="+", default=list(engine.RESIDENCIES),
                         choices=engine.RESIDENCIES,
                         help="residencies of the base setting (the others run on device)")
@@ -594,10 +619,16 @@ def main() -> None:
                     residencies = args.residency if setting == "base" else ["device"]
                     for malloc in args.worker_malloc:
                         for workers in args.workers:
-                            for residency in residencies:
+                            runs: dict[str, list[OutcoreRun]] = {r: [] for r in residencies}
+                            for repeat in range(args.repeats):  # forwards, then backwards
+                                for residency in (residencies if repeat % 2 == 0
+                                                  else residencies[::-1]):
+                                    runs[residency].append(bench_outcore(
+                                        args, scan, store, workers, residency, malloc,
+                                        setting, batch))
+                            for residency, found in runs.items():
                                 outcore_lines[setting, batch, malloc, workers, residency] = \
-                                    bench_outcore(args, scan, store, workers, residency, malloc,
-                                                  setting, batch)
+                                    emit_outcore(found, n)
                 for tool in args.tools:
                     if tool != "outcore":
                         peers += bench_peer(args, tool, scan, work, setting, batch)
