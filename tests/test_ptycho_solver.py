@@ -63,6 +63,34 @@ def test_refined_positions_reach_a_tenth_of_a_pixel():
     assert fixed > 0.05, fixed
 
 
+def test_gauss_newton_matrices_are_new_every_curvature_every_iterations(monkeypatch):
+    """Refined from iteration 2 with ``curvature_every=3``: every position gets a new matrix
+    on iterations 2, 5 and 8 only (the others step with the latest one), so 3 of the 7
+    refined iterations pay for them; with 1, all 7 do, and the two runs differ."""
+    from outcore.ptycho import kernels
+
+    scan = true_scan(side=6, k=32, step=4, jitter=0.5, seed=4)
+    errors = np.random.default_rng(6).uniform(-1, 1, scan.centres.shape)
+    recorded = scan.corners() + errors - errors.mean(axis=0)
+    made: list[int] = []
+    computed = kernels._position_curvature
+
+    def counted(fwd, *args):
+        made.append(len(fwd.top_left))
+        return computed(fwd, *args)
+
+    monkeypatch.setattr(kernels, "_position_curvature", counted)
+    states = {}
+    for every in (3, 1):
+        made.clear()
+        states[every], _, _ = solve(scan, pupil_guess(scan, 0.1), coords=recorded,
+                                    iterations=9, batch_size=12, refine_positions=True,
+                                    refine_from=2, curvature_every=every)
+        assert sum(made) == len(recorded) * (3 if every == 3 else 7), (every, made)
+        assert not np.isnan(states[every].curvature).any()
+    assert np.abs(states[3].coords - states[1].coords).max() > 1e-6
+
+
 def test_three_modes_fit_what_one_mode_cannot():
     """Patterns of three incoherent modes (an extended source): 3 modes under 1 %, 1 mode
     above 3 %, in 60 iterations."""

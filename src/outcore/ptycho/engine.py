@@ -88,8 +88,9 @@ class ShardActor:
 
     def begin(self, state: State) -> None:
         """Take the state (host arrays) to go on from."""
-        self.state = State(self.xp.asarray(state.obj), self.xp.asarray(state.probe),
-                           np.array(state.coords, np.float64), state.loss)
+        self.state = replace(state, obj=self.xp.asarray(state.obj),
+                             probe=self.xp.asarray(state.probe),
+                             coords=np.array(state.coords, np.float64))
 
     def advance(self, state: State, batch: np.ndarray, iteration: int) -> BatchTerms | None:
         """From ``state`` (host arrays), the terms of this shard's part of ``batch`` (None
@@ -178,7 +179,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
         probe: np.ndarray, settings: Settings, *, model: Model = AMPLITUDE,
         variable: str = "amplitudes", backend: str = "numpy", start_iteration: int = 0,
         losses: Sequence[float] = (), chunk: int = 1, start_coords: np.ndarray | None = None,
-        on_iteration: IterationCallback | None = None) -> Result:
+        curvature: np.ndarray | None = None, on_iteration: IterationCallback | None = None
+        ) -> Result:
     """Reconstruct from the amplitudes ``variable`` (position, K, K) of the zarr ``store``.
 
     ``coords`` (n, 2) float64: the window corners (row, col) in object pixels, fractional in
@@ -186,14 +188,15 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
     (K, K) or (M, K, K): the starting state (complex64); ``model``: noise, mask, propagator.
     Iterations go on from ``start_iteration`` until ``settings`` says stop; ``losses`` are
     those of the iterations before (resume), ``start_coords`` the positions the refinement
-    started from (default: ``coords``).
+    started from (default: ``coords``), ``curvature`` (n, 3) the positions' Gauss-Newton
+    matrices of a checkpoint (``solver.State``).
     """
     coords = np.asarray(coords, np.float64)
     settings.validate(len(coords))
     origin = coords if start_coords is None else np.asarray(start_coords, np.float64)
     host = State(as_slices(np.asarray(obj, np.complex64)), as_modes(np.asarray(probe,
                                                                                np.complex64)),
-                 coords.copy())
+                 coords.copy(), curvature=curvature)
     trajectory = Trajectory(list(losses))
     if backend == "numpy":  # compile here once, so the workers load from numba's cache
         kernels.warm()

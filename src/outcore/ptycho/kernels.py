@@ -214,7 +214,8 @@ class BatchTerms:
     ``sum_j |obj[0] window j|^2``. ``count``: positions summed. With positions:
     ``index`` (b,) int64, the positions (as given by the caller) whose ``grad_pos`` (b, 2)
     ``dL/dcoords`` and ``curv_pos`` (b, 3) (the Gauss-Newton matrix ``[yy, yx, xx]`` of
-    their amplitudes, float64) are held; else all three are None. ``illum_slices`` (S, h, w)
+    their amplitudes, float64; NaN rows where it was not computed) are held; else all three
+    are None. ``illum_slices`` (S, h, w)
     float64, several slices only: ``sum_j sum_m |wave entering slice s|^2`` on the region
     (each slice's preconditioner).
     """
@@ -307,12 +308,15 @@ class BatchTerms:
 
 
 def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
-                model: Model = AMPLITUDE, index: np.ndarray | None = None) -> BatchTerms:
+                model: Model = AMPLITUDE, index: np.ndarray | None = None,
+                curvature: bool = True) -> BatchTerms:
     """Loss, gradients and probe illumination of the positions ``coords`` (n, 2) whose
     measured amplitudes are ``amplitudes`` (n, K, K), centred like ``farfield``.
 
     With ``index`` (n,) (the positions' numbers, kept with their terms), the position
-    gradients and curvatures are computed too. A fixed number of passes over the whole set
+    gradients are computed too, and their curvatures unless ``curvature`` is False (then
+    ``curv_pos`` is NaN: 4 of the 8 batch-sized FFTs of a refined set are the curvatures'
+    and the caller may keep earlier ones). A fixed number of passes over the whole set
     (``ops``); callers bound the set's size to bound the transient memory, about
     ``n M K^2`` x ``memory.SCRATCH_PER_PIXEL`` bytes.
     """
@@ -321,9 +325,10 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
     fft = ops.fft(obj)
     k = probe.shape[-1]
     fwd = forward(obj, probe, coords, model, keep_shift=index is not None)
-    curvature = None
+    curv_pos = None
     if index is not None:
-        curvature = _position_curvature(fwd, model, fft, xp)
+        curv_pos = _position_curvature(fwd, model, fft, xp) if curvature else np.full(
+            (len(index), 3), np.nan)
     total_loss = _residual(fwd.waves, amplitudes, model)
     # K dL/dpsi at the last slice (the exit waves were 1/K of the model's)
     chi = fft.ifft2(fwd.waves, norm="forward", overwrite_x=True)
@@ -359,7 +364,7 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
                                           fwd.ramps, index is not None)
         grad_probe = fft.ifft2(unshifted) / k
         if index is not None:
-            positions = {"index": np.asarray(index), "curv_pos": curvature,
+            positions = {"index": np.asarray(index), "curv_pos": curv_pos,
                          "grad_pos": to_host(grad_pos)}
     return BatchTerms(total_loss, origin, grad_obj, grad_probe, illum_probe,
                       int(top_left.shape[0]), illum_slices=illum_slices, **positions)

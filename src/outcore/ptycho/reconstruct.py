@@ -73,7 +73,8 @@ def reconstruct(pre: str | Path, *, iterations: int | None = None,
     prepared = prepare(pre, ds, chosen, start, defocus_search)
     result = engine.run(client or distributed.get_client(), pre, prepared.coords, prepared.obj,
                         prepared.probe, chosen, model=prepared.model, backend=backend,
-                        chunk=position_chunk(ds), start_coords=prepared.start_coords)
+                        chunk=position_chunk(ds), start_coords=prepared.start_coords,
+                        curvature=prepared.curvature)
     return result_dataset(result, ds, chosen, prepared)
 
 
@@ -135,7 +136,8 @@ def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: floa
 class Prepared:
     """What a run starts from: object (S, Ny, Nx), probe modes (M, K, K), positions
     ``coords`` (n, 2) and those the refinement started from, the model, the data's power,
-    the noise floor (None unless counts) and what the defocus search found."""
+    the noise floor (None unless counts), what the defocus search found and the positions'
+    Gauss-Newton matrices (n, 3) of a checkpoint (``solver.State.curvature``)."""
 
     obj: np.ndarray
     probe: np.ndarray
@@ -145,6 +147,7 @@ class Prepared:
     power: float
     floor: float | None
     search: dict[str, Any] | None = None
+    curvature: np.ndarray | None = None
 
 
 def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> None:
@@ -173,7 +176,9 @@ def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
     floor = quality.noise_floor(sample, n, settings.noise, model.valid)
     if start is not None:
         obj, modes, coords = _start_state(start, ds, settings)
-        return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor)
+        curvature = start["curvature"].values if "curvature" in start else None
+        return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor,
+                        curvature=curvature)
     guess = probe.matched_power(ds["probe_guess"].values.astype(np.complex64)[None],
                                 power_per_pattern, model.valid)
     found = None
@@ -301,12 +306,16 @@ def as_3d(array: np.ndarray) -> np.ndarray:
 
 
 def state_dataset(state: State, losses: list[float], done: int) -> xr.Dataset:
-    """A checkpoint: the state after ``done`` iterations and their losses."""
-    return xr.Dataset({"object": (("slice", "y", "x"), as_3d(state.obj)),
-                       "probe": (("mode", "k_y", "k_x"), as_3d(state.probe)),
-                       "coords": (("position", "yx"), state.coords),
-                       "loss": ("iteration", np.asarray(losses))},
-                      attrs={"iterations_done": done})
+    """A checkpoint: the state after ``done`` iterations and their losses (with the
+    positions' Gauss-Newton matrices once refined, so a resumed run steps as the
+    uninterrupted one)."""
+    variables = {"object": (("slice", "y", "x"), as_3d(state.obj)),
+                 "probe": (("mode", "k_y", "k_x"), as_3d(state.probe)),
+                 "coords": (("position", "yx"), state.coords),
+                 "loss": ("iteration", np.asarray(losses))}
+    if state.curvature is not None:
+        variables["curvature"] = (("position", "yy_yx_xx"), state.curvature)
+    return xr.Dataset(variables, attrs={"iterations_done": done})
 
 
 # --- checkpoints ------------------------------------------------------------------------------

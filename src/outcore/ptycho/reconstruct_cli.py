@@ -58,6 +58,9 @@ FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase
 #: to stop, where the targets live.
 FREE_ON_RESUME = ("iterations", "max_iterations", "tolerance", "residency")
 RESUME_KEYS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not in FREE_ON_RESUME)
+#: What a run recorded before a setting existed ran with (new Gauss-Newton matrices every
+#: iteration).
+UNRECORDED = {"curvature_every": 1}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,6 +110,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest move of a position in one update, object pixels")
     p.add_argument("--position-bound", type=float, default=defaults.position_bound,
                    help="largest correction of a position in all, object pixels")
+    p.add_argument("--curvature-every", type=int, default=defaults.curvature_every,
+                   help="iterations between new Gauss-Newton matrices of the refined "
+                        "positions (1: every iteration; the others reuse the latest)")
     p.add_argument("--position-affine", action="store_true",
                    help="keep the corrections an affine map of the input positions")
     p.add_argument("--slices", type=int, default=defaults.slices,
@@ -131,6 +137,7 @@ def settings_of(args: argparse.Namespace, n_positions: int) -> Settings:
         seed=args.seed, refine_positions=args.refine_positions, refine_from=args.refine_from,
         position_step=args.position_step, position_limit=args.position_limit,
         position_bound=args.position_bound, position_affine=args.position_affine,
+        curvature_every=args.curvature_every,
         slices=args.slices, slice_thickness=args.slice_thickness,
         probe_centring=args.probe_centring, probe_support=args.probe_support)
 
@@ -146,7 +153,7 @@ def earlier_checkpoint(run_dir: str, input_path: str, settings: Settings
                            f"resume it with --input {config.get('input')}.")
     mine = dataclasses.asdict(settings)
     for key in RESUME_KEYS:
-        theirs = config.get("settings", {}).get(key)
+        theirs = config.get("settings", {}).get(key, UNRECORDED.get(key))
         if theirs != mine[key]:
             flag = "--" + key.replace("_", "-")
             raise OutcoreError(f"{flag} {mine[key]} differs from the resumed run's {theirs}.",
@@ -221,7 +228,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         return engine.run(client, args.input, prepared.coords, prepared.obj, prepared.probe,
                           settings, model=prepared.model, backend=backend_name,
                           chunk=position_chunk(ds), start_coords=prepared.start_coords,
-                          **more)
+                          curvature=prepared.curvature, **more)
 
     def execute(run: Run, client: distributed.Client) -> None:
         losses = [float(v) for v in start_state["loss"].values] if start_state else []

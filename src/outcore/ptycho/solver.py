@@ -9,7 +9,10 @@ object pixels (``kernels``); position refinement moves them by Gauss-Newton step
 position's own term, at most ``position_limit`` pixels a step and ``position_bound``
 pixels from where they started, and then removes their mean correction (a shift of every
 position is a shift of the object, which the data cannot see) or, with
-``position_affine``, replaces the corrections by their best affine map of the start.
+``position_affine``, replaces the corrections by their best affine map of the start. A
+position's Gauss-Newton matrix (half the cost of a refined term) is computed on the first
+refined iteration and then every ``curvature_every`` iterations; in between its step uses
+the latest one, held in the state (and so in checkpoints).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ class Settings:
     modes (the caller makes the starting modes). ``refine_positions`` from iteration
     ``refine_from`` on, steps of ``position_step`` times the Gauss-Newton step, each at most
     ``position_limit`` pixels per axis, never beyond ``position_bound`` pixels of the start;
-    ``position_affine``: keep the corrections an affine map of the start.
+    ``position_affine``: keep the corrections an affine map of the start;
+    ``curvature_every``: iterations between new Gauss-Newton matrices (1: every iteration).
     ``slices`` and ``slice_thickness`` (m): multislice (the caller makes the propagator).
     ``probe_centring``: keep the probe's centre of intensity in the window's centre (rolling
     the object with it); ``probe_support``: keep the probe within that fraction of the
@@ -75,6 +79,7 @@ class Settings:
     position_limit: float = 0.25
     position_bound: float = 3.0
     position_affine: bool = False
+    curvature_every: int = 4
     slices: int = 1
     slice_thickness: float | None = None
     probe_centring: bool = True
@@ -91,6 +96,7 @@ class Settings:
         at_least(self.probe_modes, "--probe-modes", what="1 or more probe modes")
         at_least(self.slices, "--slices", what="1 or more slices")
         at_least(self.refine_from, "--refine-from", 0)
+        at_least(self.curvature_every, "--curvature-every")
         at_least(self.probe_start, "--probe-start", 0)
         if self.batch_size is not None and not 1 <= self.batch_size <= n_positions:
             raise OutcoreError(
@@ -138,13 +144,15 @@ class Settings:
 @dataclass
 class State:
     """Object (S, Ny, Nx) and probe (M, K, K), complex64, the positions ``coords`` (n, 2)
-    float64 (window corners, pixels), and the loss summed over the steps of the current
-    iteration so far."""
+    float64 (window corners, pixels), the loss summed over the steps of the current
+    iteration so far and, once positions are refined, each position's latest Gauss-Newton
+    matrix ``curvature`` (n, 3) float64 (NaN rows: none yet)."""
 
     obj: Any
     probe: Any
     coords: np.ndarray
     loss: float = 0.0
+    curvature: np.ndarray | None = None
 
 
 def batches(n_positions: int, batch_size: int | None, seed: int, iteration: int
@@ -167,12 +175,24 @@ def refines(settings: Settings, iteration: int) -> bool:
     return settings.refine_positions and iteration >= settings.refine_from
 
 
+def new_curvature(state: State, positions: np.ndarray, settings: Settings,
+                  iteration: int) -> bool:
+    """Whether the refined ``positions`` get new Gauss-Newton matrices this iteration: every
+    ``curvature_every`` iterations from ``refine_from``, and wherever the state holds none
+    (the same answer for any worker count: it depends on the state and the iteration)."""
+    if (iteration - settings.refine_from) % settings.curvature_every == 0:
+        return True
+    return state.curvature is None or bool(np.isnan(state.curvature[positions]).any())
+
+
 def terms_of(state: State, amplitudes: Any, positions: np.ndarray, model: Model,
              settings: Settings, iteration: int) -> BatchTerms:
     """The terms of the global ``positions`` whose amplitudes are ``amplitudes``."""
-    index = positions if refines(settings, iteration) else None
+    if not refines(settings, iteration):
+        return batch_terms(state.obj, state.probe, state.coords[positions], amplitudes, model)
     return batch_terms(state.obj, state.probe, state.coords[positions], amplitudes, model,
-                       index=index)
+                       index=positions,
+                       curvature=new_curvature(state, positions, settings, iteration))
 
 
 def summed_terms(state: State, pieces: Sequence[np.ndarray], frames: Iterable[Any],
@@ -203,16 +223,27 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
     obj, probe = update(state.obj, state.probe, terms, state.coords[batch],
                         step_obj=settings.step_object, step_probe=step_probe,
                         alpha=settings.alpha)
-    coords = state.coords
+    coords, curvature = state.coords, state.curvature
     if terms.index is not None:
-        move = settings.position_step * gauss_newton(terms.grad_pos, terms.curv_pos)
+        curvature = kept_curvature(curvature, terms, len(coords))
+        move = settings.position_step * gauss_newton(terms.grad_pos, curvature[terms.index])
         move = np.clip(move, -settings.position_limit, settings.position_limit)
         coords = coords.copy()
         moved = coords[terms.index] + move
         bound = settings.position_bound
         moved = np.clip(moved, start[terms.index] - bound, start[terms.index] + bound)
         coords[terms.index] = inside(moved, state)
-    return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss))
+    return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss), curvature)
+
+
+def kept_curvature(curvature: np.ndarray | None, terms: BatchTerms, n_positions: int
+                   ) -> np.ndarray:
+    """The positions' Gauss-Newton matrices (n, 3) with the new ones of ``terms`` put in
+    (a new array; its rows that ``terms`` did not compute keep their values)."""
+    kept = np.full((n_positions, 3), np.nan) if curvature is None else curvature.copy()
+    new = ~np.isnan(terms.curv_pos).any(axis=1)
+    kept[terms.index[new]] = terms.curv_pos[new]
+    return kept
 
 
 def gauss_newton(grad: np.ndarray, curvature: np.ndarray) -> np.ndarray:
@@ -329,4 +360,4 @@ def _iterations(settings: Settings, first: int, trajectory: Trajectory) -> Itera
 
 def on_host(state: State) -> State:
     """The state with numpy arrays (what the client keeps between iterations)."""
-    return State(to_host(state.obj), to_host(state.probe), state.coords, state.loss)
+    return replace(state, obj=to_host(state.obj), probe=to_host(state.probe))
