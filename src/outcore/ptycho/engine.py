@@ -92,30 +92,33 @@ class ShardActor:
                              probe=self.xp.asarray(state.probe),
                              coords=np.array(state.coords, np.float64))
 
-    def advance(self, state: State, batch: np.ndarray, iteration: int) -> BatchTerms | None:
+    def advance(self, state: State, batch: np.ndarray, iteration: int, curvature: bool
+                ) -> BatchTerms | None:
         """From ``state`` (host arrays), the terms of this shard's part of ``batch`` (None
-        when it holds none of it), on the host."""
+        when it holds none of it), on the host; ``curvature``: ``solver.new_curvature`` of
+        the batch (the client's state holds the matrices, this one not)."""
         self.begin(state)
         mine = batch[(batch >= self.start) & (batch < self.stop)]
         if not len(mine):
             return None
-        return _moved(self._terms(mine, iteration), to_host)
+        return _moved(self._terms(mine, iteration, curvature), to_host)
 
     def iterate(self, iteration: int) -> State:
         """A whole iteration by this shard alone (it holds every position)."""
         for number, batch in enumerate(batches(len(self.origin), self.settings.batch_size,
                                                self.settings.seed, iteration)):
-            self.state = solver.step(self.state, self._terms(batch, iteration), batch,
+            fresh = solver.new_curvature(self.state, batch, self.settings, iteration)
+            self.state = solver.step(self.state, self._terms(batch, iteration, fresh), batch,
                                      self.settings, iteration, number == 0, self.origin)
         self.state = solver.end_iteration(self.state, self.settings, iteration, self.origin)
         return solver.on_host(self.state)
 
-    def _terms(self, positions: np.ndarray, iteration: int) -> BatchTerms:
+    def _terms(self, positions: np.ndarray, iteration: int, curvature: bool) -> BatchTerms:
         """The terms of ``positions`` (sorted, global, all in this shard), summed over
         sub-batches in order; the next sub-batch is read while one computes."""
         pieces = solver.sub_batches(positions, self.settings.sub_batch)
         return solver.summed_terms(self.state, pieces, self._prefetched(pieces), self.model,
-                                   self.settings, iteration)
+                                   self.settings, iteration, curvature)
 
     def _frames(self, positions: np.ndarray) -> Any:
         """Amplitudes of the (global, sorted) ``positions``, on the backend."""
@@ -259,7 +262,9 @@ def _iteration(actors: list, host: State, settings: Settings, origin: np.ndarray
         return actors[0].iterate(iteration).result()
     for number, batch in enumerate(batches(len(origin), settings.batch_size, settings.seed,
                                            iteration)):
-        calls = [actor.advance(host, batch, iteration) for actor in actors]
+        fresh = solver.new_curvature(host, batch, settings, iteration)
+        sent = replace(host, curvature=None)  # the matrices stay with the client
+        calls = [actor.advance(sent, batch, iteration, fresh) for actor in actors]
         summed = _sum([call.result() for call in calls])
         host = solver.step(host, summed, batch, settings, iteration, number == 0, origin)
     return solver.end_iteration(host, settings, iteration, origin)

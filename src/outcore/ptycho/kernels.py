@@ -215,9 +215,8 @@ class BatchTerms:
     ``index`` (b,) int64, the positions (as given by the caller) whose ``grad_pos`` (b, 2)
     ``dL/dcoords`` and ``curv_pos`` (b, 3) (the Gauss-Newton matrix ``[yy, yx, xx]`` of
     their amplitudes, float64; NaN rows where it was not computed) are held; else all three
-    are None. ``illum_slices`` (S, h, w)
-    float64, several slices only: ``sum_j sum_m |wave entering slice s|^2`` on the region
-    (each slice's preconditioner).
+    are None. ``illum_slices`` (S, h, w) float64, several slices only: ``sum_j sum_m |wave
+    entering slice s|^2`` on the region (each slice's preconditioner).
     """
 
     loss: float

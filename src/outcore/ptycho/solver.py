@@ -175,37 +175,40 @@ def refines(settings: Settings, iteration: int) -> bool:
     return settings.refine_positions and iteration >= settings.refine_from
 
 
-def new_curvature(state: State, positions: np.ndarray, settings: Settings,
-                  iteration: int) -> bool:
-    """Whether the refined ``positions`` get new Gauss-Newton matrices this iteration: every
-    ``curvature_every`` iterations from ``refine_from``, and wherever the state holds none
-    (the same answer for any worker count: it depends on the state and the iteration)."""
+def new_curvature(state: State, batch: np.ndarray, settings: Settings, iteration: int
+                  ) -> bool:
+    """Whether the refined positions of ``batch`` get new Gauss-Newton matrices: every
+    ``curvature_every`` iterations from ``refine_from``, and where the state holds none for
+    them (a new or resumed refinement; within an iteration a batch's positions all have one
+    or none, so the answer is the same for any of its parts)."""
     if (iteration - settings.refine_from) % settings.curvature_every == 0:
         return True
-    return state.curvature is None or bool(np.isnan(state.curvature[positions]).any())
+    return state.curvature is None or bool(np.isnan(state.curvature[batch]).any())
 
 
 def terms_of(state: State, amplitudes: Any, positions: np.ndarray, model: Model,
-             settings: Settings, iteration: int) -> BatchTerms:
-    """The terms of the global ``positions`` whose amplitudes are ``amplitudes``."""
+             settings: Settings, iteration: int, curvature: bool) -> BatchTerms:
+    """The terms of the global ``positions`` whose amplitudes are ``amplitudes``; refined,
+    with new Gauss-Newton matrices when ``curvature`` (``new_curvature`` of their batch)."""
     if not refines(settings, iteration):
         return batch_terms(state.obj, state.probe, state.coords[positions], amplitudes, model)
     return batch_terms(state.obj, state.probe, state.coords[positions], amplitudes, model,
-                       index=positions,
-                       curvature=new_curvature(state, positions, settings, iteration))
+                       index=positions, curvature=curvature)
 
 
 def summed_terms(state: State, pieces: Sequence[np.ndarray], frames: Iterable[Any],
-                 model: Model, settings: Settings, iteration: int) -> BatchTerms:
+                 model: Model, settings: Settings, iteration: int, curvature: bool
+                 ) -> BatchTerms:
     """The terms of the positions ``pieces`` (sub-batches of sorted global positions, one
-    ``frames`` entry each), added in order into one region that holds all their windows."""
+    ``frames`` entry each), added in order into one region that holds all their windows;
+    ``curvature`` as in ``terms_of``."""
     k = state.probe.shape[-1]
     corners = np.floor(state.coords[np.concatenate(pieces)] + 0.5).astype(np.int64)
     origin = tuple(int(v) for v in corners.min(axis=0))
     extent = tuple(int(v) for v in corners.max(axis=0) - np.asarray(origin) + k)
     total: BatchTerms | None = None
     for piece, amplitudes in zip(pieces, frames, strict=True):
-        part = terms_of(state, amplitudes, piece, model, settings, iteration)
+        part = terms_of(state, amplitudes, piece, model, settings, iteration, curvature)
         if total is None:
             total = BatchTerms.zeros(origin, extent, part)  # type: ignore[arg-type]
         total = total.accumulate(part)
@@ -342,7 +345,7 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
                                                iteration)):
             pieces = sub_batches(batch, settings.sub_batch)
             terms = summed_terms(state, pieces, map(amplitudes, pieces), model, settings,
-                                 iteration)
+                                 iteration, new_curvature(state, batch, settings, iteration))
             state = step(state, terms, batch, settings, iteration, number == 0, start)
         state = end_iteration(state, settings, iteration, start)
         trajectory.record(state.loss, before, state.coords)
