@@ -242,9 +242,12 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
 def kept_curvature(curvature: np.ndarray | None, terms: BatchTerms, n_positions: int
                    ) -> np.ndarray:
     """The positions' Gauss-Newton matrices (n, 3) with the new ones of ``terms`` put in
-    (a new array; its rows that ``terms`` did not compute keep their values)."""
-    kept = np.full((n_positions, 3), np.nan) if curvature is None else curvature.copy()
+    (a new array when there are new ones; rows that ``terms`` did not compute keep their
+    values)."""
     new = ~np.isnan(terms.curv_pos).any(axis=1)
+    if curvature is not None and not new.any():  # a batch that reuses its matrices
+        return curvature
+    kept = np.full((n_positions, 3), np.nan) if curvature is None else curvature.copy()
     kept[terms.index[new]] = terms.curv_pos[new]
     return kept
 
