@@ -224,6 +224,7 @@ def test_a_plan_over_the_stated_device_memory_names_host_residency():
     (["--noise", "gauss"], "--noise 'gauss'"),
     (["--defocus-search", "maybe"], "--defocus-search 'maybe'"),
     (["--refine-positions"], "could leave the"),
+    (["--curvature-every", "0"], "--curvature-every 0 must be at least 1"),
 ])
 def test_bad_options_fail_before_compute(prepared, args, message, capsys):
     assert _refused(prepared, "bad", "--cluster", "threads", *args) == 1
