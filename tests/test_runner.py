@@ -3,13 +3,15 @@ starts the cluster auto chooses for the job."""
 
 from __future__ import annotations
 
+import hashlib
 import time
+from dataclasses import replace
 
 import dask
 import dask.array as da
 import pytest
 
-from outcore import runner
+from outcore import runner, runs
 from outcore.cluster import ClusterOptions
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources, TaskMemory
@@ -110,3 +112,53 @@ def test_auto_runs_a_small_job_in_process_and_says_why(tmp_path, capsys):
     runner.run_job(limited, lambda backend: _sized_job(2**20))
     record = load_summary(tmp_path / "limited")["cluster"]
     assert (record["kind"], record["why"]) == ("local", None)
+
+
+def _reading_job(inputs: list, fail: bool = False) -> Job:
+    """A job with ``inputs`` whose compute is a small sum, or raises when ``fail``."""
+    def execute(run, client) -> None:
+        if fail:
+            raise ValueError("the job failed")
+        compute(client, da.ones((1000, 1000), chunks=500).sum(), show=False)
+
+    job = _sized_job(2**20)
+    return Job("reading", {}, job.plan, execute, inputs=inputs)
+
+
+def test_inputs_are_hashed_while_the_job_runs_and_recorded_even_when_it_fails(tmp_path):
+    source = tmp_path / "input.bin"
+    source.write_bytes(bytes(range(256)) * 4096)
+    store = tmp_path / "store.zarr"
+    (store / "c").mkdir(parents=True)
+    (store / "c" / "0").write_bytes(b"chunk")
+    (store / "zarr.json").write_bytes(b"{}")
+    tree = hashlib.sha256(b"c/0\0chunk" + b"zarr.json\0{}").hexdigest()
+    settings = RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path / "runs"),
+                           name="ok", progress=False)
+    runner.run_job(settings, lambda backend: _reading_job([source, store]))
+    summary = load_summary(tmp_path / "runs" / "ok")
+    assert [(i["path"], i["bytes"], i["sha256"]) for i in summary["inputs"]] == [
+        (str(source), 2**20, hashlib.sha256(source.read_bytes()).hexdigest()),
+        (str(store), 7, tree)]
+    assert summary["timings_s"]["hash_inputs"] >= 0
+    failed = replace(settings, name="failed")
+    with pytest.raises(ValueError, match="the job failed"):
+        runner.run_job(failed, lambda backend: _reading_job([source], fail=True))
+    summary = load_summary(tmp_path / "runs" / "failed")
+    assert summary["status"] == "failed"
+    assert [i["path"] for i in summary["inputs"]] == [str(source)]
+    assert summary["inputs"][0]["sha256"] in (None, hashlib.sha256(source.read_bytes())
+                                              .hexdigest())
+
+
+def test_hashing_stops_at_its_next_block_when_the_run_ends_first(tmp_path, monkeypatch):
+    source = tmp_path / "input.bin"
+    source.write_bytes(b"x" * 2**22)
+    monkeypatch.setattr(runs, "_HASH_BLOCK", 1)  # 4 million blocks: seconds of hashing
+    run = runs.Run.create(tmp_path / "runs", "r", "demo", {})
+    t0 = time.perf_counter()
+    with runner.InputHashes(run, [source]):
+        pass
+    assert time.perf_counter() - t0 < 1.0
+    entry = load_summary(run.path)["inputs"][0]
+    assert (entry["path"], entry["bytes"], entry["sha256"]) == (str(source), 2**22, None)

@@ -27,7 +27,7 @@ from outcore import backend, cluster
 from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
-from outcore.runs import Run
+from outcore.runs import Run, input_record
 from outcore.verbs import Job, RunSettings
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,8 @@ def _execute(
             },
         )
         run.set("plan", plan.to_dict())
-        with run.timing("hash_inputs"):
-            for path in job.inputs:
-                run.add_input(path)
-        with RunWatchdog(client, settings.worker_timeout) as watchdog:
+        hashes = InputHashes(run, job.inputs)
+        with hashes, RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
                 with run.timing("execute"), run.performance_report():
                     job.execute(run, client)
@@ -141,6 +139,7 @@ def _execute(
                         "check the scheduler's log for why it stopped, then run again.",
                     ) from err
                 raise
+            hashes.wait()
         run.metric(peak_worker_rss_bytes=peak_worker_rss(client))
         return run.finish()
     except Exception as err:
@@ -153,6 +152,59 @@ def _execute(
     except BaseException as err:
         run.fail(err)
         raise
+
+
+class InputHashes:
+    """The SHA-256 of a run's inputs, taken in a thread while the job runs.
+
+    hashlib releases the GIL, so the hashes overlap the compute instead of delaying it
+    (SHA-256 reads about 1.7 GB/s on one core here: a 100 GB stack would otherwise hold its
+    run back a minute). ``wait`` takes them and adds the inputs to the run's summary, with
+    ``timings_s.hash_inputs`` the hashing's own seconds. Leaving the block without ``wait``
+    (the job failed or was interrupted) stops the hashing at its next block and records the
+    inputs with ``sha256`` None for those not hashed by then.
+    """
+
+    def __init__(self, run: Run, paths: list[Path]) -> None:
+        self.run = run
+        self.paths = list(paths)
+        self._records: list[dict[str, Any]] = []
+        self._error: BaseException | None = None
+        self._seconds = 0.0
+        self._done = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hash, daemon=True, name="outcore-hash")
+
+    def __enter__(self) -> InputHashes:
+        self._thread.start()
+        return self
+
+    def _hash(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            for path in self.paths:
+                self._records.append(input_record(path, stop=self._stop))
+        except BaseException as err:  # raised by wait, in the run's own thread
+            self._error = err
+        self._seconds = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Wait for the hashes and record the inputs; raises what the hashing raised."""
+        self._thread.join()
+        self._done = True
+        if self._error is not None:
+            raise self._error
+        self.run.record["timings_s"]["hash_inputs"] = round(self._seconds, 6)
+        self.run.record_inputs(self._records)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._done:
+            return
+        self._stop.set()
+        self._thread.join()
+        self._done = True
+        if self._error is None:
+            self.run.record_inputs(self._records)
 
 
 class RunWatchdog:

@@ -27,6 +27,7 @@ import shutil
 import socket
 import statistics
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -68,8 +69,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def sha256_path(path: str | Path) -> str:
-    """SHA-256 of a file, or of a directory tree (relative names and contents, sorted)."""
+def sha256_path(path: str | Path, stop: threading.Event | None = None) -> str:
+    """SHA-256 of a file, or of a directory tree (relative names and contents, sorted).
+    ``stop``, once set, ends the hashing with ``InterruptedError`` at the next block."""
     path = Path(path)
     digest = hashlib.sha256()
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
@@ -78,8 +80,22 @@ def sha256_path(path: str | Path) -> str:
             digest.update(file.relative_to(path).as_posix().encode() + b"\0")
         with open(file, "rb") as fh:
             while block := fh.read(_HASH_BLOCK):
+                if stop is not None and stop.is_set():
+                    raise InterruptedError(f"hashing {path} was stopped")
                 digest.update(block)
     return digest.hexdigest()
+
+
+def input_record(path: str | Path, role: str = "input", stop: threading.Event | None = None
+                 ) -> dict[str, Any]:
+    """An input's entry in ``summary.json``: role, absolute path, bytes and SHA-256 (None
+    when ``stop`` ended the hashing first)."""
+    path = Path(path)
+    try:
+        digest: str | None = sha256_path(path, stop)
+    except InterruptedError:
+        digest = None
+    return {"role": role, "path": str(path.resolve()), "bytes": size_of(path), "sha256": digest}
 
 
 def size_of(path: str | Path) -> int:
@@ -241,16 +257,18 @@ class Run:
 
     def add_input(self, path: str | Path, role: str = "input", sha256: str | None = None) -> None:
         """Record an input's size and SHA-256; with ``sha256`` given, refuse a mismatch."""
-        path = Path(path)
-        digest = sha256_path(path)
-        if sha256 is not None and digest != sha256.lower():
+        record = input_record(path, role)
+        if sha256 is not None and record["sha256"] != sha256.lower():
             raise OutcoreError(
-                f"{path} has SHA-256 {digest}, not the {sha256} it was expected to have.",
+                f"{path} has SHA-256 {record['sha256']}, not the {sha256} it was expected to "
+                "have.",
                 "check that the right input is given, or update the expected hash.",
             )
-        self.record["inputs"].append(
-            {"role": role, "path": str(path.resolve()), "bytes": size_of(path), "sha256": digest}
-        )
+        self.record_inputs([record])
+
+    def record_inputs(self, records: list[dict[str, Any]]) -> None:
+        """Add inputs' entries (``input_record``) to the summary."""
+        self.record["inputs"].extend(records)
         self._write()
 
     def add_output(
