@@ -27,7 +27,7 @@ from outcore import backend, cluster
 from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
-from outcore.runs import Run, input_record
+from outcore.runs import Run, input_record, sha256_path
 from outcore.verbs import Job, RunSettings
 
 log = logging.getLogger(__name__)
@@ -159,16 +159,19 @@ class InputHashes:
 
     hashlib releases the GIL, so the hashes overlap the compute instead of delaying it
     (SHA-256 reads about 1.7 GB/s on one core here: a 100 GB stack would otherwise hold its
-    run back a minute). ``wait`` takes them and adds the inputs to the run's summary, with
-    ``timings_s.hash_inputs`` the hashing's own seconds. Leaving the block without ``wait``
-    (the job failed or was interrupted) stops the hashing at its next block and records the
-    inputs with ``sha256`` None for those not hashed by then.
+    run back a minute). The inputs are written to the summary at once, their ``sha256`` null
+    (so that the summary already has its size when a full disk fails the run); ``wait``
+    fills the hashes in, with ``timings_s.hash_inputs`` the hashing's own seconds. Leaving
+    the block without ``wait`` (the job failed or was interrupted) stops the hashing at its
+    next block and leaves the hashes finished by then in the record, for ``Run.fail`` to
+    write.
     """
 
     def __init__(self, run: Run, paths: list[Path]) -> None:
         self.run = run
-        self.paths = list(paths)
-        self._records: list[dict[str, Any]] = []
+        self.entries = [input_record(path) for path in paths]
+        run.record_inputs(self.entries)
+        self._digests: list[str | None] = []
         self._error: BaseException | None = None
         self._seconds = 0.0
         self._done = False
@@ -182,29 +185,34 @@ class InputHashes:
     def _hash(self) -> None:
         t0 = time.perf_counter()
         try:
-            for path in self.paths:
-                self._records.append(input_record(path, stop=self._stop))
+            for entry in self.entries:
+                try:
+                    self._digests.append(sha256_path(entry["path"], self._stop))
+                except InterruptedError:
+                    self._digests.append(None)
         except BaseException as err:  # raised by wait, in the run's own thread
             self._error = err
         self._seconds = time.perf_counter() - t0
 
-    def wait(self) -> None:
-        """Wait for the hashes and record the inputs; raises what the hashing raised."""
+    def _finish(self) -> None:
+        """Join the thread and put the hashes finished into the record (not written)."""
         self._thread.join()
         self._done = True
+        for entry, digest in zip(self.entries, self._digests, strict=False):
+            entry["sha256"] = digest
+        self.run.record["timings_s"]["hash_inputs"] = round(self._seconds, 6)
+
+    def wait(self) -> None:
+        """Wait for the hashes and write them to the summary; raises what hashing raised."""
+        self._finish()
         if self._error is not None:
             raise self._error
-        self.run.record["timings_s"]["hash_inputs"] = round(self._seconds, 6)
-        self.run.record_inputs(self._records)
+        self.run.set("inputs", self.run.record["inputs"])
 
     def __exit__(self, *exc: object) -> None:
-        if self._done:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._done = True
-        if self._error is None:
-            self.run.record_inputs(self._records)
+        if not self._done:
+            self._stop.set()
+            self._finish()
 
 
 class RunWatchdog:

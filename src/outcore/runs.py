@@ -86,16 +86,11 @@ def sha256_path(path: str | Path, stop: threading.Event | None = None) -> str:
     return digest.hexdigest()
 
 
-def input_record(path: str | Path, role: str = "input", stop: threading.Event | None = None
-                 ) -> dict[str, Any]:
-    """An input's entry in ``summary.json``: role, absolute path, bytes and SHA-256 (None
-    when ``stop`` ended the hashing first)."""
+def input_record(path: str | Path, role: str = "input") -> dict[str, Any]:
+    """An input's entry in ``summary.json``: role, absolute path and bytes, with ``sha256``
+    None until its hash is taken (``sha256_path``)."""
     path = Path(path)
-    try:
-        digest: str | None = sha256_path(path, stop)
-    except InterruptedError:
-        digest = None
-    return {"role": role, "path": str(path.resolve()), "bytes": size_of(path), "sha256": digest}
+    return {"role": role, "path": str(path.resolve()), "bytes": size_of(path), "sha256": None}
 
 
 def size_of(path: str | Path) -> int:
@@ -257,7 +252,7 @@ class Run:
 
     def add_input(self, path: str | Path, role: str = "input", sha256: str | None = None) -> None:
         """Record an input's size and SHA-256; with ``sha256`` given, refuse a mismatch."""
-        record = input_record(path, role)
+        record = {**input_record(path, role), "sha256": sha256_path(path)}
         if sha256 is not None and record["sha256"] != sha256.lower():
             raise OutcoreError(
                 f"{path} has SHA-256 {record['sha256']}, not the {sha256} it was expected to "
