@@ -174,7 +174,6 @@ class InputHashes:
         self._digests: list[str | None] = []
         self._error: BaseException | None = None
         self._seconds = 0.0
-        self._done = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._hash, daemon=True, name="outcore-hash")
 
@@ -195,9 +194,9 @@ class InputHashes:
         self._seconds = time.perf_counter() - t0
 
     def _finish(self) -> None:
-        """Join the thread and put the hashes finished into the record (not written)."""
+        """Join the thread and put the hashes finished into the record (not written); a
+        second call changes nothing."""
         self._thread.join()
-        self._done = True
         for entry, digest in zip(self.entries, self._digests, strict=False):
             entry["sha256"] = digest
         self.run.record["timings_s"]["hash_inputs"] = round(self._seconds, 6)
@@ -210,9 +209,8 @@ class InputHashes:
         self.run.set("inputs", self.run.record["inputs"])
 
     def __exit__(self, *exc: object) -> None:
-        if not self._done:
-            self._stop.set()
-            self._finish()
+        self._stop.set()  # after wait, the thread has ended and this changes nothing
+        self._finish()
 
 
 class RunWatchdog:
