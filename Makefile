@@ -4,6 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 EXTRAS := io,mpi,notebook,dev
+# Test processes (pytest-xdist), each running whole test files: on 2 cores the suite takes
+# 10.6 min instead of 16.9 with one (it waits on worker and MPI start-up much of the time).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean
 
@@ -21,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
