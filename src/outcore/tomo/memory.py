@@ -7,7 +7,8 @@ the row chunks of one view block that reach its slab, a float64 accumulator of t
 slab in the data's dtype and (``space``) a contiguous copy of the rows of its band. Sums hold
 ``split_every`` partials and their total. The CPU kernels also hold a copy of the slab in
 one *layout* (forward) or an accumulator of the slab in the data's dtype (adjoint), and
-their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``), or for FBP/FDK a block
+their lines (``kernel_lines_shape``, at most ``KERNEL_LINES_BYTES``; the cone adjoint instead
+float64 sums per column, ``cone_adjoint_sums_shape``), or for FBP/FDK a block
 of interpolated views and a tile of voxel columns (``backproject_scratch_shapes``): a
 backprojection task counts the larger. The GPU kernels keep per-ray state in registers, so
 the model is the CPU's, an upper bound for both.
@@ -97,6 +98,24 @@ def kernel_lines_shape(cone: bool, n_views: int, nu: int, volume_shape: tuple[in
     most = nu if cone else n_views
     block = max(1, min(most, KERNEL_LINES_BYTES // (per * (nz + 3) * itemsize)))
     return block * per, nz + 3
+
+
+def cone_adjoint_sums_shape(nu: int, volume_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Shape of the cone adjoint's float64 buffer for a slab ``volume_shape (z, y, x)``: for
+    each column of a block, two tables (constant and slope terms) of ``planes + 1`` rows of
+    ``z + 3`` values, ``planes`` the longer of ``x`` and ``y``; as many columns as fit
+    ``KERNEL_LINES_BYTES``, at least one, no more than ``nu``. The kernel also keeps two
+    running rows of ``z`` values per column (``cone_adjoint_bytes``)."""
+    nz, ny, nx = volume_shape
+    per = max(nx, ny)
+    block = max(1, min(nu, KERNEL_LINES_BYTES // (2 * (per + 1) * (nz + 3) * F64)))
+    return block, 2, per + 1, nz + 3
+
+
+def cone_adjoint_bytes(nu: int, volume_shape: tuple[int, ...]) -> int:
+    """Bytes of the cone adjoint's scratch: its sums buffer and running rows."""
+    block, _, rows, width = cone_adjoint_sums_shape(nu, volume_shape)
+    return F64 * block * 2 * (rows * width + volume_shape[0])
 
 
 #: The FBP/FDK backprojector's scratch (``kernels.cpu.parallel_backproject`` and
@@ -208,6 +227,8 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     cone = geometry.kind == "cone"
     rows, width = kernel_lines_shape(cone, views, nu, (slab, ny, nx), item)
     kernel_bytes = slab_bytes + rows * width * item  # the layout (or accumulator) and lines
+    adjoint_bytes = (slab_bytes + cone_adjoint_bytes(nu, (slab, ny, nx)) if cone
+                     else kernel_bytes)
     # FBP/FDK's kernel instead: its block, tile and (cone) line
     weighted_bytes = item * (sum(math.prod(shape) for shape in backproject_scratch_shapes(
         cone, (views, band, nu), (slab, ny, nx), item)) + band + 3)
@@ -222,7 +243,7 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
         device(TaskMemory("backproject", n_blocks * n_slabs, input_bytes=pieces_bytes,
                           output_bytes=slab_bytes,
                           transient_bytes=slab * ny * nx * F64 + cut_bytes
-                          + max(kernel_bytes, weighted_bytes),
+                          + max(adjoint_bytes, weighted_bytes),
                           read_bytes=pieces_bytes)),
         TaskMemory("backproject-sum", n_slabs * max(1, n_blocks - 1),
                    input_bytes=min(split_every, n_blocks) * slab_bytes, output_bytes=slab_bytes,
