@@ -33,10 +33,10 @@ inlined code. The cone adjoint does not spread a ray plane by plane: along a ray
 few whole values (a segment: the planes whose taps are the same two values of the line), and
 over a segment each tap's weight is linear in ``m``, so a ray adds a constant and a slope per
 tap and segment to float64 *difference* tables of its column, and running sums over the planes
-then give every line at once (1.3-1.6x the plane-by-plane spread at 128^3 and 256^3). Both are
-the transposes of the forward: ``<A x, y> = <x, A^T y>`` holds to rounding (the dot tests,
-where the cone's forward and adjoint share no code for ``z``). Lines, ray sums and the
-adjoint's accumulator are in the data's dtype.
+then give every line at once (1.1-1.75x the plane-by-plane spread at 128^3 and 256^3, the
+most where no ray is 0). Both are the transposes of the forward: ``<A x, y> = <x, A^T y>``
+holds to rounding (the dot tests, where the cone's forward and adjoint share no code for
+``z``). Lines, ray sums and the adjoint's accumulator are in the data's dtype.
 """
 
 from __future__ import annotations
