@@ -703,8 +703,7 @@ def _run(direction: str, data: np.ndarray, drive: int, target: np.ndarray,
     lines = np.zeros(kernel_lines_shape(bool(cone), n_views, nu, volume_shape,
                                         np.dtype(data.dtype).itemsize), data.dtype)
     if cone:
-        kernel = cone_forward if direction == "forward" else cone_adjoint
-        kernel(data, drive, target, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox)
+        cone_forward(data, drive, target, lines, angles, v0, nv, cz, rs, rd, dv, du, ov, ou, vox)
     else:
         kernel = parallel_forward if direction == "forward" else parallel_adjoint
         kernel(data, drive, target, lines, angles, v0, nv, cz, dv, du, ov, ou, vox)
