@@ -25,7 +25,7 @@ def _job() -> Job:
         return Plan([TaskMemory("sum", 4, 2**20, 8)], resources.workers,
                     resources.threads_per_worker, None)
 
-    def execute(run, client) -> None:
+    def execute(run, client, plan) -> None:
         compute(client, da.ones((4000, 4000), chunks=1000).sum(), show=False)
 
     return Job("paused", {}, plan, execute)
@@ -42,7 +42,7 @@ def test_workers_paused_for_good_end_the_run_as_failed(tmp_path, monkeypatch):
                           "distributed.worker.memory.target": False}):
         t0 = time.perf_counter()
         with pytest.raises(OutcoreError, match="paused") as info:
-            runner.run_job(settings, lambda backend: _job())
+            runner.run_job(settings, lambda resources: _job())
     assert time.perf_counter() - t0 < 60
     assert "--memory-limit" in info.value.fix
     summary = load_summary(tmp_path / "r")
@@ -53,7 +53,7 @@ def test_negative_rounds_are_refused_before_start(tmp_path):
     settings = RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path),
                                   warmup_rounds=-1)
     with pytest.raises(OutcoreError, match="warmup-rounds"):
-        runner.run_job(settings, lambda backend: _job())
+        runner.run_job(settings, lambda resources: _job())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -61,7 +61,7 @@ def _sleepy_job() -> Job:
     def plan(resources: Resources) -> Plan:
         return Plan([TaskMemory("sleep", 1, 8, 8)], resources.workers, 1, None)
 
-    def execute(run, client) -> None:
+    def execute(run, client, plan) -> None:
         compute(client, dask.delayed(time.sleep)(120), show=False)
 
     return Job("stuck", {}, plan, execute)
@@ -73,25 +73,25 @@ def test_worker_timeout_ends_a_stuck_task(tmp_path):
                                   worker_timeout=2.0)
     t0 = time.perf_counter()
     with pytest.raises(OutcoreError, match="--worker-timeout"):
-        runner.run_job(settings, lambda backend: _sleepy_job())
+        runner.run_job(settings, lambda resources: _sleepy_job())
     assert time.perf_counter() - t0 < 45
     summary = load_summary(tmp_path / "r")
     assert summary["status"] == "failed" and "sleep" in summary["reason"]
     with pytest.raises(OutcoreError, match="positive"):
         runner.run_job(RunSettings(ClusterOptions("threads"), worker_timeout=0),
-                       lambda backend: _sleepy_job())
+                       lambda resources: _sleepy_job())
 
 
 def _sized_job(data_bytes: int) -> Job:
-    """A job whose plan says it reads ``data_bytes`` (its compute is a small sum)."""
+    """A job that says it reads ``data_bytes`` (its compute is a small sum)."""
     def plan(resources: Resources) -> Plan:
         return Plan([TaskMemory("sum", 1, 2**20, 8, read_bytes=data_bytes)],
                     resources.workers, resources.threads_per_worker, resources.memory_limit)
 
-    def execute(run, client) -> None:
+    def execute(run, client, plan) -> None:
         compute(client, da.ones((1000, 1000), chunks=500).sum(), show=False)
 
-    return Job("sized", {}, plan, execute)
+    return Job("sized", {}, plan, execute, data_bytes=data_bytes)
 
 
 def test_auto_runs_a_small_job_in_process_and_says_why(tmp_path, capsys):
@@ -101,7 +101,7 @@ def test_auto_runs_a_small_job_in_process_and_says_why(tmp_path, capsys):
         pytest.skip("auto is cuda on this machine")
     settings = RunSettings(ClusterOptions("auto"), output_dir=str(tmp_path), name="small",
                            progress=False)
-    runner.run_job(settings, lambda backend: _sized_job(2**20))
+    runner.run_job(settings, lambda resources: _sized_job(2**20))
     small = load_summary(tmp_path / "small")["cluster"]
     assert (small["kind"], small["requested"]) == ("threads", "auto")
     assert "in this process" in small["why"] and "in this process" in capsys.readouterr().out
@@ -109,14 +109,14 @@ def test_auto_runs_a_small_job_in_process_and_says_why(tmp_path, capsys):
     # the same job with a memory limit per worker keeps worker processes
     limited = RunSettings(ClusterOptions("auto", workers=1, memory_limit="400MiB"),
                           output_dir=str(tmp_path), name="limited", progress=False)
-    runner.run_job(limited, lambda backend: _sized_job(2**20))
+    runner.run_job(limited, lambda resources: _sized_job(2**20))
     record = load_summary(tmp_path / "limited")["cluster"]
     assert (record["kind"], record["why"]) == ("local", None)
 
 
 def _reading_job(inputs: list, fail: bool = False) -> Job:
     """A job with ``inputs`` whose compute is a small sum, or raises when ``fail``."""
-    def execute(run, client) -> None:
+    def execute(run, client, plan) -> None:
         if fail:
             raise ValueError("the job failed")
         compute(client, da.ones((1000, 1000), chunks=500).sum(), show=False)
@@ -135,7 +135,7 @@ def test_inputs_are_hashed_while_the_job_runs_and_recorded_even_when_it_fails(tm
     tree = hashlib.sha256(b"c/0\0chunk" + b"zarr.json\0{}").hexdigest()
     settings = RunSettings(ClusterOptions("threads"), output_dir=str(tmp_path / "runs"),
                            name="ok", progress=False)
-    runner.run_job(settings, lambda backend: _reading_job([source, store]))
+    runner.run_job(settings, lambda resources: _reading_job([source, store]))
     summary = load_summary(tmp_path / "runs" / "ok")
     assert [(i["path"], i["bytes"], i["sha256"]) for i in summary["inputs"]] == [
         (str(source), 2**20, hashlib.sha256(source.read_bytes()).hexdigest()),
@@ -143,7 +143,7 @@ def test_inputs_are_hashed_while_the_job_runs_and_recorded_even_when_it_fails(tm
     assert summary["timings_s"]["hash_inputs"] >= 0
     failed = replace(settings, name="failed")
     with pytest.raises(ValueError, match="the job failed"):
-        runner.run_job(failed, lambda backend: _reading_job([source], fail=True))
+        runner.run_job(failed, lambda resources: _reading_job([source], fail=True))
     summary = load_summary(tmp_path / "runs" / "failed")
     assert summary["status"] == "failed"
     assert [i["path"] for i in summary["inputs"]] == [str(source)]
@@ -162,3 +162,34 @@ def test_hashing_stops_at_its_next_block_when_the_run_ends_first(tmp_path, monke
     assert time.perf_counter() - t0 < 1.0
     entry = load_summary(run.path)["inputs"][0]
     assert (entry["path"], entry["bytes"], entry["sha256"]) == (str(source), 2**22, None)
+
+
+def test_the_job_is_planned_once_and_its_choices_reach_execute(tmp_path):
+    """One plan, made on the running cluster's resources, is the one execute receives and
+    whose config entries the run records."""
+    planned, executed = [], []
+
+    def plan(resources: Resources) -> Plan:
+        chosen = {"blocks": 7, "workers": resources.workers}
+        planned.append(chosen)
+        return Plan([TaskMemory("sum", 1, 2**20, 8)], resources.workers,
+                    resources.threads_per_worker, resources.memory_limit, choices=chosen,
+                    config={"blocks": 7})
+
+    def execute(run, client, plan) -> None:
+        executed.append(plan.choices)
+        compute(client, da.ones((100, 100), chunks=50).sum(), show=False)
+
+    made = []
+
+    def factory(resources: Resources) -> Job:
+        made.append(resources)
+        return Job("once", {"blocks": None}, plan, execute)
+
+    settings = RunSettings(ClusterOptions("threads", workers=2), output_dir=str(tmp_path),
+                           name="r", progress=False)
+    runner.run_job(settings, factory)
+    assert len(planned) == 1 and executed == planned
+    assert planned[0]["workers"] == 2 and made[0].workers == 2
+    summary = load_summary(tmp_path / "r")
+    assert summary["config"]["blocks"] == 7

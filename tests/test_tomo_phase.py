@@ -27,6 +27,7 @@ import xarray as xr
 import outcore
 from outcore.cli import main
 from outcore.errors import OutcoreError
+from outcore.plan import Resources
 from outcore.runs import load_summary
 from outcore.tomo import phase, steps
 
@@ -201,6 +202,10 @@ def _dataset(data, **attrs) -> xr.Dataset:
                       attrs={"geometry": "parallel", "detector_pixel_size": PIXEL, **attrs})
 
 
+#: What the corrections' blocks are sized for: one worker of 1 GiB.
+RESOURCES = Resources(workers=1, threads_per_worker=1, memory_limit=2**30)
+
+
 def _args(**given) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     steps.add_arguments(parser, steps.RECONSTRUCT)
@@ -237,14 +242,16 @@ def _poisoned(shape=(4, 32, 32)) -> da.Array:
 ])
 def test_bad_input_is_refused_before_compute(given, attrs, word):
     with pytest.raises(OutcoreError, match=word):
-        steps.configure(_args(**given), _dataset(_poisoned(), **attrs), steps.RECONSTRUCT)
+        steps.configure(_args(**given), _dataset(_poisoned(), **attrs), steps.RECONSTRUCT,
+                        RESOURCES)
 
 
 def test_options_override_the_store_attrs_and_are_recorded():
     ds = _dataset(_poisoned(), energy_kev=30.0, propagation_distance=0.2)
-    (from_attrs,) = steps.configure(_args(paganin=800.0), ds, steps.RECONSTRUCT)
+    (from_attrs,) = steps.configure(_args(paganin=800.0), ds, steps.RECONSTRUCT, RESOURCES)
     assert (from_attrs.energy_kev, from_attrs.distance) == (30.0, 0.2)
-    (given,) = steps.configure(_args(paganin=800.0, energy=20.0), ds, steps.RECONSTRUCT)
+    (given,) = steps.configure(_args(paganin=800.0, energy=20.0), ds, steps.RECONSTRUCT,
+                               RESOURCES)
     assert (given.energy_kev, given.distance, given.pixel) == (20.0, 0.2, (PIXEL, PIXEL))
     record = steps.records([given])["paganin"]
     assert record["delta_beta"] == 800.0 and record["wavelength"] == pytest.approx(LAMBDA)

@@ -28,7 +28,7 @@ import xarray as xr
 from dask._task_spec import Alias
 
 from outcore.errors import OutcoreError, PlanError
-from outcore.plan import Plan
+from outcore.plan import Plan, Resources
 from outcore.tomo import reslice, rings, steps
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
@@ -142,16 +142,20 @@ def _dataset(data):
 
 
 def _args(**options):
-    base = {dest: None for dest in rings.OPTIONS} | {"memory_limit": "1GiB",
-                                                    "threads_per_worker": 1}
-    return argparse.Namespace(**(base | options))
+    return argparse.Namespace(**({dest: None for dest in rings.OPTIONS} | options))
+
+
+def _resources(memory_limit: int = 2**30) -> Resources:
+    """One worker of one thread with ``memory_limit`` bytes: what the blocks are sized for."""
+    return Resources(workers=1, threads_per_worker=1, memory_limit=memory_limit)
 
 
 @pytest.mark.parametrize("method", rings.METHODS)
 def test_result_is_one_whatever_the_chunks_rows_and_workers(method):
     rng = np.random.default_rng(2)
     values = rng.random((64, 6, 48)).astype(np.float32)
-    params = rings.configure(_args(rings=method), _dataset(da.from_array(values))).params
+    params = rings.configure(_args(rings=method), _dataset(da.from_array(values)),
+                             _resources()).params
     want = rings.filter_block(values, method, params)
     results = []
     for chunks, rows in (((64, 6, 48), 6), ((8, 6, 48), 1), ((16, 3, 48), 4)):
@@ -197,7 +201,7 @@ def test_the_plan_of_a_scan_larger_than_the_workers_fits_under_a_small_limit():
     limit = 768 * 2**20
     assert data.nbytes > 2 * limit
     for method in rings.METHODS:
-        correction = rings.configure(_args(rings=method, memory_limit=limit), ds)
+        correction = rings.configure(_args(rings=method), ds, _resources(limit))
         stages = correction.memory(ds)
         plan = Plan(stages, workers=2, memory_limit=limit,
                     baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
@@ -212,7 +216,7 @@ def test_the_plan_of_a_scan_larger_than_the_workers_fits_under_a_small_limit():
         assert not Plan(bigger.memory(ds), workers=2, memory_limit=limit,
                         baseline_bytes=TOMO_WORKER_BASELINE_BYTES).fits
     # a limit that cannot hold a chunk of the scan and its re-slice is refused by the plan
-    tiny = rings.configure(_args(rings="fft", memory_limit=540 * 2**20), ds)
+    tiny = rings.configure(_args(rings="fft"), ds, _resources(540 * 2**20))
     with pytest.raises(PlanError):
         Plan(tiny.memory(ds), memory_limit=540 * 2**20,
              baseline_bytes=TOMO_WORKER_BASELINE_BYTES).check()
@@ -236,7 +240,7 @@ def test_bad_options_are_refused_before_compute(case):
     ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
     with dask.config.set(scheduler=lambda *a, **k: pytest.fail("computed")):
         with pytest.raises(OutcoreError, match=word.replace("'", ".")) as err:
-            rings.configure(_args(**options), ds)
+            rings.configure(_args(**options), ds, _resources())
     assert err.value.fix
 
 
@@ -248,7 +252,7 @@ def test_the_step_is_wired_into_both_verbs():
         args = parser.parse_args(["--rings", "sort", "--rings-size", "5"])
         assert steps.requested(args, verb) == ["--rings", "--rings-size"]
         ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
-        (correction,) = steps.configure(args, ds, verb)
+        (correction,) = steps.configure(args, ds, verb, _resources())
         assert steps.records([correction])["rings"]["size"] == 5
 
 

@@ -26,6 +26,7 @@ import pytest
 import xarray as xr
 
 from outcore.errors import OutcoreError
+from outcore.plan import Resources
 from outcore.tomo import Geometry, Projector, ball, fbp, scan_for, solvers, steps, stitch
 from outcore.tomo.stitch import HalfAcquisition
 
@@ -63,6 +64,10 @@ def _offset_axis_scan(join: HalfAcquisition) -> xr.Dataset:
     return _scan(_project(_phantom(), angles, NU, offset), angles, offset)
 
 
+#: What the corrections' blocks are sized for: one worker of 1 GiB.
+RESOURCES = Resources(workers=1, threads_per_worker=1, memory_limit=2**30)
+
+
 def _args(half_acquisition: str | None, axis_side: str | None = None) -> argparse.Namespace:
     return argparse.Namespace(half_acquisition=half_acquisition, axis_side=axis_side)
 
@@ -82,7 +87,7 @@ def _inside(volume: np.ndarray) -> np.ndarray:
 def test_stitched_scan_reconstructs_as_the_full_detector_scan(overlap, side, bound):
     truth = HalfAcquisition(overlap, side)
     ds = _offset_axis_scan(truth)
-    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT)
+    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
     assert correction.join.side == side
     assert correction.join.overlap == pytest.approx(overlap, abs=0.02)
     stitched = correction.apply(ds)
@@ -108,7 +113,7 @@ def test_found_overlap_is_the_true_one_to_a_fraction_of_a_pixel(overlap, side):
     assert score > 0.999
     # told the side, the search stays there; told the overlap, the side is found
     assert stitch.find_overlap(ds["projections"].data, side)[0] == found
-    (given,) = steps.configure(_args(str(overlap)), ds, steps.RECONSTRUCT)
+    (given,) = steps.configure(_args(str(overlap)), ds, steps.RECONSTRUCT, RESOURCES)
     assert given.join == HalfAcquisition(overlap, side) and not given.found
 
 
@@ -150,19 +155,19 @@ def test_bad_input_is_refused_before_compute():
                        (_args("-1"), "overlap must lie"), (_args(None, "left"), "--axis-side"),
                        (_args("4", "middle"), "--axis-side")):
         with pytest.raises(OutcoreError, match=word):
-            steps.configure(args, scan, steps.RECONSTRUCT)
+            steps.configure(args, scan, steps.RECONSTRUCT, RESOURCES)
     half_turn = scan.isel(view=slice(0, HALF)).assign(angles=("view", angles[:HALF] / 2))
     odd = scan.isel(view=slice(0, 2 * HALF - 1)).assign(
         angles=("view", np.arange(2 * HALF - 1) * (2 * np.pi / (2 * HALF - 1))))
     uneven = scan.assign(angles=("view", angles ** 1.01))
     for ds in (half_turn, odd, uneven):
         with pytest.raises(OutcoreError, match="needs a 360-degree scan"):
-            steps.configure(_args("auto"), ds, steps.RECONSTRUCT)
+            steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
     cone = _unreadable(_scan(np.zeros((2 * HALF, NZ, NU), np.float32), angles, 0.0, "cone",
                              source_distance=200.0, detector_distance=100.0))
     with pytest.raises(OutcoreError, match="not supported for cone-beam"):
-        steps.configure(_args("auto"), cone, steps.RECONSTRUCT)
-    assert steps.configure(_args(None), scan, steps.RECONSTRUCT) == []
+        steps.configure(_args("auto"), cone, steps.RECONSTRUCT, RESOURCES)
+    assert steps.configure(_args(None), scan, steps.RECONSTRUCT, RESOURCES) == []
 
 
 def test_a_full_field_scan_is_not_taken_for_a_half_acquisition():
@@ -170,7 +175,7 @@ def test_a_full_field_scan_is_not_taken_for_a_half_acquisition():
     width = 70  # the whole object on the detector, axis at its centre
     ds = _scan(_project(_phantom(), angles, width, 0.0), angles, 0.0)
     with pytest.raises(OutcoreError, match="full-field 360-degree scan"):
-        steps.configure(_args("auto"), ds, steps.RECONSTRUCT)
+        steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
 
 
 # --- Parker's weights for cone-beam short scans ------------------------------------------
@@ -258,7 +263,7 @@ def test_tomo_reconstruct_stitches_a_half_acquisition_store(tmp_path, capsys):
                  "--volume-shape", str(NZ), str(N), str(N), *common,
                  "--output-dir", str(tmp_path), "--name", "run"]) == 0
     volume = outcore.open(tmp_path / "run" / "volume.zarr", layout="volume")["volume"].values
-    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT)
+    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
     np.testing.assert_allclose(volume, _fbp(correction.apply(ds)), rtol=1e-5, atol=1e-6)
     config = (tmp_path / "run" / "summary.json").read_text()
     assert '"axis_side": "left"' in config and '"found": true' in config

@@ -3,7 +3,7 @@
 The ``outcore`` command: the parser tree and ``main``. The commands come from the family
 list (``outcore.families``); a family's module is imported only when one of its verbs is
 chosen, so ``outcore --help`` and ``outcore info`` import no family. A verb that runs a job
-gives ``make_job(args, backend) -> Job`` (``outcore.verbs``); the same function serves
+gives ``make_job(args, resources) -> Job`` (``outcore.verbs``); the same function serves
 ``outcore plan VERB ...``, which prints the memory plan without starting anything.
 
 Every error a user can cause ends in one line on stderr, ``outcore VERB: error: PROBLEM
@@ -95,9 +95,8 @@ def _plan(args: argparse.Namespace) -> int:
     opts = cluster_options(vargs)
     opts.validate(on_this_machine=False)
     with backend.planning_only():
-        backend_name = backend.resolve(vargs.backend)
-        job = verb.make_job(vargs, backend_name)
-        plan = job.plan(Resources.of_options(opts, backend_name))
+        resources = Resources.of_options(opts, backend.resolve(vargs.backend))
+        plan = verb.make_job(vargs, resources).plan(resources)
     from outcore.runner import describe_plan
 
     print(describe_plan(plan))
@@ -237,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         verb: Verb = args.verb
         if verb.fill_defaults:
             verb.fill_defaults(args)
-        summary = run_job(run_settings(args), lambda b: verb.make_job(args, b))
+        summary = run_job(run_settings(args), lambda r: verb.make_job(args, r))
         print_summary(summary)
         return 0
     except (Exception, KeyboardInterrupt) as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import dask.array as da
@@ -25,6 +26,8 @@ from outcore.progress import compute
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Tunable, Verb, demo_stages
 
+#: The run's stack, written by ``execute`` and streamed by its rounds.
+STACK = "stack.zarr"
 WAVELENGTH_M = 1.0e-10
 SCAN_STEP_M = 50e-9
 
@@ -124,7 +127,7 @@ def demo_job(
     as ``tomo_size``, to its size; 0 skips it; a stage not named is skipped).
 
     ``stack_path`` names a stack already written by ``write_stack`` with the same arguments,
-    so that ``measure`` can stream it without ``execute`` running first (``outcore tune``).
+    so that its rounds can stream it without ``execute`` running first (``outcore tune``).
     """
     stack = synthetic_stack(scan, frame, counts, chunk_rows)
     sizes = dict(stage_sizes or {})
@@ -137,24 +140,22 @@ def demo_job(
         ]
         return Plan.of(reduce.memory_model(stack["data"]), resources, notes=notes)
 
-    written: dict[str, Path] = {} if stack_path is None else {"stack": Path(stack_path)}
-
-    def statistics(client: distributed.Client) -> xr.Dataset:
-        """One streaming pass over the stack on disk; the statistics in memory."""
-        stats = reduce.stack_statistics(io.open(written["stack"])["data"])
+    def statistics(path: Path, client: distributed.Client) -> xr.Dataset:
+        """One streaming pass over the stack on disk at ``path``; the statistics in memory."""
+        stats = reduce.stack_statistics(io.open(path)["data"])
         mean, maximum, total = compute(client, stats["mean"].data, stats["maximum"].data,
                                        stats["total"].data)
         return stats.copy(data={"mean": mean, "maximum": maximum, "total": total})
 
-    def execute(run: Run, client: distributed.Client) -> None:
-        written["stack"] = run.add_output("stack.zarr", verify=lambda p: io.open(p))
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
+        stack_out = run.add_output(STACK, verify=lambda p: io.open(p))
         stats_path = run.add_output(
             "statistics.zarr", verify=lambda p: xr.open_zarr(p, consolidated=False)
         )
         with run.timing("write_stack"):
-            io.save(stack, written["stack"])
+            io.save(stack, stack_out)
         with run.timing("statistics"):
-            computed = statistics(client)
+            computed = statistics(stack_out, client)
         computed.to_zarr(stats_path, mode="w-", zarr_format=3, consolidated=False)
         nbytes = stack["data"].nbytes
         run.metric(
@@ -166,6 +167,11 @@ def demo_job(
             if size:
                 stage.run(run, client, size)
 
+    def rounds(client: distributed.Client, plan: Plan,
+               outputs: Mapping[str, Path]) -> Callable[[], xr.Dataset]:
+        path = Path(stack_path) if stack_path is not None else outputs[STACK]
+        return lambda: statistics(path, client)
+
     return Job(
         command="demo",
         config={"scan": list(scan), "frame": frame, "chunk_rows": chunk_rows, "counts": counts,
@@ -173,7 +179,8 @@ def demo_job(
         plan=plan,
         execute=execute,
         plan_fixes=["use fewer --chunk-rows"],
-        measure=statistics,
+        rounds=rounds,
+        data_bytes=2 * int(stack["data"].nbytes),
     )
 
 
@@ -209,8 +216,8 @@ def _defaults(args: argparse.Namespace) -> None:
         args.memory_limit = args.memory_limit or DEMO_WORKER_MEMORY
 
 
-def _job(args: argparse.Namespace, backend_name: str) -> Job:
-    if backend_name != "numpy":
+def _job(args: argparse.Namespace, resources: Resources) -> Job:
+    if resources.backend != "numpy":
         print("note: the demo runs on numpy chunks", file=sys.stderr)
     at_least(args.chunk_rows, "--chunk-rows", what="scan rows per chunk")
     sizes = {}
@@ -228,7 +235,8 @@ def _stack_path(args: argparse.Namespace, scratch: Path) -> Path:
     return scratch / f"stack-rows{args.chunk_rows}.zarr"
 
 
-def _tune_build(verb: Verb, args: argparse.Namespace, backend_name: str, scratch: Path) -> Job:
+def _tune_build(verb: Verb, args: argparse.Namespace, resources: Resources,
+                scratch: Path) -> Job:
     """The demo's job, measuring the stack ``_tune_stage`` writes into ``scratch``."""
     return demo_job(tuple(args.scan), args.frame, args.chunk_rows,
                     stack_path=_stack_path(args, scratch))

@@ -138,6 +138,11 @@ class TaskMemory:
         return self.input_bytes + self.output_bytes + self.transient_bytes
 
 
+def data_bytes(stages: Sequence[TaskMemory]) -> int:
+    """Bytes that ``stages`` read and write, over all their tasks."""
+    return sum(s.tasks * (s.read_bytes + s.write_bytes) for s in stages)
+
+
 @dataclass
 class Plan:
     """The stages of a run and the workers it runs on; ``check`` refuses one that cannot fit.
@@ -159,6 +164,11 @@ class Plan:
     resident_bytes: int = 0
     """Host bytes each worker holds across tasks (an iterative solver's vectors kept in
     worker memory), on top of its tasks."""
+    choices: Any = None
+    """What the job chose to fit these resources (a projector and its blocks, a tile size),
+    which its ``execute`` receives with the plan; opaque here."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The effective-config entries of those choices, recorded in the run."""
 
     def __post_init__(self) -> None:
         self.memory_limit = _bytes(self.memory_limit)
@@ -188,7 +198,7 @@ class Plan:
     @property
     def data_bytes(self) -> int:
         """Bytes the whole run reads and writes, over every task of every stage."""
-        return sum(s.tasks * (s.read_bytes + s.write_bytes) for s in self.stages)
+        return data_bytes(self.stages)
 
     @property
     def budget_bytes(self) -> int | None:

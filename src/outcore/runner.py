@@ -43,23 +43,25 @@ def default_run_name(command: str) -> str:
     return f"{command.replace(' ', '-')}-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
 
 
-def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[str, Any]:
+def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> dict[str, Any]:
     """Run a job and return its final summary; raises ``OutcoreError`` on bad input or plans.
 
-    ``job_factory(backend)`` builds the job for the resolved backend; it must only read
-    metadata (lazy opens, validation), so that its errors come before the cluster starts.
+    ``job_factory(resources)`` builds the job for the resources the options describe (the
+    resolved backend among them); it must only read metadata (lazy opens, validation), so
+    that its errors come before the cluster starts. The job is planned once, on the running
+    cluster's resources, and that plan is what the run records and executes.
     """
     kind = settings.cluster.validate()
     settings.validate()
     if kind == "mpi":  # before anything probes CUDA: it reads CUDA_VISIBLE_DEVICES once
         cluster.pin_mpi_worker_gpu()
     backend_name = backend.resolve(settings.backend)
-    job = job_factory(backend_name)
+    job = job_factory(Resources.of_options(settings.cluster, backend_name))
     job.config["backend_resolved"] = backend_name
     SHOW_PROGRESS.set(settings.progress)
     name = settings.name or default_run_name(job.command)
     run_path = refuse_existing(Path(settings.output_dir) / name)
-    opts, why = chosen_cluster(settings.cluster, job, backend_name)
+    opts, why = chosen_cluster(settings.cluster, job)
     kind = opts.resolved_kind()
     client = cluster.start(opts.kind, **_cluster_kwargs(opts))
     exit_code = 1
@@ -73,7 +75,8 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
         plan = job.plan(resources)
         print(plan.table(), flush=True)
         plan.check(job.plan_fixes, job.device_fixes)
-        run = Run.create(run_path.parent, run_path.name, job.command, _config(job, settings))
+        run = Run.create(run_path.parent, run_path.name, job.command,
+                         _config(job, settings, plan))
         summary = _execute(run, client, job, plan, settings, kind, why)
         exit_code = 0
         return summary
@@ -82,17 +85,13 @@ def run_job(settings: RunSettings, job_factory: Callable[[str], Job]) -> dict[st
         cluster.stop(client, exit_code)
 
 
-def chosen_cluster(opts: cluster.ClusterOptions, job: Job,
-                   backend_name: str) -> tuple[cluster.ClusterOptions, str | None]:
+def chosen_cluster(opts: cluster.ClusterOptions,
+                   job: Job) -> tuple[cluster.ClusterOptions, str | None]:
     """The cluster to start for ``job``: ``opts``, or, where ``auto`` finds the job's data
-    small (``cluster.in_process_reason``), workers that are threads of this process; and
-    the reason for that choice (None when there was none to make)."""
-    if opts.kind != "auto" or opts.resolved_kind() != "local":
-        return opts, None
-    threads = replace(opts, kind="threads")
-    data = job.plan(Resources.of_options(threads, backend_name)).data_bytes
-    why = cluster.in_process_reason(opts, data)
-    return (threads, why) if why else (opts, None)
+    (``Job.data_bytes``) small (``cluster.in_process_reason``), workers that are threads of
+    this process; and the reason for that choice (None when there was none to make)."""
+    why = cluster.in_process_reason(opts, job.data_bytes)
+    return (replace(opts, kind="threads"), why) if why else (opts, None)
 
 
 def _terminated(signum: int, frame: object) -> None:
@@ -121,13 +120,13 @@ def _execute(
         with hashes, RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
                 with run.timing("execute"), run.performance_report():
-                    job.execute(run, client)
-                if job.measure is not None and (
+                    job.execute(run, client, plan)
+                if job.rounds is not None and (
                     settings.warmup_rounds or settings.measure_rounds > 1
                 ):
                     with run.timing("rounds"):
-                        run.rounds(lambda: job.measure(client), settings.warmup_rounds,
-                                   settings.measure_rounds)
+                        run.rounds(job.rounds(client, plan, run.outputs()),
+                                   settings.warmup_rounds, settings.measure_rounds)
             except KeyboardInterrupt:
                 watchdog.raise_if_fired()
                 raise
@@ -291,8 +290,8 @@ def _cluster_kwargs(opts: cluster.ClusterOptions) -> dict[str, Any]:
     return {k: v for k, v in vars(opts).items() if k != "kind"}
 
 
-def _config(job: Job, settings: RunSettings) -> dict[str, Any]:
-    return {"command": job.command, **settings.to_record(), **job.config}
+def _config(job: Job, settings: RunSettings, plan: Plan) -> dict[str, Any]:
+    return {"command": job.command, **settings.to_record(), **job.config, **plan.config}
 
 
 def _max_rss() -> int:

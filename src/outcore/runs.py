@@ -284,6 +284,10 @@ class Run:
         self._write()
         return output.partial
 
+    def outputs(self) -> dict[str, Path]:
+        """The partial path of each declared output, by its name (``stack.zarr``)."""
+        return {o.final.name: o.partial for o in self._outputs}
+
     @contextlib.contextmanager
     def timing(self, stage: str) -> Iterator[None]:
         """Record the wall time of a stage in seconds under ``timings_s[stage]``."""

@@ -2,7 +2,7 @@
 
 For each worker count one cluster is started; inside it, for each chunk size, the verb's job
 is built with that chunk size, planned for the cluster (a point whose plan does not fit is
-recorded as skipped, never run) and its compute-only ``measure`` round is timed over the
+recorded as skipped, never run) and its compute-only round (``Job.rounds``) is timed over the
 warmup and measured rounds. Each point records wall seconds, throughput, the measured peak
 memory per worker, the planner's projection and the parallel efficiency against one worker.
 The run directory holds ``tune.zarr`` (dims ``workers`` x ``chunk``), ``tune.png`` and the
@@ -31,7 +31,7 @@ from dask.utils import format_bytes
 
 from outcore import backend, cluster, runner
 from outcore.errors import OutcoreError, PlanError, refuse_existing
-from outcore.plan import Resources
+from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, check_png
 from outcore.verbs import (
@@ -223,10 +223,13 @@ def run_tune(args: argparse.Namespace, verb: Verb) -> tuple[xr.Dataset, dict[str
 
 
 def _build(grid: _Grid, verb: Verb, chunk: int) -> Job:
-    """The verb's job at one chunk size (its inputs are checked here, lazily)."""
+    """The verb's job at one chunk size (its inputs are checked here, lazily), made for the
+    resources of the smallest cluster of the grid."""
+    opts = replace(grid.settings.cluster, workers=min(grid.args.workers))
+    resources = Resources.of_options(opts, grid.backend)
     if grid.spec.build is None:
-        return verb.make_job(grid.point_args(chunk), grid.backend)
-    return grid.spec.build(verb, grid.point_args(chunk), grid.backend, grid.scratch)
+        return verb.make_job(grid.point_args(chunk), resources)
+    return grid.spec.build(verb, grid.point_args(chunk), resources, grid.scratch)
 
 
 def _config(grid: _Grid, job: Job) -> dict[str, Any]:
@@ -258,9 +261,10 @@ def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
         run.set("cluster", record)
         points = []
         for chunk, job in grid.jobs.items():
-            point = _point(job, resources, chunk)
+            plan = job.plan(resources)
+            point = _point(job, plan, resources, chunk)
             if point.fits:
-                _measure(client, grid, job, point)
+                _measure(client, grid, job, plan, point)
             print(_describe(point, grid.spec, work), flush=True)
             points.append(point)
         return points
@@ -268,9 +272,8 @@ def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
         cluster.stop(client)
 
 
-def _point(job: Job, resources: Resources, chunk: int) -> Point:
+def _point(job: Job, plan: Plan, resources: Resources, chunk: int) -> Point:
     """A point with its plan: it fits, or it is skipped with the planner's reason."""
-    plan = job.plan(resources)
     point = Point(resources.workers, chunk, plan.fits, plan.worker_peak_bytes,
                   resources.memory_limit, plan.to_dict())
     try:
@@ -280,19 +283,22 @@ def _point(job: Job, resources: Resources, chunk: int) -> Point:
     return point
 
 
-def _measure(client: distributed.Client, grid: _Grid, job: Job, point: Point) -> None:
-    """Stage the inputs, run the warmup rounds, reset the peaks, time the measured rounds."""
+def _measure(client: distributed.Client, grid: _Grid, job: Job, plan: Plan,
+             point: Point) -> None:
+    """Stage the inputs, ready the job's round, run the warmup rounds, reset the peaks, time
+    the measured rounds."""
     if grid.spec.stage is not None:
         grid.spec.stage(grid.point_args(point.chunk), grid.scratch)
     settings = grid.settings
     with _quiet(), runner.RunWatchdog(client, settings.worker_timeout) as watchdog:
         try:
+            one_round = job.rounds(client, plan, {})
             for _ in range(settings.warmup_rounds):
-                job.measure(client)
+                one_round()
             reset = all(client.run(reset_peak).values())
             for _ in range(settings.measure_rounds):
                 t0 = time.perf_counter()
-                job.measure(client)
+                one_round()
                 point.walls_s.append(time.perf_counter() - t0)
         except KeyboardInterrupt:
             watchdog.raise_if_fired()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,27 +30,38 @@ if TYPE_CHECKING:
     from outcore.runs import Run
 
 
+#: ``rounds(client, plan, outputs)`` of a ``Job``: readies its compute-only round, returns it.
+Rounds = Callable[["distributed.Client", Plan, Mapping[str, Path]], Callable[[], Any]]
+
+
 @dataclass
 class Job:
-    """One command's work.
+    """One command's work, as plain functions that share nothing but their arguments.
 
-    ``plan(resources)`` builds the memory plan (no compute); ``execute(run, client)`` computes
-    and writes the outputs into ``run.path``, declaring them with ``run.add_output`` and
-    recording metrics. ``inputs`` are hashed into the summary. ``plan_fixes`` and
+    ``plan(resources)`` builds the memory plan (no compute) for the running cluster's
+    ``Resources``; whatever it chose to fit them (blocks, tiles, a projector) rides in the
+    plan's ``choices``, and the config entries of those choices in its ``config``. The runner
+    plans once and hands that plan to ``execute(run, client, plan)``, which computes and
+    writes the outputs into ``run.path``, declaring them with ``run.add_output`` and recording
+    metrics. ``inputs`` are hashed into the summary; ``data_bytes`` is what the job reads and
+    writes, which ``--cluster auto`` weighs to run a small job in-process. ``plan_fixes`` and
     ``device_fixes`` are the changes that shrink the host or device memory of the plan, named
-    when it does not fit. ``measure(client)``, when given, is the compute-only round repeated
-    by ``--warmup-rounds`` / ``--measure-rounds`` after ``execute`` (so it may read what
-    ``execute`` wrote).
+    when it does not fit. ``rounds(client, plan, outputs)``, when given, readies the
+    compute-only round that ``--warmup-rounds`` / ``--measure-rounds`` and ``outcore tune``
+    repeat and returns it as a function of no arguments; ``outputs`` are the partial paths
+    of what ``execute`` wrote, by name (empty under ``outcore tune``, which runs no
+    ``execute``).
     """
 
     command: str
     config: dict[str, Any]
     plan: Callable[[Resources], Plan]
-    execute: Callable[[Run, distributed.Client], None]
+    execute: Callable[[Run, distributed.Client, Plan], None]
     inputs: Sequence[str | Path] = field(default_factory=list)
     plan_fixes: Sequence[str] = ()
-    measure: Callable[[distributed.Client], Any] | None = None
+    rounds: Rounds | None = None
     device_fixes: Sequence[str] = ()
+    data_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,9 +70,9 @@ class Tunable:
 
     ``option``: the verb's chunk-size argument (its argparse dest). ``work(args)``: the work
     of one round, in ``work_units``; throughput is work / median seconds, in ``units``.
-    ``build(verb, args, backend, scratch)`` makes the job of one point (default: the verb's
-    own ``make_job``); ``stage(args, scratch)`` writes what ``measure`` reads, inside the
-    cluster, before the clock starts. ``arguments(parser)`` adds or changes options of
+    ``build(verb, args, resources, scratch)`` makes the job of one point (default: the
+    verb's own ``make_job``); ``stage(args, scratch)`` writes what the job's rounds read,
+    inside the cluster, before the clock starts. ``arguments(parser)`` adds or changes options of
     ``outcore tune VERB`` (after the verb's own).
     """
 
@@ -69,7 +80,7 @@ class Tunable:
     units: str
     work_units: str
     work: Callable[[argparse.Namespace], float]
-    build: Callable[[Verb, argparse.Namespace, str, Path], Job] | None = None
+    build: Callable[[Verb, argparse.Namespace, Resources, Path], Job] | None = None
     stage: Callable[[argparse.Namespace, Path], None] | None = None
     arguments: Callable[[argparse.ArgumentParser], None] | None = None
 
@@ -77,6 +88,12 @@ class Tunable:
 @dataclass(frozen=True)
 class Verb:
     """A job-running subcommand: its arguments and how it becomes a ``Job``.
+
+    ``make_job(args, resources)`` checks the arguments and the inputs' metadata (nothing is
+    computed) and returns the job; ``resources`` are what the common options describe
+    (``Resources.of_options``: workers, threads, the memory limit, the resolved backend),
+    before any cluster starts, for the choices a job must make before its plan (the blocks
+    of a raw read); the plan itself is made for the running cluster's.
 
     ``defaults`` are parser defaults of the common options (e.g. ``{"cluster": "local"}``);
     ``fill_defaults(args)`` sets defaults that depend on other options (e.g. the workers of
@@ -86,7 +103,7 @@ class Verb:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    make_job: Callable[[argparse.Namespace, str], Job]
+    make_job: Callable[[argparse.Namespace, Resources], Job]
     defaults: dict | None = None
     fill_defaults: Callable[[argparse.Namespace], None] | None = None
     tunable: Tunable | None = None

@@ -17,7 +17,7 @@ import importlib.util
 import math
 import os
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import distributed
@@ -36,7 +36,7 @@ from outcore.diffim.tile import COLUMNS, preview_step
 from outcore.errors import LayoutError, OutcoreError, partial_path, refuse_existing
 from outcore.io import store as stores
 from outcore.io.store import COMPRESSOR, zarr_strings
-from outcore.plan import Plan, Resources
+from outcore.plan import Plan, Resources, data_bytes
 from outcore.progress import SHOW_PROGRESS, follow
 from outcore.runs import Run, check_png, size_of
 from outcore.verbs import DemoStage, Job, Verb
@@ -166,42 +166,50 @@ def check_rows(path: Path, n: int) -> None:
         raise LayoutError(f"{path.name} has {rows} rows, not {n}.", "run again.")
 
 
-def make_job(args: argparse.Namespace, backend_name: str) -> Job:
+@dataclass(frozen=True)
+class Choice:
+    """What a plan chose: the run's options (with their tile) and the resources planned for,
+    on which ``execute`` plans again once the PSFs, and so the halo, are known."""
+
+    options: Options
+    resources: Resources
+
+
+def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     check_options(args)
     pairs, files = read_pairs(args)
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
-                    psf_size=args.psf_size, star_snr=args.star_snr, backend=backend_name)
+                    psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
     sides = [args.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
                                if getattr(p, k) is not None]
     bound = memory.halo_bound(sides, args.stamp)
 
-    seen: dict = {}
-
-    def plan_for(resources: Resources, halo: int) -> Plan:
-        if halo == bound:  # the plan before the run (on the resources it is asked about)
-            tile = args.tile or memory.choose_tile(shapes, given, halo, variance, resources)
-            seen["options"] = replace(given, tile=tile)
-            config["tile"] = tile
-        seen["resources"] = resources
-        options = seen["options"]  # the run keeps the tile of the last plan before it
+    def plan_for(choice: Choice, halo: int) -> Plan:
+        options = choice.options
         stages = memory.memory_model(shapes, options, halo, variance)
         notes = [f"pairs: {len(pairs)}; tile {options.tile} px"
                  + ("" if args.tile else " (the plan's choice)") + f"; halo {halo} px a side"
                  + (" (the bound before the PSFs are known)" if halo == bound else "")]
-        return Plan.of(stages, resources, notes=notes,
-                       baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
+        return Plan.of(stages, choice.resources, notes=notes,
+                       baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES, choices=choice,
+                       config={"tile": options.tile})
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def plan(resources: Resources) -> Plan:
+        """The plan before the run, at the halo's bound; it chooses the tile."""
+        tile = args.tile or memory.choose_tile(shapes, given, bound, variance, resources)
+        return plan_for(Choice(replace(given, tile=tile), resources), bound)
+
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         run.set("inputs", run.record["inputs"] + [
             {"role": role, "path": path, "bytes": size_of(path), "sha256": digest}
             for role, path, digest in files])
-        options = seen["options"]
+        options = plan.choices.options
         with run.timing("models"):
             models = operator.compute_models(client, pairs, options)
-        exact = plan_for(seen["resources"], max(m.halo for m in models))
+        exact = plan_for(plan.choices, max(m.halo for m in models))
         run.set("plan", exact.to_dict())
         exact.check(PLAN_FIXES, PLAN_FIXES)
         write_outputs(run, client, pairs, models, options)
@@ -213,9 +221,10 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
             "flux_ratio": args.flux_ratio, "item_id": args.item_id})
-    return Job(command="diffim", config=config, plan=lambda r: plan_for(r, bound),
-               execute=execute, inputs=[args.manifest] if args.manifest else [],
-               plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES)
+    return Job(command="diffim", config=config, plan=plan, execute=execute,
+               inputs=[args.manifest] if args.manifest else [],
+               plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES,
+               data_bytes=data_bytes(memory.memory_model(shapes, given, bound, variance)))
 
 
 def write_outputs(run: Run, client: distributed.Client, pairs: list[Pair], models: list,

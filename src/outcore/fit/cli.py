@@ -8,6 +8,7 @@ candidate, streamed from the zarr store one chunk at a time) and the run's summa
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import distributed
@@ -24,7 +25,7 @@ from outcore.fit.memory import auto_chunk_size, memory_model
 from outcore.fit.models import MODELS
 from outcore.fit.operator import fit_dipoles, status_counts
 from outcore.io.store import zarr_strings
-from outcore.plan import Plan, Resources
+from outcore.plan import Plan, Resources, data_bytes
 from outcore.progress import compute
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Tunable, Verb
@@ -116,7 +117,7 @@ def check_parquet(path: Path, n: int) -> None:
         raise LayoutError(f"{path.name} has {rows} rows, not {n}.", "rerun the fit.")
 
 
-def make_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     catalog = open_catalog(args.input)
     psf = load_psf(args.psf)
     at_least(args.chunk_size, "--chunk-size", what="a positive number of candidates per task")
@@ -124,23 +125,24 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
     stamp = (catalog.sizes["y"], catalog.sizes["x"])
     chunk_size = args.chunk_size or auto_chunk_size(n, stamp)
     result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=chunk_size,
-                         backend=backend_name, max_iterations=args.max_iterations,
+                         backend=resources.backend, max_iterations=args.max_iterations,
                          scale_errors=args.scale_errors, output_chunk=STORAGE_ROWS)
+    stages = memory_model(
+        n, chunk_size, stamp, catalog["images"].dtype, args.model,
+        variance="variance" in catalog, mask="mask" in catalog,
+        psf_shape=None if psf is None else psf.shape[-2:],
+        per_candidate_psf=psf is not None and psf.ndim == 3, backend=resources.backend,
+        output_chunk=STORAGE_ROWS,
+    )
 
     def plan(resources: Resources) -> Plan:
-        stages = memory_model(
-            n, chunk_size, stamp, catalog["images"].dtype, args.model,
-            variance="variance" in catalog, mask="mask" in catalog,
-            psf_shape=None if psf is None else psf.shape[-2:],
-            per_candidate_psf=psf is not None and psf.ndim == 3, backend=backend_name,
-            output_chunk=STORAGE_ROWS,
-        )
         return Plan.of(stages, resources)
 
-    def measure(client: distributed.Client) -> None:
-        compute(client, result["chi2"].data.sum(), show=False)
+    def rounds(client: distributed.Client, plan: Plan,
+               outputs: Mapping[str, Path]) -> Callable[[], None]:
+        return lambda: compute(client, result["chi2"].data.sum(), show=False)
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         fits_zarr = run.add_output("fits.zarr", verify=lambda p: xr.open_zarr(
             p, consolidated=False))
         fits_parquet = run.add_output("fits.parquet", verify=lambda p: check_parquet(p, n))
@@ -166,7 +168,8 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         execute=execute,
         inputs=[args.input] + ([args.psf] if args.psf else []),
         plan_fixes=["use a smaller --chunk-size"],
-        measure=measure,
+        rounds=rounds,
+        data_bytes=data_bytes(stages),
     )
 
 

@@ -13,7 +13,7 @@ from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.convert import FORMATS
 from outcore.io.layouts import LAYOUTS
 from outcore.io.store import check_chunks
-from outcore.plan import Plan, Resources
+from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
 from outcore.verbs import Job, Verb
 
@@ -66,7 +66,7 @@ def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
     return pairs
 
 
-def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
+def _convert_job(args: argparse.Namespace, resources: Resources) -> Job:
     chunks = {k: int(v) for k, v in key_values(args.chunk, "--chunk").items()}
     hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
     options = dict(format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
@@ -81,7 +81,7 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
         ds, layout = rawscan.read_beamline_source(args.source, **options, **beamline_options,
                                                   dtype=args.dtype, shape=args.shape)
         stages = beamline.memory_model(ds)
-        corrections = steps.configure(args, ds, steps.CONVERT)
+        corrections = steps.configure(args, ds, steps.CONVERT, resources)
         stages += steps.memory(corrections, ds)
         ds = steps.apply(corrections, ds)
     else:
@@ -100,7 +100,7 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
     def plan(resources: Resources) -> Plan:
         return Plan.of(stages, resources)
 
-    def execute(run: Run, client: object) -> None:
+    def execute(run: Run, client: object, plan: Plan) -> None:
         partial = run.add_output(output, verify=lambda p: io.open(p))
         with run.timing("convert"):
             io.save(ds, partial, layout=layout, chunks=chunks or None)
@@ -112,7 +112,7 @@ def _convert_job(args: argparse.Namespace, backend_name: str) -> Job:
         config["corrections"] = steps.records(corrections)
     return Job("convert", config,
                plan, execute, inputs=[args.source] if Path(args.source).exists() else [],
-               plan_fixes=["pass a smaller --frames-per-chunk"])
+               plan_fixes=["pass a smaller --frames-per-chunk"], data_bytes=data_bytes(stages))
 
 
 VERBS = [Verb("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store; "

@@ -22,7 +22,7 @@ import distributed
 from outcore import io
 from outcore.checks import existing_path
 from outcore.errors import OutcoreError, refuse_existing
-from outcore.plan import Plan, Resources
+from outcore.plan import Plan, Resources, data_bytes
 from outcore.ptycho import reconstruct_cli
 from outcore.ptycho.demo import run_stage
 from outcore.ptycho.memory import (
@@ -92,7 +92,7 @@ def simulate_arguments(p: argparse.ArgumentParser) -> None:
                    help="object pixels around the scanned windows")
 
 
-def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_simulate_job(args: argparse.Namespace, resources: Resources) -> Job:
     output = refuse_existing(Path(args.output).expanduser().resolve())
     truth = refuse_existing(Path(args.truth).expanduser().resolve() if args.truth
                             else truth_path_for(output))
@@ -120,11 +120,12 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
         "object_detail": args.object_detail,
     }
 
-    def plan(resources: Resources) -> Plan:
-        return Plan.of(simulate_stages(sim), resources,
-                       baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
+    stages = simulate_stages(sim)
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def plan(resources: Resources) -> Plan:
+        return Plan.of(stages, resources, baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
+
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         stack = run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
         with run.timing("simulate"):
             sim.save(stack, run.add_output(truth, verify=open_truth))
@@ -135,7 +136,7 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
                    bytes=int(sim.stack["data"].nbytes))
 
     return Job("ptycho simulate", config, plan, execute,
-               plan_fixes=["pass a smaller --chunk-positions"])
+               plan_fixes=["pass a smaller --chunk-positions"], data_bytes=data_bytes(stages))
 
 
 # --- ptycho preprocess ------------------------------------------------------------------------
@@ -186,7 +187,7 @@ def _centre_option(words: list[str]) -> str | tuple[float, float]:
     return values  # type: ignore[return-value]
 
 
-def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_preprocess_job(args: argparse.Namespace, resources: Resources) -> Job:
     source = existing_path(args.input, "input store")
     output = refuse_existing(Path(args.output).expanduser().resolve())
     ds = io.open(source, layout="diffraction")
@@ -203,10 +204,12 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
         "detector_size": found.k, "pixel_size": found.pixel_size,
     }
 
-    def plan(resources: Resources) -> Plan:
-        return Plan.of(preprocess_stages(ds, found), resources)
+    stages = preprocess_stages(ds, found)
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def plan(resources: Resources) -> Plan:
+        return Plan.of(stages, resources)
+
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         partial = run.add_output(output, verify=open_preprocessed)
         with run.timing("preprocess"), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ProbeWindowWarning)
@@ -229,7 +232,7 @@ def make_preprocess_job(args: argparse.Namespace, backend_name: str) -> Job:
     return Job("ptycho preprocess", config, plan, execute, inputs=[source],
                plan_fixes=["pass a smaller --chunk-positions", "if read-stack is too big, "
                            "re-chunk the stack: outcore convert STACK.zarr NEW.zarr --chunk "
-                           "position=256"])
+                           "position=256"], data_bytes=data_bytes(stages))
 
 
 VERBS = [

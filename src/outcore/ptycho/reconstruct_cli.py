@@ -17,6 +17,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -204,7 +205,7 @@ def _plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
     return plan
 
 
-def make_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     ds = open_input(args.input)
     settings = settings_of(args, ds.sizes["position"])
     settings.validate(ds.sizes["position"])
@@ -215,22 +216,20 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
                          if args.resume else (None, 0))
     truth = _open_truth(args.truth) if args.truth else None
     check(ds, settings, args.defocus_search)
-    made: list[Prepared] = []
+    backend_name = resources.backend
 
     def prepared_state() -> Prepared:
-        """The starting state, made once, after the plan (it reads a sample of the data)."""
-        if not made:
-            made.append(prepare(args.input, ds, settings, start_state, args.defocus_search))
-        return made[0]
+        """The starting state (it reads a sample of the data, so it is made after the
+        plan)."""
+        return prepare(args.input, ds, settings, start_state, args.defocus_search)
 
-    def run_engine(client: distributed.Client, **more: Any) -> Result:
-        prepared = prepared_state()
+    def run_engine(client: distributed.Client, prepared: Prepared, **more: Any) -> Result:
         return engine.run(client, args.input, prepared.coords, prepared.obj, prepared.probe,
                           settings, model=prepared.model, backend=backend_name,
                           chunk=position_chunk(ds), start_coords=prepared.start_coords,
                           curvature=prepared.curvature, **more)
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         losses = [float(v) for v in start_state["loss"].values] if start_state else []
         save = checkpointer(run.path / WORK, args.checkpoint_every, list(losses))
         seconds: list[float] = []
@@ -248,7 +247,7 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         with run.timing("prepare"):
             prepared = prepared_state()
         with run.timing("reconstruct"):
-            result = run_engine(client, start_iteration=done, losses=losses,
+            result = run_engine(client, prepared, start_iteration=done, losses=losses,
                                 on_iteration=on_iteration)
         out = run.add_output(RECONSTRUCTION, verify=lambda p: xr.open_zarr(p, consolidated=False))
         recon = result_dataset(result, ds, settings, prepared)
@@ -279,9 +278,11 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
             metrics.update(truth_errors(recon, truth, ds))
         run.metric(**metrics)
 
-    def measure(client: distributed.Client) -> None:
+    def rounds(client: distributed.Client, plan: Plan,
+               outputs: Mapping[str, Path]) -> Callable[[], Result]:
         """The iterations alone, from the starting state, nothing written (``outcore tune``)."""
-        run_engine(client)
+        prepared = prepared_state()
+        return lambda: run_engine(client, prepared)
 
     return Job(
         command="ptycho reconstruct",
@@ -293,7 +294,8 @@ def make_job(args: argparse.Namespace, backend_name: str) -> Job:
         plan=lambda resources: _plan(ds, settings, resources),
         execute=execute,
         inputs=[args.input],
-        measure=measure,
+        rounds=rounds,
+        data_bytes=int(ds["amplitudes"].nbytes),
     )
 
 

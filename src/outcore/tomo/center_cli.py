@@ -25,7 +25,7 @@ import xarray as xr
 from outcore import io
 from outcore.checks import choice, existing_path, positive
 from outcore.errors import OutcoreError
-from outcore.plan import Plan, Resources, TaskMemory
+from outcore.plan import Plan, Resources, TaskMemory, data_bytes
 from outcore.runs import Run
 from outcore.tomo import center as centre
 from outcore.tomo.geometry import Geometry
@@ -175,7 +175,7 @@ def _check_rows(rows: list[int] | None, nv: int) -> list[int] | None:
     return rows
 
 
-def make_center_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_center_job(args: argparse.Namespace, resources: Resources) -> Job:
     method = choice(args.center_method, centre.METHODS, "--center-method")
     source = existing_path(args.input, "input").resolve()
     ds = io.open(source, layout="projections")
@@ -193,12 +193,12 @@ def make_center_job(args: argparse.Namespace, backend_name: str) -> Job:
     config: dict[str, Any] = {"input": str(source), "rows": rows, "center_method": method,
                               "search_radius": radius}
     count = len(set(rows)) if rows else len(centre.sample_rows(nv))
+    stages = center_stages(ds, count)
 
     def plan(resources: Resources) -> Plan:
-        return Plan.of(center_stages(ds, count), resources,
-                       baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
+        return Plan.of(stages, resources, baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         out = run.add_output(CENTER_JSON, verify=lambda p: json.loads(Path(p).read_text()))
         with run.timing("center"):
             found = centre.find_center(ds["projections"].data, geometry.angles, client, rows,
@@ -209,7 +209,7 @@ def make_center_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     return Job("tomo center", config, plan, execute, inputs=[source],
                plan_fixes=["raise --memory-limit (a task searches one whole sinogram, all views by "
-                           "all columns, in float64)"])
+                           "all columns, in float64)"], data_bytes=data_bytes(stages))
 
 
 VERB = Verb("tomo center", "find the rotation centre of a parallel-beam projections store "

@@ -24,7 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +140,16 @@ def _check_volume(geometry: Geometry, shape: Shape, fix: str) -> None:
         raise LayoutError(str(err), fix) from err
 
 
-def _record_blocks(config: dict, projector: Projector) -> None:
-    config.update(partition=projector.partition, views_per_block=projector.views_per_block,
-                  slab=projector.slab)
+def blocks_config(projector: Projector) -> dict[str, Any]:
+    """The effective-config entries of a projector's blocks."""
+    return {"partition": projector.partition, "views_per_block": projector.views_per_block,
+            "slab": projector.slab}
 
 
 # --- simulate ---------------------------------------------------------------------------------
 
 
-def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_simulate_job(args: argparse.Namespace, resources: Resources) -> Job:
     phantom = choice(args.phantom, PHANTOMS, "--phantom")
     kind = choice(args.geometry, KINDS, "--geometry")
     partition = choice(args.partition or "views", PARTITIONS, "--partition")
@@ -161,16 +163,15 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
     config: dict[str, Any] = {"phantom": phantom, "shape": list(shape), "views": args.views,
                               "geometry": kind, "voxel_size": args.voxel_size,
                               "output": str(output)}
-    held: dict[str, Projector] = {}
 
     def plan(resources: Resources) -> Plan:
-        held["projector"] = fitting_projector(geometry, shape, partition, "simulate",
-                                              resources, args.views_per_block, args.slab)
-        _record_blocks(config, held["projector"])
-        return method_plan(held["projector"], "simulate", resources)
+        projector = fitting_projector(geometry, shape, partition, "simulate", resources,
+                                      args.views_per_block, args.slab)
+        return replace(method_plan(projector, "simulate", resources), choices=projector,
+                       config=blocks_config(projector))
 
-    def execute(run: Run, client: distributed.Client) -> None:
-        projector = held["projector"]
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
+        projector = plan.choices
         partial = run.add_output(output, verify=lambda p: io.open(p, layout="projections"))
         volume = make_phantom(phantom, shape, args.voxel_size, projector.slab)
         ds = projections_dataset(projector.project(volume), geometry, shape, phantom)
@@ -182,10 +183,21 @@ def make_simulate_job(args: argparse.Namespace, backend_name: str) -> Job:
 
     return Job("tomo simulate", config, plan, execute,
                plan_fixes=["raise --memory-limit, or pass a smaller --slab / --views-per-block"],
-               device_fixes=["pass a smaller --slab / --views-per-block"])
+               device_fixes=["pass a smaller --slab / --views-per-block"],
+               data_bytes=math.prod(geometry.projection_shape) * np.dtype(np.float32).itemsize)
 
 
 # --- reconstruct ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Solve:
+    """What a reconstruction's plan chose: the projector (its blocks), and for sirt and cgls
+    where the vectors live and the iterations between checkpoints."""
+
+    projector: Projector
+    state: str | None = None
+    checkpoint_every: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,11 +267,11 @@ def _check_reconstruct_options(args: argparse.Namespace) -> tuple[str, str | Non
     return method, choice(args.window or "ram-lak", WINDOWS, "--window"), 0
 
 
-def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
+def make_reconstruct_job(args: argparse.Namespace, resources: Resources) -> Job:
     method, window, iterations = _check_reconstruct_options(args)
     source = existing_path(args.input, "input").resolve()
-    ds, read_stages, scan = _projections_input(args, source)
-    corrections = steps.configure(args, ds, steps.RECONSTRUCT)
+    ds, read_stages, scan = _projections_input(args, source, resources)
+    corrections = steps.configure(args, ds, steps.RECONSTRUCT, resources)
     raw, ds = ds, steps.apply(corrections, ds)
     geometry = Geometry.from_attrs(ds)
     center = center_cli.wanted_center(args.center, geometry)
@@ -291,7 +303,6 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         raise OutcoreError("--resume needs the corrections of the earlier run "
                            f"({old.get('corrections', {})}), not {config['corrections']}.",
                            "pass the earlier run's correction options, or start a new run.")
-    held: dict[str, Projector] = {}
     stored = raw["projections"]
     corrected = read_stages + steps.memory(corrections, raw)
     searched = steps.for_center(corrections, raw)  # what --center auto reads
@@ -301,31 +312,33 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
                     math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
 
     def plan(resources: Resources) -> Plan:
-        held["projector"] = fitting_projector(geometry, shape, partition, method, resources,
-                                              views, slab, stored.dtype, store_chunks)
-        _record_blocks(config, held["projector"])
+        projector = fitting_projector(geometry, shape, partition, method, resources, views,
+                                      slab, stored.dtype, store_chunks)
         if method not in ITERATIVE:
-            return method_plan(held["projector"], method, resources, store_chunks,
-                               extra=corrected)
+            return replace(method_plan(projector, method, resources, store_chunks,
+                                       extra=corrected),
+                           choices=Solve(projector), config=blocks_config(projector))
         state = args.state
         if state == "auto":
-            in_memory = method_plan(held["projector"], method, resources, store_chunks,
-                                    "memory", extra=corrected)
+            in_memory = method_plan(projector, method, resources, store_chunks, "memory",
+                                    extra=corrected)
             state = "memory" if in_memory.fits else "disk"
         every = args.checkpoint_every or CHECKPOINT_EVERY[state]
-        config.update(state=state, checkpoint_every=every)
-        return method_plan(held["projector"], method, resources, store_chunks, state,
-                           extra=corrected)
+        return replace(method_plan(projector, method, resources, store_chunks, state,
+                                   extra=corrected),
+                       choices=Solve(projector, state, every),
+                       config={**blocks_config(projector), "state": state,
+                               "checkpoint_every": every})
 
-    def execute(run: Run, client: distributed.Client) -> None:
+    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
+        chosen: Solve = plan.choices
+        projector = chosen.projector
         if center == center_cli.AUTO:
-            held["projector"] = center_cli.find_in_run(run, client, searched,
-                                                         held["projector"], source)
-        projector = held["projector"]
+            projector = center_cli.find_in_run(run, client, searched, projector, source)
         out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
         with run.timing("reconstruct"):
             volume, found = _solve(run, projector, ds, method, window, iterations,
-                                   config["checkpoint_every"], earlier, config["state"])
+                                   chosen.checkpoint_every, earlier, chosen.state)
             offset = projector.geometry.detector_offset
             ds_out = volume_dataset(volume, geometry.voxel_size, method=method,
                                     source=config["input"], window=window,
@@ -344,20 +357,22 @@ def make_reconstruct_job(args: argparse.Namespace, backend_name: str) -> Job:
         with run.timing("slices"):
             write_slices(run, out, f"{method} of {source.name}")
 
-    def measure(client: distributed.Client) -> None:
-        projector = held["projector"]
+    def rounds(client: distributed.Client, plan: Plan,
+               outputs: Mapping[str, Path]) -> Callable[[], None]:
+        projector = plan.choices.projector
         projections = ds["projections"].data.rechunk(projector.projection_chunks)
-        compute(client, fbp(projections, projector, window).sum(), show=False)
+        return lambda: compute(client, fbp(projections, projector, window).sum(), show=False)
 
     return Job("tomo reconstruct", config, plan, execute, inputs=[source],
                plan_fixes=["raise --memory-limit, or pass a smaller --slab / --views-per-block",
                            "if read-projections is too big, re-chunk the store: outcore "
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
-               measure=measure if method == "fbp" else None,
-               device_fixes=["pass a smaller --slab / --views-per-block"])
+               rounds=rounds if method == "fbp" else None,
+               device_fixes=["pass a smaller --slab / --views-per-block"],
+               data_bytes=int(stored.nbytes) + math.prod(shape) * stored.dtype.itemsize)
 
 
-def _projections_input(args: argparse.Namespace, source: Path
+def _projections_input(args: argparse.Namespace, source: Path, resources: Resources
                        ) -> tuple[xr.Dataset, list[TaskMemory], dict[str, Any] | None]:
     """The projections of ``--input``, the plan stages of reading them, and the raw-scan
     options given: a store opened as it is, or a raw HDF5 scan normalised lazily (its
@@ -373,7 +388,7 @@ def _projections_input(args: argparse.Namespace, source: Path
     ds, _ = rawscan.read_beamline_source(source, **read)
     if "frames_per_chunk" not in options:  # blocks sized for the workers' memory
         data = ds["projections"]
-        frames = raw_frames_per_block(args, data.shape[1] * data.shape[2],
+        frames = raw_frames_per_block(resources, data.shape[1] * data.shape[2],
                                       np.dtype(data.attrs.get("raw_dtype", "float32")).itemsize)
         if frames < max(data.chunks[0]):
             ds, _ = rawscan.read_beamline_source(source, **read, frames_per_chunk=frames)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 import xarray as xr
 
-from outcore.plan import TaskMemory
+from outcore.plan import Resources, TaskMemory
 
 #: The verbs that apply corrections (a step names those it serves).
 RECONSTRUCT = "tomo reconstruct"
@@ -47,7 +47,9 @@ class Step:
 
     name: str
     add_arguments: Callable[[argparse._ArgumentGroup], None]
-    configure: Callable[[argparse.Namespace, xr.Dataset], Correction | None]
+    configure: Callable[[argparse.Namespace, xr.Dataset, Resources], Correction | None]
+    """``configure(args, ds, resources)``: the correction the options ask for, checked
+    against ``ds``, with any blocks it chooses sized for ``resources``; or None."""
     options: tuple[str, ...]
     """The ``argparse`` destinations of its options (each defaults to None)."""
     verbs: frozenset[str] = frozenset({RECONSTRUCT, CONVERT})

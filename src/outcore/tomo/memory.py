@@ -21,9 +21,7 @@ llvmlite and the kernels' machine code.
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -32,8 +30,6 @@ import numpy as np
 
 from outcore.plan import F64, Plan, Resources, TaskMemory
 from outcore.tomo.geometry import Geometry
-
-_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from outcore.tomo.projector import Projector
@@ -61,30 +57,19 @@ Range = tuple[int, int]
 KERNEL_LINES_BYTES = 2**20
 
 
-def asked_memory_limit(args: Any) -> int:
-    """The memory per worker a run's options ask for (``--memory-limit``, else dask's
-    ``auto``: the machine's memory shared by its cores), bytes. Blocks chosen before the plan
-    (rows of sinograms, frames of a raw read) are sized for it; the run's plan then checks
-    them against the workers it gets."""
-    from distributed.worker_memory import parse_memory_limit
-
-    given = getattr(args, "memory_limit", None)
-    threads = getattr(args, "threads_per_worker", None) or 1
-    return parse_memory_limit("auto" if given is None else given, threads,
-                              total_cores=os.cpu_count() or 1, logger=_log)
-
-
-def raw_frames_per_block(args: Any, frame_pixels: int, raw_itemsize: int) -> int:
+def raw_frames_per_block(resources: Resources, frame_pixels: int, raw_itemsize: int) -> int:
     """Frames per block of a raw scan read inside a tomography run: as many as let each of
     the worker's threads hold the read-and-normalise task (``beamline.memory_model``: the
     raw block, its float32 copy, the output and 4 float32 blocks of scratch) in a quarter of
-    what its budget leaves beside ``TOMO_WORKER_BASELINE_BYTES``, at most ~64 MiB of raw
-    frames, at least one."""
-    threads = getattr(args, "threads_per_worker", None) or 1
-    room = max(0.0, 0.6 * asked_memory_limit(args) - TOMO_WORKER_BASELINE_BYTES)
-    per_frame = frame_pixels * (raw_itemsize + 6 * 4)
+    what its budget (60 % of ``resources.memory_limit``, the limit the run's options
+    describe; unlimited: the ~64 MiB cap) leaves beside ``TOMO_WORKER_BASELINE_BYTES``, at
+    most ~64 MiB of raw frames, at least one."""
     most = max(1, (64 << 20) // max(1, frame_pixels * raw_itemsize))
-    return int(max(1, min(most, room / 4 / threads // per_frame)))
+    if resources.memory_limit is None:
+        return most
+    room = max(0.0, 0.6 * resources.memory_limit - TOMO_WORKER_BASELINE_BYTES)
+    per_frame = frame_pixels * (raw_itemsize + 6 * 4)
+    return int(max(1, min(most, room / 4 / resources.threads_per_worker // per_frame)))
 
 
 def kernel_lines_shape(cone: bool, n_views: int, nu: int, volume_shape: tuple[int, ...],

@@ -46,7 +46,7 @@ from dask.array.overlap import ensure_minimum_chunksize
 from outcore.backend import array_namespace
 from outcore.backend import fft as backend_fft
 from outcore.errors import OutcoreError
-from outcore.plan import TaskMemory
+from outcore.plan import Resources, TaskMemory
 from outcore.tomo.correction import Step
 
 #: ``h c`` in keV metres: ``lambda [m] = HC_KEV_M / E [keV]``.
@@ -282,7 +282,7 @@ def _value(given: float | None, ds: xr.Dataset, attr: str, flag: str, example: s
     return float(value)
 
 
-def configure(args: argparse.Namespace, ds: xr.Dataset) -> Paganin | None:
+def configure(args: argparse.Namespace, ds: xr.Dataset, resources: Resources) -> Paganin | None:
     """The :class:`Paganin` correction ``args`` ask for, checked against ``ds``, or None."""
     delta_beta = getattr(args, "paganin", None)
     if delta_beta is None:

@@ -38,10 +38,10 @@ import numpy as np
 import xarray as xr
 
 from outcore.errors import OutcoreError
-from outcore.plan import F64, TaskMemory
+from outcore.plan import F64, Resources, TaskMemory
 from outcore.tomo import reslice
 from outcore.tomo.correction import Step
-from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, asked_memory_limit
+from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 
 #: The filters ``--rings`` names.
 METHODS: tuple[str, ...] = ("sort", "fft", "wavelet")
@@ -248,8 +248,10 @@ def _params(args: argparse.Namespace, method: str, shape: tuple[int, ...]) -> di
     return params
 
 
-def configure(args: argparse.Namespace, ds: xr.Dataset) -> RingRemoval | None:
-    """The ``rings`` correction ``args`` ask for, checked against ``ds``, or None."""
+def configure(args: argparse.Namespace, ds: xr.Dataset,
+              resources: Resources) -> RingRemoval | None:
+    """The ``rings`` correction ``args`` ask for, checked against ``ds``, its sinogram rows
+    sized for ``resources``; or None."""
     method = getattr(args, "rings", None)
     if method is None:
         for dest in OPTIONS[1:]:
@@ -265,8 +267,8 @@ def configure(args: argparse.Namespace, ds: xr.Dataset) -> RingRemoval | None:
     params = _params(args, method, data.shape)
     probe = RingRemoval(method, params, 1)
     rows = reslice.sinogram_rows(
-        data.chunks, data.shape, data.dtype.itemsize, asked_memory_limit(args),
-        getattr(args, "threads_per_worker", None) or 1,
+        data.chunks, data.shape, data.dtype.itemsize, resources.memory_limit,
+        resources.threads_per_worker,
         lambda r: [probe.filter_stage(data.shape, data.dtype.itemsize, r)],
         baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
     return RingRemoval(method, params, rows)

@@ -20,7 +20,7 @@ from typing import Any
 
 import xarray as xr
 
-from outcore.plan import TaskMemory
+from outcore.plan import Resources, TaskMemory
 from outcore.tomo import phase, rings, stitch
 from outcore.tomo.correction import CONVERT, RECONSTRUCT, Correction, Step
 
@@ -47,8 +47,10 @@ def requested(args: argparse.Namespace, verb: str) -> list[str]:
             for dest in step.options if getattr(args, dest, None) is not None]
 
 
-def configure(args: argparse.Namespace, ds: xr.Dataset, verb: str) -> list[Correction]:
-    """The corrections ``args`` ask for, checked against ``ds`` before any compute, in order.
+def configure(args: argparse.Namespace, ds: xr.Dataset, verb: str,
+              resources: Resources) -> list[Correction]:
+    """The corrections ``args`` ask for, checked against ``ds`` before any compute, in order
+    (blocks they choose sized for ``resources``, what the run's options describe).
 
     Each step configures against the dataset the earlier ones give (lazily), so a step sees
     the shape and attrs it will be applied to.
@@ -57,7 +59,7 @@ def configure(args: argparse.Namespace, ds: xr.Dataset, verb: str) -> list[Corre
     for step in STEPS:
         if verb not in step.verbs:
             continue
-        correction = step.configure(args, ds)
+        correction = step.configure(args, ds, resources)
         if correction is not None:
             corrections.append(correction)
             ds = correction.apply(ds)

@@ -46,7 +46,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.errors import OutcoreError
-from outcore.plan import TaskMemory
+from outcore.plan import Resources, TaskMemory
 from outcore.tomo.correction import Step
 from outcore.tomo.geometry import Geometry
 
@@ -339,7 +339,7 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
                             "given; with --half-acquisition)")
 
 
-def _configure(args: argparse.Namespace, ds: xr.Dataset) -> Stitch | None:
+def _configure(args: argparse.Namespace, ds: xr.Dataset, resources: Resources) -> Stitch | None:
     given, side = getattr(args, "half_acquisition", None), getattr(args, "axis_side", None)
     if given is None:
         if side is not None:

@@ -12,6 +12,7 @@ from outcore import io
 from outcore.checks import at_least, choice
 from outcore.checks import shape as shape_of
 from outcore.errors import OutcoreError
+from outcore.plan import Resources
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset
 from outcore.tomo.phantom import PHANTOMS, make_phantom
@@ -54,7 +55,7 @@ def _synthetic(args: argparse.Namespace) -> dict[str, Any] | None:
             for k, v in TOMO_SCAN.items()}
 
 
-def _build(verb: Verb, args: argparse.Namespace, backend_name: str, scratch: Path) -> Job:
+def _build(verb: Verb, args: argparse.Namespace, resources: Resources, scratch: Path) -> Job:
     """The reconstruction's job (fbp only: its round is the FBP), on ``--input`` or on the
     synthetic scan, which is written into ``scratch`` here, once, with this process's dask
     scheduler (before any cluster starts)."""
@@ -63,7 +64,7 @@ def _build(verb: Verb, args: argparse.Namespace, backend_name: str, scratch: Pat
                            f" {args.method}.", "use --method fbp (the default).")
     scan = _synthetic(args)
     if scan is None:
-        return verb.make_job(args, backend_name)
+        return verb.make_job(args, resources)
     shape = shape_of(scan["shape"], "--shape")
     at_least(scan["views"], "--views", what="the number of views")
     kind = choice(scan["geometry"], KINDS, "--geometry")
@@ -76,7 +77,7 @@ def _build(verb: Verb, args: argparse.Namespace, backend_name: str, scratch: Pat
         io.save(projections_dataset(projector.project(volume), geometry, shape, phantom),
                 store, layout="projections")
     return verb.make_job(argparse.Namespace(**{**vars(args), "input": str(store)}),
-                         backend_name)
+                         resources)
 
 
 def _gigaviews(args: argparse.Namespace) -> float:
