@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -82,7 +83,7 @@ def namespace(name: str) -> ModuleType:
 
 def array_namespace(x: Any) -> ModuleType:
     """numpy or cupy, whichever ``x`` belongs to."""
-    if type(x).__module__.startswith("cupy"):
+    if twin_of(x) == "gpu":
         import cupy
 
         return cupy
@@ -91,12 +92,40 @@ def array_namespace(x: Any) -> ModuleType:
 
 def fft(xp: ModuleType) -> ModuleType:
     """The FFT module of an array namespace: ``scipy.fft`` for numpy (float32 in, complex64
-    out, fast at any length of small primes), ``cupy.fft`` for cupy."""
+    out, fast at any length of small primes), ``cupyx.scipy.fft`` for cupy (the same
+    functions and arguments, ``next_fast_len`` and ``overwrite_x`` among them, which
+    ``cupy.fft`` lacks)."""
     if xp is np:
         import scipy.fft
 
         return scipy.fft
-    return xp.fft  # type: ignore[no-any-return]
+    import cupyx.scipy.fft
+
+    return cupyx.scipy.fft
+
+
+def twin_of(x: Any) -> str:
+    """``"cpu"`` for a numpy array (or anything not cupy's), ``"gpu"`` for a cupy array."""
+    return "gpu" if type(x).__module__.startswith("cupy") else "cpu"
+
+
+@functools.cache
+def _twin(package: str, twin: str) -> ModuleType:
+    return importlib.import_module(f"{package}.{twin}")
+
+
+def kernels(x: Any, package: str) -> ModuleType:
+    """The twin of a family's kernels for arrays like ``x``: the module ``package.cpu``
+    (numpy, numba) for host arrays, ``package.gpu`` (cupy; imported on first use) for device
+    arrays. A family's ``kernels/__init__.py`` calls ``kernels(x, __name__).name(...)``;
+    this is the one place where the twins are chosen."""
+    return _twin(package, twin_of(x))
+
+
+def kernels_named(name: str, package: str) -> ModuleType:
+    """The twin of ``package`` for the resolved backend ``name`` (numpy: ``cpu``, cupy:
+    ``gpu``), for a kernel that gets no array to look at."""
+    return _twin(package, "gpu" if name == "cupy" else "cpu")
 
 
 def to_backend(x: Any, name: str) -> Any:

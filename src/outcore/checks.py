@@ -100,3 +100,14 @@ def existing_path(path: str | PathLike[str], what: str = "input") -> Path:
             f"{str(Path.cwd())!r}).",
         )
     return path
+
+
+def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` words of a repeatable option as a dict (OutcoreError naming ``flag``)."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
+        pairs[key] = value
+    return pairs

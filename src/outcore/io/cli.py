@@ -5,10 +5,10 @@ flats and darks into the ``projections`` layout (``outcore.tomo.beamline``)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 
 from outcore import io, reduce
+from outcore.checks import key_values
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.convert import FORMATS
 from outcore.io.layouts import LAYOUTS
@@ -53,17 +53,6 @@ def _convert_arguments(p: argparse.ArgumentParser) -> None:
 
     rawscan.add_arguments(b, source_options=False)
     steps.add_arguments(p, steps.CONVERT)
-
-
-def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
-    """``KEY=VALUE`` words of a repeatable option as a dict (OutcoreError naming ``flag``)."""
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
-        pairs[key] = value
-    return pairs
 
 
 def _convert_job(args: argparse.Namespace, resources: Resources) -> Job:

@@ -35,10 +35,9 @@ import numpy as np
 import xarray as xr
 
 from outcore import figures, io
-from outcore.checks import at_least, choice, existing_path, positive
+from outcore.checks import at_least, choice, existing_path, key_values, positive
 from outcore.checks import shape as shape_of
 from outcore.errors import LayoutError, OutcoreError, refuse_existing
-from outcore.io.cli import key_values
 from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources, TaskMemory
 from outcore.progress import compute
