@@ -71,7 +71,7 @@ def test_existing_run_directory_is_refused_before_anything(tmp_path, capsys):
          "cluster"),
         (["--backend", "cupy"] if not outcore.backend.gpu_available() else ["--workers", "0"],
          "cupy" if not outcore.backend.gpu_available() else "at least 1"),
-        (["--memory-limit", "300MiB", "--scan", "64", "64", "--chunk-rows", "32", "--frame", "128"],
+        (["--memory-limit", "400MiB", "--scan", "64", "64", "--chunk-rows", "32", "--frame", "128"],
          "does not fit"),
     ],
 )
@@ -88,7 +88,7 @@ def test_plan_prints_the_table_without_running(capsys):
     out = capsys.readouterr().out
     assert "read-and-reduce" in out and "verdict: fits" in out
     assert main(["plan", "demo", "--frame", "128", "--chunk-rows", "64",
-                 "--memory-limit", "256MiB"]) == 1
+                 "--memory-limit", "400MiB"]) == 1
     assert "needs a limit of" in capsys.readouterr().out
 
 

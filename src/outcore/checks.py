@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path, PurePath
@@ -111,3 +112,27 @@ def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
             raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
         pairs[key] = value
     return pairs
+
+
+def writable_directory(path: str | PathLike[str], flag: str) -> Path:
+    """``path`` when it is a directory this process can write into, or a path that can be
+    made one (its nearest existing parent is a writable directory); else OutcoreError.
+
+    Nothing is created here: the run creates the directory when it starts."""
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise OutcoreError(f"{flag} {str(path)!r} is a file, not a directory.",
+                           f"give {flag} a directory (it is made when missing), or move the"
+                           " file away.")
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutcoreError(f"{flag} {str(path)!r} cannot be made: {str(parent)!r} is a file.",
+                           f"give {flag} a path under a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        where = "" if parent == path else f" (its parent {str(parent)!r})"
+        raise OutcoreError(f"{flag} {str(path)!r}{where} is not writable by this user.",
+                           f"give {flag} a directory you can write to, or change its"
+                           " permissions.")
+    return path

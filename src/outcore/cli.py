@@ -239,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         summary = run_job(run_settings(args), lambda r: verb.make_job(args, r))
         print_summary(summary)
         return 0
+    except BrokenPipeError:
+        return reader_gone()
     except (Exception, KeyboardInterrupt) as err:
         if args.debug:
             raise
@@ -251,6 +253,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
+#: The exit code of a command whose output's reader went away (128 + SIGPIPE, as a shell
+#: tool killed by that signal reports it).
+BROKEN_PIPE_EXIT = 141
+
+
+def reader_gone() -> int:
+    """End quietly when the reader of stdout has gone (``outcore runs | head``): stdout is
+    pointed at /dev/null, so that what is still buffered, and the interpreter's last flush,
+    go nowhere instead of raising ``BrokenPipeError`` again; returns ``BROKEN_PIPE_EXIT``."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # a stdout without a file (captured)
+        pass
+    return BROKEN_PIPE_EXIT
+
+
 def entry() -> None:
     """The ``outcore`` command: ``main``, then the exit handlers (logging, MPI, dask's
     clean-ups) and an exit that skips the interpreter's teardown of every loaded module,
@@ -259,9 +278,12 @@ def entry() -> None:
     the interpreter's teardown, where mpi4py finalizes MPI (mpirun kills the job's other
     ranks when one leaves unfinalized)."""
     code = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left before the last of the output was written
+        code = reader_gone()
     if "mpi4py.MPI" in sys.modules:
         sys.exit(code)
-    sys.stdout.flush()
     sys.stderr.flush()
     atexit._run_exitfuncs()
     os._exit(code)

@@ -15,6 +15,7 @@ limit: ``--device-memory-limit``, else the GPU's free memory.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -93,19 +94,33 @@ class Resources:
         Device: ``--device-memory-limit``, else the smallest free memory of this machine's
         GPUs.
         """
-        from distributed.worker_memory import parse_memory_limit
-
         gpus = backend.devices()
         workers = opts.default_workers()
-        limit = parse_memory_limit(
-            "auto" if opts.memory_limit is None else opts.memory_limit,
-            opts.threads_per_worker, total_cores=os.cpu_count() or 1, logger=log,
-        )
+        limit = worker_memory_limit(opts.memory_limit, opts.threads_per_worker)
         device = _bytes(opts.device_memory_limit)
         if device is None and gpus:
             device = min(g["free_bytes"] for g in gpus)
         return cls(workers, opts.threads_per_worker, limit, backend_name,
                    device if backend_name == "cupy" else None)
+
+
+def worker_memory_limit(given: int | str | None, threads_per_worker: int = 1) -> int | None:
+    """The bytes of memory each worker gets from ``--memory-limit`` ``given``, as dask reads
+    it: bytes, a size string, a fraction of the machine's memory, or ``auto`` (also None) =
+    the machine's memory x threads / cores (capped at the machine's memory; None for 0)."""
+    from distributed.worker_memory import parse_memory_limit
+
+    return parse_memory_limit("auto" if given is None else given, threads_per_worker,
+                              total_cores=os.cpu_count() or 1, logger=log)
+
+
+def least_memory_limit(baseline_bytes: int = WORKER_BASELINE_BYTES,
+                       target_fraction: float = 0.6) -> int:
+    """The smallest memory limit per worker under which any plan can fit, bytes: a worker's
+    resident baseline inside the budget (``target_fraction`` of the limit), 334 MiB for the
+    measured 200 MiB. Below it a worker cannot even hold itself: dask pauses it, or its nanny
+    restarts it, over and over."""
+    return math.ceil(baseline_bytes / target_fraction)
 
 
 def _bytes(size: int | str | None) -> int | None:

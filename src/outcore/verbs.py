@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dask.utils import format_bytes
+
 from outcore import backend, cluster
-from outcore.checks import path_component, positive
+from outcore.checks import path_component, positive, size, writable_directory
 from outcore.errors import OutcoreError
 from outcore.families import FAMILIES, Family
-from outcore.plan import Plan, Resources
+from outcore.plan import (
+    WORKER_BASELINE_BYTES,
+    Plan,
+    Resources,
+    least_memory_limit,
+    worker_memory_limit,
+)
 
 if TYPE_CHECKING:
     import distributed
@@ -239,10 +248,15 @@ class RunSettings:
         }
 
     def validate(self) -> None:
-        """Refuse a run name, round counts and timeouts that cannot work, before anything
-        starts."""
+        """Refuse a run name, round counts, timeouts and folders that cannot work, before
+        anything starts: ``--output-dir`` and ``--spill-dir`` must be (or be creatable as)
+        writable directories."""
         if self.name is not None:
             path_component(self.name, "--name")
+        self.check_memory_limit()
+        writable_directory(self.output_dir, "--output-dir")
+        if self.cluster.spill_dir is not None:
+            writable_directory(self.cluster.spill_dir, "--spill-dir")
         positive(self.worker_timeout, "--worker-timeout",
                  "the seconds one task may run, e.g. --worker-timeout 600")
         if self.warmup_rounds < 0 or self.measure_rounds < 1:
@@ -251,6 +265,24 @@ class RunSettings:
                 " cannot be run.",
                 "give --warmup-rounds 0 or more and --measure-rounds 1 or more.",
             )
+
+
+    def check_memory_limit(self) -> None:
+        """Refuse a ``--memory-limit`` under ``plan.least_memory_limit`` (what a worker holds
+        before any task, inside its budget), naming the least that works."""
+        given = self.cluster.memory_limit
+        if given is None or self.cluster.is_address:
+            return
+        limit = worker_memory_limit(size(given, "--memory-limit"),
+                                    self.cluster.threads_per_worker)
+        least = least_memory_limit()
+        if limit is not None and limit < least:
+            raise OutcoreError(
+                f"--memory-limit {given} gives each worker {format_bytes(limit)}, less than"
+                f" the {format_bytes(least)} a worker needs before any task (about"
+                f" {format_bytes(WORKER_BASELINE_BYTES)} resident, within the"
+                " 60 % of its limit a plan may use).",
+                f"give --memory-limit {math.ceil(least / 2**20)}MiB or more.")
 
 
 def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:
