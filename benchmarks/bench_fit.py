@@ -37,8 +37,8 @@ errors are right.
 
 ``outcore-kernel`` (``--kernel-n``, 4096 by default) times ``fit_chunk`` alone on one chunk
 in this process, on one core: ``"engine": "compiled"`` is the host loop the Gaussian model
-runs (``outcore.fit.cpu``), ``"array"`` the batched array code (what the PSF model and cupy
-run), alternating run by run.
+runs (``outcore.fit.kernels.compiled``), ``"array"`` the batched array code (what the PSF
+model and cupy run), alternating run by run.
 
 ``--big N`` also streams a lazy catalog of N stamps (never materialised, made chunk by chunk
 in the workers) through ``--workers`` workers of ``--big-memory`` each, computing only the
@@ -72,6 +72,7 @@ from distributed import Client, LocalCluster, futures_of, wait
 
 import outcore
 from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, kernels, simulate_catalog
+from outcore.fit.kernels import cpu as host_kernels
 from outcore.runs import versions
 
 BENCH = "fit-dipoles"
@@ -372,12 +373,13 @@ def bench_scipy_loop(args: argparse.Namespace, n: int, stamps: Path, truth,
 
 def bench_kernel(args: argparse.Namespace, n: int) -> None:
     """``fit_chunk`` alone on one chunk of ``n`` stamps in this process (one core), the
-    compiled host loop (``outcore.fit.cpu``) and the array code, alternating run by run."""
+    compiled host loop (``outcore.fit.kernels.compiled``) and the array code, alternating
+    run by run."""
     catalog, _ = simulate_catalog(n, args.stamp, **catalog_options(args))
     catalog = catalog.compute()
     arrays = {name: catalog[name].values for name in ("images", "variance", "mask", "psf")
               if name in catalog}
-    compiled = kernels.COMPILED_MODELS
+    compiled = host_kernels.COMPILED_MODELS
     engines = {"array": ()}
     if args.model in compiled:
         engines = {"compiled": compiled, **engines}
@@ -386,17 +388,17 @@ def bench_kernel(args: argparse.Namespace, n: int) -> None:
     few = {k: v[:8] if k != "psf" or v.ndim == 3 else v for k, v in arrays.items()}
     try:
         for models in engines.values():  # warm-up: numba's cache, imports
-            kernels.COMPILED_MODELS = models
+            host_kernels.COMPILED_MODELS = models
             kernels.fit_chunk(**few, model=args.model)
         for _ in range(args.runs):
             for engine, models in engines.items():
-                kernels.COMPILED_MODELS = models
+                host_kernels.COMPILED_MODELS = models
                 t0, c0 = time.perf_counter(), time.process_time()
                 kernels.fit_chunk(**arrays, model=args.model)
                 cpus[engine].append(time.process_time() - c0)
                 walls[engine].append(time.perf_counter() - t0)
     finally:
-        kernels.COMPILED_MODELS = compiled
+        host_kernels.COMPILED_MODELS = compiled
     for engine in engines:
         emit("outcore-kernel", case_for(args, n, chunk=n, workers=1, engine=engine),
              n / float(np.median(walls[engine])), walls[engine],

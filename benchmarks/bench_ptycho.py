@@ -5,16 +5,16 @@ Prints one JSON line per tool and case (DESIGN.md, "Benchmark lines"), then one 
 per comparison. Each *setting* (``--settings``: ``base`` one probe mode, fixed positions;
 ``modes3`` three probe modes; ``refine`` position refinement from the first iteration on) is
 run by every tool with the same batch size (``--batch``, several allowed), and every line
-carries ``object_error`` (``outcore.ptycho.quality.object_error`` of the tool's final object
-against the truth, after global phase, scale and phase ramp; a benchmark runs few
+carries ``object_error`` (``outcore.ptycho.reconstruct.quality.object_error`` of the tool's
+final object against the truth, after global phase, scale and phase ramp; a benchmark runs few
 iterations, so it compares tools, it is no converged error). One simulated stack (a raster
 of ``--scan`` x ``--scan`` positions, ``--step`` object pixels apart, ``--k`` x ``--k``
 patterns of a smooth complex object seen through a defocused aperture probe, straight from
 the far-field model, noise-free) is reconstructed by
 
-- ``outcore``: ``outcore.ptycho.engine.run`` on a local cluster of 1 and 2 worker processes
-  (one thread each, ``--workers``; ``--cluster threads``: workers in this process), once per
-  residency (``--residency``: ``device`` keeps each
+- ``outcore``: ``outcore.ptycho.reconstruct.engine.run`` on a local cluster of 1 and 2 worker
+  processes (one thread each, ``--workers``; ``--cluster threads``: workers in this process),
+  once per residency (``--residency``: ``device`` keeps each
   shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
   ``disk`` reads each sub-batch from the zarr store, the next one in a thread), each case on
   a fresh cluster so that its peak worker memory is its own; ``--repeats`` runs each case
@@ -35,9 +35,9 @@ the far-field model, noise-free) is reconstructed by
   every temporary over 128 KiB of the kernels is a fresh ``mmap`` with its page faults,
   about doubling the kernels' time);
 - ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop
-  (``outcore.ptycho.solver.serial``, the engine's numpy twin) in this process, no cluster:
-  the compute the engine schedules, so that ``engine 1 worker - kernels`` is the engine's own
-  cost (actor calls, transfers, the state after each iteration);
+  (``outcore.ptycho.reconstruct.solver.serial``, the engine's numpy twin) in this process, no
+  cluster: the compute the engine schedules, so that ``engine 1 worker - kernels`` is the
+  engine's own cost (actor calls, transfers, the state after each iteration);
   ``engine_overhead_s_per_step`` spreads it over
   the steps; ``--backend cupy`` runs the engine on the GPU, the loop stays on the host;
 - ``quantem``: quantEM's ``Ptychography`` (single slice, far field, pixelated object and probe,
@@ -114,10 +114,11 @@ from common import add_backend, check_backend, line, machine
 
 import outcore
 from outcore import cluster
-from outcore.ptycho import engine, kernels, solver
-from outcore.ptycho import probe as probes
-from outcore.ptycho.kernels import Model
-from outcore.ptycho.quality import illuminated, object_error
+from outcore.ptycho.reconstruct import engine, solver
+from outcore.ptycho.reconstruct import model as physics
+from outcore.ptycho.reconstruct import probe as probes
+from outcore.ptycho.reconstruct.model import Model
+from outcore.ptycho.reconstruct.quality import illuminated, object_error
 from outcore.runner import peak_worker_rss
 from outcore.runs import versions
 
@@ -166,8 +167,9 @@ def aperture_probe(k: int, radius: float, defocus: float) -> np.ndarray:
 
 def simulate(scan: int, k: int, step: int, block: int = 256) -> Scan:
     """A raster of ``scan x scan`` positions over a smooth amplitude/phase object, patterns
-    from the far-field model (``kernels.intensities``), noise-free; the probe guess keeps the
-    mean pattern's amplitude with a defocus phase, as a starting probe is made from data."""
+    from the far-field model (``reconstruct.model.intensities``), noise-free; the probe guess
+    keeps the mean pattern's amplitude with a defocus phase, as a starting probe is made from
+    data."""
     size = (scan - 1) * step + k
     yy, xx = np.mgrid[:size, :size]
     truth = ((0.7 + 0.3 * np.cos(xx / 5.0) * np.sin(yy / 7.0))
@@ -177,7 +179,7 @@ def simulate(scan: int, k: int, step: int, block: int = 256) -> Scan:
     top_left = np.stack([rows.ravel(), cols.ravel()], axis=1).astype(np.int64)
     amplitudes = np.empty((len(top_left), k, k), np.float32)
     for lo in range(0, len(top_left), block):  # bounded scratch for big scans
-        amplitudes[lo:lo + block] = np.sqrt(kernels.intensities(truth, probe,
+        amplitudes[lo:lo + block] = np.sqrt(physics.intensities(truth, probe,
                                                                 top_left[lo:lo + block]))
     ky, kx = np.mgrid[:k, :k] - k // 2
     pupil = np.sqrt((amplitudes.astype(np.float64)**2).mean(axis=0)) \
@@ -276,14 +278,14 @@ def worker_malloc(variant: str) -> Iterator[None]:
     ``dask``, dask's ``pre-spawn-environ`` as it is (outcore's setting switched off)."""
     os.environ.clear()
     os.environ.update(START_ENVIRON)
-    original = cluster.worker_environ
+    original = cluster.workers.worker_environ
     if variant == "dask":
-        cluster.worker_environ = lambda: dict(
+        cluster.workers.worker_environ = lambda: dict(
             dask.config.get("distributed.nanny.pre-spawn-environ"))
     try:
         yield
     finally:
-        cluster.worker_environ = original
+        cluster.workers.worker_environ = original
         os.environ.clear()
         os.environ.update(START_ENVIRON)
 

@@ -13,7 +13,7 @@ the verbs as whole processes):
 - ``phase256``: the 5 rows ``tomo center`` samples of a 256^3 scan of the same kind with
   Fresnel phase contrast (``raw_scan.py --phase``: fringes at every edge).
 
-outcore: ``outcore.tomo.center.center_vo``; algotom: ``find_center_vo`` with its defaults
+outcore: ``outcore.tomo.center.search.center_vo``; algotom: ``find_center_vo`` with its defaults
 (``ncore=1``) in its own venv (``--algotom-python``, by default the one
 ``peers/make_algotom_venv.sh`` makes). One JSON line per group and tool: the largest and
 mean absolute errors (pixels) and the median seconds per sinogram.
@@ -36,8 +36,8 @@ import numpy as np
 import raw_scan
 from common import line, skipped
 
-from outcore.tomo.beamline import normalise
-from outcore.tomo.center import center_vo, half_turn, sample_rows
+from outcore.tomo.center.search import center_vo, half_turn, sample_rows
+from outcore.tomo.raw.normalise import normalise
 
 BENCH = "tomo-center-accuracy"
 HERE = Path(__file__).parent

@@ -2,7 +2,7 @@
 
 The frame: three spheres of one material (delta 1e-6, beta 1e-9 at 20 keV, 1 um pixels)
 whose exit wave is propagated over ``--distance`` by the Fresnel transfer function written
-here. outcore: ``outcore.tomo.phase.filter_frames`` (Paganin on the intensity). algotom:
+here. outcore: ``outcore.tomo.corrections.phase.filter_frames`` (Paganin on the intensity). algotom:
 ``prep.filtering.fresnel_filter(dim=2)`` (the same window, in cycles per pixel of the
 unpadded frame, on the log image; algotom 1.7.0 has no Paganin function), with its ratio
 matched to ``pi lambda z (delta/beta) / du^2`` at the padded grid, in its own venv
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from common import line, skipped, timed
 
-from outcore.tomo import phase
+from outcore.tomo.corrections import phase
 
 BENCH = "tomo-phase"
 ENERGY, DELTA, BETA, PIXEL = 20.0, 1e-6, 1e-9, 1e-6

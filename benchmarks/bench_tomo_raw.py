@@ -12,10 +12,10 @@ of ``1 +- --gain`` that the flats miss, Poisson noise; Data Exchange HDF5):
   ``--energy``, ``--distance``) and its noise-free line integrals ``phase.truth.h5``.
 
 Cases (``--cases``); a case whose outcore feature the branch under test lacks (read from
-``outcore tomo reconstruct --help``, ``outcore convert --help`` and ``outcore tomo center
---help``) prints outcore's line with ``"skipped"`` and the reason, and still runs the peer:
+``outcore tomo reconstruct --help``, ``outcore tomo convert --help`` and ``outcore tomo
+center --help``) prints outcore's line with ``"skipped"`` and the reason, and still runs the peer:
 
-- ``fbp``: the parts that exist today. outcore: ``convert --beamline`` (the true centre given
+- ``fbp``: the parts that exist today. outcore: ``tomo convert`` (the true centre given
   as ``--attr detector_offset``) then ``tomo reconstruct --method fbp``, one shell command;
   algotom: flat-field, then ASTRA's CPU FBP slice by slice at the true centre. ``quality``:
   PSNR against the phantom over the whole volume (bench_cli.py's ``psnr_db``).
@@ -27,13 +27,13 @@ Cases (``--cases``); a case whose outcore feature the branch under test lacks (r
   the true centre. ``quality.ring_rms``: the RMS over the volume of the tool's volume minus
   its own reconstruction of ``clean.h5`` without removal (1/m); ``ring_rms_before`` the same
   without removal (one reference run per tool), and their ratio ``ring_reduction``.
-- ``paganin``: ``convert --beamline --paganin DELTA_BETA --energy --propagation-distance``
+- ``paganin``: ``tomo convert --paganin DELTA_BETA --energy --propagation-distance``
   against algotom's flat-field and phase filter (``fresnel_filter``, ratio ``pi lambda z
   (delta/beta) / pixel^2``), each from ``phase.h5`` to its corrected projections;
   ``quality.relative_error``: ``||p - truth|| / ||truth||`` against the noise-free line
   integrals.
 - ``path``: the whole raw file -> volume of ``phase.h5``: ``outcore tomo reconstruct --input
-  phase.h5 --center auto --rings METHOD --paganin ...`` (or ``convert --beamline`` then
+  phase.h5 --center auto --rings METHOD --paganin ...`` (or ``tomo convert`` then
   ``tomo reconstruct`` when ``--input`` takes no raw file) against algotom's script (load,
   flat-field, phase filter, find the centre, remove stripes, ASTRA CPU FBP slice by slice);
   PSNR against the phantom.
@@ -93,7 +93,7 @@ def features(timeout: float) -> dict[str, bool]:
             shutil.rmtree(folder, ignore_errors=True)
 
     _, reconstruct = help_of("tomo", "reconstruct")
-    _, convert = help_of("convert")
+    _, convert = help_of("tomo", "convert")
     code, _ = help_of("tomo", "center")
     return {"center_verb": code == 0, "center_option": "--center" in reconstruct,
             "rings": "--rings" in reconstruct, "paganin": "--paganin" in reconstruct,
@@ -106,7 +106,7 @@ def missing(have: dict[str, bool], *needs: str) -> str | None:
     if not lacking:
         return None
     return (LACKS + " " + ", ".join(lacking) + " (issue 15; read from `outcore tomo "
-            "reconstruct --help`, `outcore convert --help`, `outcore tomo center --help`)")
+            "reconstruct --help`, `outcore tomo convert --help`, `outcore tomo center --help`)")
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def make_scans(args: argparse.Namespace, folder: Path) -> dict[str, float]:
 
 
 def pixel_attrs(truth: dict, offset: bool) -> list[str]:
-    """``--attr`` options of ``convert --beamline``: the pixel, and the true offset if asked."""
+    """``--attr`` options of ``tomo convert``: the pixel, and the true offset if asked."""
     attrs = ["--attr", f"detector_pixel_size={truth['pixel_size']}"]
     if offset:
         attrs += ["--attr", f"detector_offset=[0, {truth['detector_offset_u']}]"]
@@ -145,15 +145,15 @@ def pixel_attrs(truth: dict, offset: bool) -> list[str]:
 
 def convert_once(args: argparse.Namespace, folder: Path, raw: Path, store: Path,
                  prepare: dict, offset: bool) -> None:
-    """``store`` from ``raw`` by ``outcore convert --beamline`` and its ``.npy`` export."""
+    """``store`` from ``raw`` by ``outcore tomo convert`` and its ``.npy`` export."""
     import zarr
 
     truth = raw_scan.load_truth(raw)
     if not store.exists():
-        found = checked([*outcore_command(), "convert", str(raw), str(store), "--beamline",
+        found = checked([*outcore_command(), "tomo", "convert", str(raw), str(store),
                          *pixel_attrs(truth, offset), "--output-dir",
                          str(folder / "prep-runs"), "--no-progress"],
-                        folder / f"prep-{store.stem}", args.timeout, "outcore convert")
+                        folder / f"prep-{store.stem}", args.timeout, "outcore tomo convert")
         prepare[f"convert_{store.stem}"] = round(found.wall_s, 3)
     npy = store.with_suffix(".npy")
     if not npy.exists():
@@ -238,7 +238,7 @@ def outcore_path(args: argparse.Namespace, raw: Path, truth: dict, *, center: st
                     *pixel_attrs(truth, offset), *centre, *ring, *phase, *window,
                     *workers, *runs(run, "out")]
         store = run / "proj.zarr"
-        convert = [*outcore_command(), "convert", str(raw), str(store), "--beamline",
+        convert = [*outcore_command(), "tomo", "convert", str(raw), str(store),
                    *pixel_attrs(truth, offset), *phase, *workers,
                    *runs(run, "convert")]
         reconstruct = [*outcore_command(), "tomo", "reconstruct", "--input", str(store),
@@ -442,8 +442,8 @@ def case_paganin(args, work, folder, have, prepare) -> None:
 
     contenders = [Contender(
         "outcore", "outcore", dict(base),
-        lambda run: [*outcore_command(), "convert", str(raw), str(run / "proj.zarr"),
-                     "--beamline", *pixel_attrs(truth, False), "--paganin",
+        lambda run: [*outcore_command(), "tomo", "convert", str(raw), str(run / "proj.zarr"),
+                     *pixel_attrs(truth, False), "--paganin",
                      str(args.delta_beta), "--energy", str(args.energy),
                      "--propagation-distance", str(args.distance), *cluster_options(args),
                      "--output-dir", str(run),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from outcore.ptycho import kernels
+from outcore.ptycho.reconstruct import model as physics
 
 
 @dataclass
@@ -42,7 +42,7 @@ def make_scan(k: int = 32, steps: int = 12, step: int = 6, jitter: int = 1, seed
     grid = np.array([[r, c] for r in range(0, steps * step + 1, step)
                      for c in range(0, steps * step + 1, step)])
     top_left = np.clip(grid + rng.integers(-jitter, jitter + 1, grid.shape), 0, n - k)
-    intensity = kernels.intensities(truth, probe, top_left)
+    intensity = physics.intensities(truth, probe, top_left)
     if dose is not None:
         scale = dose / intensity.sum(axis=(1, 2)).mean()
         intensity = rng.poisson(intensity * scale) / scale
@@ -203,9 +203,9 @@ def solve(scan: TrueScan, probe: np.ndarray, coords: np.ndarray | None = None,
     """``solver.serial`` from a flat object (of ``len(scan.slices)`` slices unless
     ``slices`` is given): the final state, the trajectory and the object error (of the
     product of the slices, against the truth's product, on the well-lit pixels)."""
-    from outcore.ptycho import solver
-    from outcore.ptycho.kernels import Model
-    from outcore.ptycho.quality import illuminated, object_error
+    from outcore.ptycho.reconstruct import solver
+    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruct.quality import illuminated, object_error
 
     amplitudes = scan.amplitudes() if amplitudes is None else amplitudes
     slices = settings.get("slices", 1)
@@ -248,7 +248,7 @@ def write_preprocessed(scan: TrueScan, path: Path, guess: np.ndarray, *, defocus
     with ``defocus`` [m], and the detector ``mask`` (True = ignored)."""
     import xarray as xr
 
-    from outcore.ptycho.store import save_preprocessed
+    from outcore.ptycho.preprocessing.store import save_preprocessed
 
     centres = scan.centres if centres is None else centres
     k = scan.k

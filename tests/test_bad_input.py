@@ -27,9 +27,9 @@ from astropy.io import fits
 import outcore
 from outcore.cli import main
 from outcore.fit import simulate_catalog
-from outcore.ptycho.pipeline import preprocess
+from outcore.ptycho.preprocessing.pipeline import preprocess
+from outcore.ptycho.preprocessing.store import save_preprocessed
 from outcore.ptycho.simulate import simulate_stack
-from outcore.ptycho.store import save_preprocessed
 from outcore.runs import Run, sha256_path
 from outcore.tomo import Projector, shepp_logan
 from outcore.tomo.geometry import scan_for

@@ -1,7 +1,7 @@
 """benchmarks/raw_scan.py writes what it claims, and bench_tomo_raw.py's cases run.
 
 The simulator's claims are checked against truths it does not compute: the centroid of every
-projection (converted by ``outcore convert --beamline``) against the phantom's centre of mass
+projection (converted by ``outcore tomo convert``) against the phantom's centre of mass
 put through the parallel-beam geometry by hand (so the axis sits at the column the truth
 file names), the flat-field of an empty scan against ``-log`` of the gains it says it drew,
 the NXtomo layout against the Data Exchange one of the same seed, and the Fresnel propagator
@@ -35,7 +35,7 @@ COMMON = ["--cluster", "threads", "--workers", "1", "--no-progress"]
 
 
 def convert(raw: Path, out: Path, runs: Path) -> np.ndarray:
-    assert main(["convert", str(raw), str(out), "--beamline", "--attr",
+    assert main(["tomo", "convert", str(raw), str(out), "--attr",
                  f"detector_pixel_size={PIXEL}", *COMMON, "--output-dir", str(runs)]) == 0
     return outcore.open(out, layout="projections")["projections"].values.astype(np.float64)
 

@@ -45,6 +45,26 @@ def test_cuda_without_gpu_is_a_clear_error():
     assert cluster.ClusterOptions(kind="auto").resolved_kind() == "local"
 
 
+def test_cuda_names_why_dask_cuda_does_not_import(monkeypatch, tmp_path):
+    """A GPU is visible but dask-cuda fails to import: the error carries the import's own
+    message (issue 28), and ``auto`` falls back to local workers."""
+    import sys
+
+    from outcore import backend
+
+    broken = tmp_path / "dask_cuda"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        "raise ImportError('libcudart.so.12: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "dask_cuda", raising=False)
+    monkeypatch.setattr(backend, "gpu_available", lambda: True)
+    with pytest.raises(ClusterError, match=r"needs dask-cuda, which does not import here "
+                       r"\(ImportError: libcudart.so.12: cannot open shared object file\)"):
+        cluster.ClusterOptions(kind="cuda").validate()
+    assert cluster.ClusterOptions(kind="auto").resolved_kind() == "local"
+
+
 def _statistics(client) -> xr.Dataset:
     values = np.random.default_rng(7).random((12, 5, 16, 16), dtype=np.float32)
     data = xr.DataArray(da.from_array(values, chunks=(2, 5, 16, 16)),
@@ -145,7 +165,7 @@ def test_joining_a_scheduler_address():
 def test_joining_a_scheduler_without_workers_is_a_clear_error(monkeypatch):
     import distributed
 
-    monkeypatch.setattr(cluster, "JOIN_WORKER_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(cluster.address, "JOIN_WORKER_TIMEOUT_S", 2.0)
     with distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=None) as lc:
         with pytest.raises(ClusterError, match="no worker"):
             cluster.start(lc.scheduler_address)

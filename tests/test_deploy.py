@@ -26,6 +26,8 @@ SLURM = ROOT / "deploy" / "slurm-dask-mpi.sh"
 PBS = ROOT / "deploy" / "pbs-dask-mpi.sh"
 JOBQUEUE = ROOT / "deploy" / "jobqueue_slurm.py"
 DEMO = "demo --scan 8 16 --frame 32 --fit-candidates 100 --no-progress"
+#: A demo whose plan does not fit 400 MiB workers: it fails once the cluster runs.
+TOO_BIG = "demo --scan 64 64 --chunk-rows 32 --frame 128 --no-progress"
 
 # Each rank runs under sh, which appends "RANK CODE" to the codes file and exits with CODE.
 _RANK = '"$@"; code=$?; echo "$PMI_RANK $code" >> {codes}; exit $code'
@@ -177,8 +179,8 @@ def test_slurm_script_places_ranks_by_gpu_and_every_rank_exits_zero(tmp_path):
 @pytest.mark.mpi
 def test_slurm_script_with_a_failing_command_exits_non_zero_on_every_rank(tmp_path):
     # The command as script arguments; no GPU count, so srun runs SLURM_NTASKS ranks.
-    env = _slurm_env(tmp_path, OUTCORE_MEMORY_LIMIT="100MiB", OUTCORE_SRUN_MPI="pmix")
-    proc, wall = _run(SLURM, env, tmp_path, *DEMO.split(), timeout=60)
+    env = _slurm_env(tmp_path, OUTCORE_MEMORY_LIMIT="400MiB", OUTCORE_SRUN_MPI="pmix")
+    proc, wall = _run(SLURM, env, tmp_path, *TOO_BIG.split(), timeout=60)
     _assert_failed_quickly(proc, wall, tmp_path)
     srun_args = (tmp_path / "log" / "srun.args").read_text().split("\n")
     assert srun_args[0] == "--mpi=pmix" and "--distribution=arbitrary" not in srun_args
@@ -196,7 +198,8 @@ def test_pbs_script_runs_on_the_node_file_and_every_rank_exits_zero(tmp_path):
 @pytest.mark.mpi
 def test_pbs_script_with_a_failing_command_exits_non_zero_on_every_rank(tmp_path):
     # Torque style: 6 slots on the node, OUTCORE_GPUS_PER_NODE=2 makes a host file of 4 ranks.
-    env = _pbs_env(tmp_path, 6, OUTCORE_MEMORY_LIMIT="100MiB", OUTCORE_GPUS_PER_NODE="2")
+    env = _pbs_env(tmp_path, 6, OUTCORE_MEMORY_LIMIT="400MiB", OUTCORE_GPUS_PER_NODE="2",
+                   OUTCORE_ARGS=TOO_BIG.removeprefix("demo "))
     proc, wall = _run(PBS, env, tmp_path, timeout=60)
     _assert_failed_quickly(proc, wall, tmp_path)
     assert (tmp_path / "log" / "mpiexec.hosts").read_text() == "localhost\n" * 4

@@ -1,7 +1,8 @@
 """The fast paths of difference imaging against their plain twins: peaks against a maximum
 filter, kernel spectra against the FFT of the padded grid, the background spline against
 fitpack's evaluation; a peak beside the excluded zone keeps its sub-pixel position; the PNG
-marks each detection where it is."""
+marks each detection where it is; ZOGY's GPU twin (``kernels/gpu.py``) against its host twin
+(``kernels/cpu.py``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import scipy.fft
 from scipy.interpolate import RectBivariateSpline
 from scipy.ndimage import gaussian_filter, maximum_filter
 
-from outcore.diffim import detect
+from outcore.diffim import PsfShape, detect
 from outcore.diffim.background import BackgroundMesh
+from outcore.diffim.kernels import arrays, cpu, subtract
 from outcore.diffim.png import DIPOLE, EXCLUDED, POSITIVE, draw_item
 from outcore.diffim.tile import COLUMNS, TileResult
-from outcore.diffim.zogy import _kernel_hat
+from outcore.diffim.zogy import pair_kernels
 
 
 def _field(shape, seed):
@@ -76,7 +78,8 @@ def test_kernel_spectrum_is_the_fft_of_the_padded_grid(size, shape):
     padded = np.zeros(shape)
     padded[:size, :size] = kernel
     padded = np.roll(padded, (-(size // 2), -(size // 2)), axis=(0, 1))
-    np.testing.assert_array_equal(_kernel_hat(kernel, shape, np), scipy.fft.rfft2(padded))
+    np.testing.assert_array_equal(arrays.kernel_hat(kernel, shape, np),
+                                  scipy.fft.rfft2(padded))
 
 
 @pytest.mark.parametrize("shape, box", [((700, 500), 64), ((40, 300), 64), ((100, 100), 128)])
@@ -117,3 +120,46 @@ def test_the_png_marks_each_detection_where_it_is(tmp_path):
         v = caption + 512 - y  # the row of y, counted upwards
         ring = image[v - 9: v + 10, x - 9: x + 10].reshape(-1, 3)
         assert (ring == colour).all(axis=1).any(), (x, y)
+
+
+def _window(seed: int = 1):
+    """A pair's ZOGY kernels and a noise window: reference, target and their variances."""
+    rng = np.random.default_rng(seed)
+    kernels = pair_kernels(PsfShape("gaussian", 3.0).stamp(), PsfShape("moffat", 4.0).stamp(),
+                           5.0, 8.0, 1.0, 1.3)
+    inputs = [rng.normal(0, s, (300, 280)) for s in (5.0, 8.0)]
+    inputs += [np.full((300, 280), s**2) for s in (5.0, 8.0)]
+    return inputs, kernels
+
+
+def test_the_host_subtract_is_the_array_code_on_the_host():
+    """``subtract`` on numpy (``cpu.subtract``): ``arrays.apply`` itself, host arrays out,
+    the window less the kernels' half width at each edge."""
+    inputs, kernels = _window()
+    out = subtract(*inputs, kernels, "numpy")
+    half = kernels.half_width
+    for name, values in arrays.apply(*inputs, kernels).items():
+        assert isinstance(out[name], np.ndarray)
+        assert out[name].shape == (300 - 2 * half, 280 - 2 * half)
+        np.testing.assert_array_equal(out[name], values)
+    assert set(out) == {"difference", "score", "variance", "score_corr"}
+
+
+@pytest.mark.gpu
+def test_gpu_subtract_equals_the_cpu_subtract():
+    """``gpu.subtract`` (the window copied to the device, ZOGY there with cupyx.scipy.fft,
+    the results copied back) against ``cpu.subtract``; and ``arrays.apply`` on cupy windows
+    gives cupy results, the same numbers."""
+    import cupy
+
+    from outcore.diffim.kernels import gpu
+
+    inputs, kernels = _window()
+    host = cpu.subtract(*inputs, kernels)
+    device = gpu.subtract(*inputs, kernels)
+    on_device = arrays.apply(*[cupy.asarray(a) for a in inputs], kernels)
+    for name, values in host.items():
+        assert isinstance(device[name], np.ndarray)
+        np.testing.assert_allclose(device[name], values, atol=1e-9)
+        assert isinstance(on_device[name], cupy.ndarray)
+        np.testing.assert_allclose(cupy.asnumpy(on_device[name]), values, atol=1e-9)

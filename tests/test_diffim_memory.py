@@ -1,15 +1,13 @@
-"""The diffim memory model against a measured peak, and ZOGY's cupy path against numpy."""
+"""The diffim memory model against a measured peak, and the plan's choice of the tile."""
 
 from __future__ import annotations
 
 import tracemalloc
 
-import numpy as np
 import pytest
 
 from outcore.diffim import (
     Options,
-    PsfShape,
     compute_models,
     read_manifest,
     simulate_pair,
@@ -25,7 +23,6 @@ from outcore.diffim.memory import (
     tile_count,
 )
 from outcore.diffim.tile import process_tile
-from outcore.diffim.zogy import apply, pair_kernels
 from outcore.plan import Plan, Resources
 
 
@@ -82,17 +79,3 @@ def test_the_plan_chooses_the_largest_tile_that_fits_and_feeds_every_worker(
     assert all(not _fits(shapes, side, resources) or tile_count(shapes, side) < workers
                for side in larger if side <= max(max(s) for s in shapes))
 
-
-@pytest.mark.gpu
-def test_zogy_on_cupy_matches_numpy():
-    import cupy
-
-    rng = np.random.default_rng(1)
-    kernels = pair_kernels(PsfShape("gaussian", 3.0).stamp(), PsfShape("moffat", 4.0).stamp(),
-                           5.0, 8.0, 1.0, 1.3)
-    inputs = [rng.normal(0, s, (300, 280)) for s in (5.0, 8.0)]
-    inputs += [np.full((300, 280), s**2) for s in (5.0, 8.0)]
-    host = apply(*inputs, kernels)
-    device = apply(*[cupy.asarray(a) for a in inputs], kernels)
-    for name, values in host.items():
-        np.testing.assert_allclose(cupy.asnumpy(device[name]), values, atol=1e-9)

@@ -84,14 +84,14 @@ def test_outputs_are_chunked_for_storage_not_for_compute(tmp_path, catalog, monk
     import pyarrow.parquet as pq
     import zarr
 
-    from outcore.fit import cli as fit_cli
+    from outcore.fit import tables as fit_tables
 
     cat, _ = catalog
     store = tmp_path / "cat.zarr"
     outcore.save(cat, store)
     tables = {}
     for rows in (128, 65536):
-        monkeypatch.setattr(fit_cli, "STORAGE_ROWS", rows)
+        monkeypatch.setattr(fit_tables, "STORAGE_ROWS", rows)
         assert main(["fit-dipoles", "--input", str(store), "--chunk-size", "16", *COMMON,
                      "--output-dir", str(tmp_path), "--name", f"r{rows}"]) == 0
         run = tmp_path / f"r{rows}"

@@ -1,5 +1,6 @@
 """The batched Levenberg-Marquardt kernel against independent truths: scipy, simulated truth,
-per-candidate bad input, statuses, its memory model, and its cupy twin."""
+per-candidate bad input, statuses, its memory model; the host's compiled loop against the
+array code, and the cupy twin (``kernels/gpu.py``) against the host twin (``kernels/cpu.py``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 from scipy.optimize import least_squares
 
-from outcore.fit.kernels import STATUS, STATUS_NAMES, fit_chunk, fit_columns, unpack
+from outcore.fit.kernels import cpu, fit_chunk, fit_columns, unpack
+from outcore.fit.kernels.lm import STATUS, STATUS_NAMES
 from outcore.fit.memory import memory_model
 from outcore.fit.models import get_model
 from outcore.fit.simulate import simulate_catalog
@@ -162,27 +164,8 @@ def test_memory_model_matches_the_measured_peak(model):
     assert 0.8 <= projected / measured <= 1.5, (projected, measured)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("model", ["gaussian", "psf"])
-def test_cupy_twin_equals_numpy(model):
-    import cupy
-
-    arrays, _ = _catalog(300, model, mask_fraction=0.02)
-    arrays["images"][5, 3, 3] = np.nan
-    host = fit_chunk(**arrays, model=model, **TIGHT)
-    device = fit_chunk(**{k: cupy.asarray(v) for k, v in arrays.items()}, model=model, **TIGHT)
-    assert isinstance(device, cupy.ndarray)
-    device = cupy.asnumpy(device)
-    names = get_model(model).params
-    np.testing.assert_array_equal(device[:, -1] <= STATUS["converged_g_tol"],
-                                  host[:, -1] <= STATUS["converged_g_tol"])
-    assert device[5, -1] == STATUS["invalid_input"]
-    np.testing.assert_allclose(device[:, : 2 * len(names) + 1], host[:, : 2 * len(names) + 1],
-                               rtol=1e-6, atol=1e-9)
-
-
 def test_compiled_host_loop_equals_the_array_code(monkeypatch):
-    """The Gaussian model's compiled loop (outcore.fit.cpu) against the batched array code
+    """The Gaussian model's compiled loop (kernels/compiled.py) against the batched array code
     on the same numpy chunk: every status, iteration count, parameter and error."""
     arrays, _ = _catalog(400, mask_fraction=0.05, noise="poisson", background=(-2.0, 2.0),
                          seed=31)
@@ -195,7 +178,7 @@ def test_compiled_host_loop_equals_the_array_code(monkeypatch):
     for options in ({}, {"max_iterations": 3}, {"g_tol": 0.1}, {"scale_errors": True}, TIGHT):
         compiled = unpack(fit_chunk(**arrays, **options), "gaussian")
         with monkeypatch.context() as patch:
-            patch.setattr("outcore.fit.kernels.COMPILED_MODELS", ())
+            patch.setattr(cpu, "COMPILED_MODELS", ())
             array_code = unpack(fit_chunk(**arrays, **options), "gaussian")
         if options is TIGHT:  # steps of 1e-15: rounding decides the last few, not the fit
             converged = STATUS["converged_g_tol"]
@@ -214,3 +197,83 @@ def test_compiled_host_loop_equals_the_array_code(monkeypatch):
             assert (np.abs(ours - theirs)[fitted] <= close * err[fitted]).all(), name
             np.testing.assert_allclose(compiled[f"{name}_err"], err, rtol=close)
         np.testing.assert_allclose(compiled["chi2"], array_code["chi2"], rtol=1e-10)
+
+
+def _systems(seed: int = 0):
+    """Normal matrices ``J^T J`` (4, 8, 8) and gradients: 0 and 3 well conditioned, 1
+    exactly singular (two equal columns: LU meets a zero pivot), 2 near-singular (an
+    eigenvalue ratio near 1e-16, which LU factors without complaint)."""
+    rng = np.random.default_rng(seed)
+    jac = rng.standard_normal((4, 30, 8))
+    jac[1, :, 5] = jac[1, :, 2]
+    jac[2, :, 7] = jac[2, :, 6] * (1 + 1e-8)
+    return jac.transpose(0, 2, 1) @ jac, rng.standard_normal((4, 8))
+
+
+def test_the_host_solve_flags_near_singular_systems_when_the_batch_cannot_be_factored():
+    """numpy raises LinAlgError for the whole batch when one matrix has a zero pivot; the
+    eigenvalues then flag every singular one, the near-singular included. Without such a
+    matrix in the batch, the near-singular one is stepped (its fit ends singular later, by
+    the errors' eigenvalues). This is the rule ``gpu.solve`` follows."""
+    m, g = _systems()
+    delta, singular = cpu.solve(m, g)
+    assert singular.tolist() == [False, True, True, False]
+    assert (delta[singular] == 0).all()
+    np.testing.assert_allclose(delta[0], np.linalg.solve(m[0], g[0]), rtol=1e-10)
+    _, without = cpu.solve(m[[0, 2, 3]], g[[0, 2, 3]])
+    assert without.tolist() == [False, False, False]
+    m[3, 4, 4] = np.nan
+    assert cpu.solve(m, g)[1].tolist() == [False, True, True, True]
+
+
+@pytest.mark.gpu
+def test_gpu_solve_flags_what_the_cpu_solve_flags():
+    """``gpu.solve`` against ``cpu.solve``: cupy's LU raises nothing, so the twin looks for
+    the failed factorisation itself; the same systems are singular with or without a matrix
+    LU cannot factor in the batch."""
+    import cupy
+
+    from outcore.fit.kernels import gpu
+
+    m, g = _systems()
+    for rows in ([0, 1, 2, 3], [0, 2, 3]):
+        host_delta, host_flags = cpu.solve(m[rows], g[rows])
+        delta, flags = gpu.solve(cupy.asarray(m[rows]), cupy.asarray(g[rows]))
+        np.testing.assert_array_equal(cupy.asnumpy(flags), host_flags)
+        well = np.isin(rows, [0, 3])  # the near-singular step is rounding, not a number
+        np.testing.assert_allclose(cupy.asnumpy(delta)[well], host_delta[well], rtol=1e-8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["gaussian", "psf"])
+def test_gpu_fit_chunk_equals_the_cpu_twin(model, monkeypatch):
+    """``fit_chunk`` on cupy arrays (``gpu.fit_chunk``) against the host twin: the same
+    statuses as the host's array code (a blank stamp singular, a NaN invalid), the same
+    converged set as the compiled loop at tight tolerances, and the same fits to rounding."""
+    import cupy
+
+    from outcore.fit.kernels import gpu
+
+    arrays_in, _ = _catalog(300, model, mask_fraction=0.02)
+    arrays_in["images"][5, 3, 3] = np.nan
+    arrays_in["images"][7] = 0.0
+    on_device = {k: cupy.asarray(v) for k, v in arrays_in.items()}
+    host = fit_chunk(**arrays_in, model=model, **TIGHT)
+    device = fit_chunk(**on_device, model=model, **TIGHT)
+    assert isinstance(device, cupy.ndarray)
+    device = cupy.asnumpy(device)
+    names = get_model(model).params
+    np.testing.assert_array_equal(device[:, -1] <= STATUS["converged_g_tol"],
+                                  host[:, -1] <= STATUS["converged_g_tol"])
+    assert device[5, -1] == STATUS["invalid_input"] and device[7, -1] == STATUS["singular"]
+    fitted = host[:, -1] <= STATUS["converged_g_tol"]
+    np.testing.assert_allclose(device[fitted, : 2 * len(names) + 1],
+                               host[fitted, : 2 * len(names) + 1], rtol=1e-6, atol=1e-9)
+    monkeypatch.setattr(cpu, "COMPILED_MODELS", ())
+    options = {"model": model, "max_iterations": 100, "f_tol": 1e-8, "x_tol": 1e-8,
+               "g_tol": 1e-8, "scale_errors": False}
+    array_code = cpu.fit_chunk(arrays_in["images"], arrays_in["variance"], arrays_in["mask"],
+                               psf=arrays_in.get("psf"), **options)
+    twin = cupy.asnumpy(gpu.fit_chunk(on_device["images"], on_device["variance"],
+                                      on_device["mask"], psf=on_device.get("psf"), **options))
+    np.testing.assert_array_equal(twin[:, -1], array_code[:, -1])

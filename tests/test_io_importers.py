@@ -255,6 +255,40 @@ def test_convert_errors(tmp_path):
         convert(src, tmp_path / "o.zarr", layout="volume", attrs={"voxel_size": 1.0})
 
 
+def test_the_registry_gives_formats_suffixes_and_refusals(tmp_path):
+    """Formats, suffixes, directory and glob detection and the option refusals all come from
+    the importers' records."""
+    from outcore.io import detect_format, read_source
+    from outcore.io.convert import FORMATS, SUFFIXES
+    from outcore.io.importers import Importer
+    from outcore.io.importers.registry import IMPORTERS
+
+    assert FORMATS == tuple(imp.name for imp in IMPORTERS) == (
+        "hdf5", "tiff", "fits", "npz", "npy", "raw", "zarr")
+    assert list(SUFFIXES) == [".h5", ".hdf5", ".hdf", ".nxs", ".nx5", ".tif", ".tiff", ".fits",
+                              ".fit", ".fts", ".npz", ".npy", ".raw", ".bin", ".zarr"]
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "zarr.json").write_text("{}")
+    (tmp_path / "frames").mkdir()
+    assert detect_format(store) == "zarr" and detect_format(tmp_path / "frames") == "tiff"
+    assert detect_format(str(tmp_path / "f_*.tif")) == "tiff"
+    src = write_h5(tmp_path / "s.h5", data=np.zeros((2, 3, 3), "f4"))
+    for name in ("c.npz", "x.raw"):  # refused before they are read
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(LayoutError, match=r"dtype= does not apply to hdf5 input \(only to raw\)"):
+        read_source(src, layout="volume", dtype="u2")
+    with pytest.raises(LayoutError, match=r"dims= does not apply to npz input \(only to hdf5, "
+                       r"tiff, fits, npy, raw, zarr\)\."):
+        read_source(tmp_path / "c.npz", dims=("candidate", "y", "x"))
+    with pytest.raises(LayoutError, match="format='gif' is not known"):
+        read_source(src, format="gif")
+    with pytest.raises(LayoutError, match="raw file such as .* does not say its dtype"):
+        read_source(tmp_path / "x.raw", layout="volume", shape=(2, 3, 3))
+    with pytest.raises(ValueError, match="not in"):
+        Importer("gif", (".gif",), ("frames",), read_tiff)
+
+
 def test_convert_on_process_workers(tmp_path):
     """Readers work in other processes; a failed save there also leaves nothing behind."""
     distributed = pytest.importorskip("distributed")

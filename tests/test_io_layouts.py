@@ -1,5 +1,8 @@
 """Layout validation: each layout accepted, each kind of bad input refused with its fix."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -184,3 +187,39 @@ def test_layout_argument():
         validate(volume(), "movie")
     _refused(volume().assign_attrs(outcore_layout="volume"), "attr is 'volume'", "cutouts")
     _refused(volume(), "needs a variable 'images'", "cutouts")
+
+
+THREADED_OPENS = """
+import sys, threading
+import outcore
+
+paths, errors = sys.argv[1:], []
+start = threading.Barrier(2 * len(paths))
+
+def open_one(path):
+    start.wait()
+    try:
+        outcore.open(path)
+    except Exception as err:
+        errors.append(repr(err))
+
+threads = [threading.Thread(target=open_one, args=(p,)) for p in paths * 2]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("ERRORS", errors)
+"""
+
+
+def test_first_use_from_several_threads_sees_every_layout(tmp_path):
+    """The registry loads the families' layouts once, under a lock: threads opening stores of
+    two layouts at the same first use (a fresh interpreter) all find them."""
+    import outcore
+
+    stores = [str(outcore.save(make(), tmp_path / f"{make.__name__}.zarr"))
+              for make in (projections, grid)]
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", THREADED_OPENS, *stores * 3],
+                             capture_output=True, text=True, timeout=120, check=True).stdout
+        assert "Unknown layout" not in out and "ERRORS []" in out, out

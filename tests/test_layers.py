@@ -1,10 +1,12 @@
-"""outcore's layers: no import cycle, no module importing a higher layer, and commands that
+"""outcore's layers: no import cycle, no module importing a higher layer, commands that
 import only what they run (``outcore --help`` and ``outcore info`` import no family, nor
-numba or pyarrow)."""
+numba or pyarrow), and every family with the same rooms: kernels/ with cpu and gpu twins
+(cupy imported nowhere else but backend), each gpu kernel with its twin test."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +17,8 @@ import outcore
 from outcore.families import FAMILIES
 
 SRC = Path(outcore.__file__).parent
-#: Families: packages with a ``cli`` module named in the family list (io's cli is one too).
-FAMILY_PACKAGES = sorted({f.cli.rpartition(".")[0] for f in FAMILIES if f.cli.endswith(".cli")}
-                         - {"outcore.io"})
+#: Families: packages with a ``cli`` module named in the family list.
+FAMILY_PACKAGES = sorted({f.cli.rpartition(".")[0] for f in FAMILIES if f.cli.endswith(".cli")})
 #: The core's layers, lowest first; a module may import its own layer and those below.
 CORE_LAYERS: list[set[str]] = [
     {"outcore", "outcore.errors", "outcore.lazy", "outcore.families"},
@@ -42,11 +43,10 @@ MODULES = {module_name(p): p for p in SRC.rglob("*.py")}
 
 
 def rank(module: str) -> int:
-    """The layer of a module: the core's, the families' (with io's ``cli``), or the top."""
+    """The layer of a module: the core's, the families', or the top."""
     if module in TOP:
         return TOP[module]
-    if module == "outcore.io.cli" or any(module == f or module.startswith(f + ".")
-                                         for f in FAMILY_PACKAGES):
+    if any(module == f or module.startswith(f + ".") for f in FAMILY_PACKAGES):
         return FAMILY_RANK
     for index, layer in enumerate(CORE_LAYERS):
         if module in layer or any(module.startswith(m + ".") for m in layer - {"outcore"}):
@@ -174,3 +174,74 @@ def test_a_verb_imports_only_its_family():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert "LOADED ['tomo']" in out, out
+
+
+# --- the rooms of a family ---------------------------------------------------------------------
+
+#: Packages whose kernels have CPU and GPU twins (every family that computes on chunks).
+KERNEL_PACKAGES = sorted(m for m in MODULES if m.endswith(".kernels")
+                         and (SRC.joinpath(*m.split(".")[1:]) / "gpu.py").exists())
+
+
+def _imports_cupy(module: str) -> bool:
+    """Whether ``module`` imports cupy or cupyx anywhere (top level or in a function)."""
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if any(name.split(".")[0] in ("cupy", "cupyx") for name in names):
+            return True
+    return False
+
+
+def test_cupy_is_imported_only_in_backend_and_in_kernel_gpu_modules():
+    allowed = {"outcore.backend", *(f"{k}.gpu" for k in KERNEL_PACKAGES)}
+    offenders = sorted(m for m in MODULES if m not in allowed and _imports_cupy(m))
+    assert not offenders, f"{offenders} import cupy: move that code into a kernels/gpu.py"
+
+
+def test_every_family_that_computes_has_the_same_rooms():
+    """Each family with a cli module (but convert, which only moves data) has kernels/ with
+    cpu.py and gpu.py twins dispatched by backend.kernels, a memory model and its verbs."""
+    for family in FAMILY_PACKAGES:
+        root = SRC.joinpath(*family.split(".")[1:])
+        if family == "outcore.convert":
+            continue
+        for room in ("cli.py", "memory.py", "kernels/__init__.py", "kernels/cpu.py",
+                     "kernels/gpu.py"):
+            assert (root / room).exists(), f"{family} has no {room}"
+        dispatch = (root / "kernels" / "__init__.py").read_text()
+        assert "backend.kernels" in dispatch or "kernels_named" in dispatch or \
+            "kernels(" in dispatch, f"{family}.kernels does not dispatch with backend.kernels"
+
+
+def _public_functions(path: Path) -> set[str]:
+    return {node.name for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")}
+
+
+def _gpu_test_sources(path: Path) -> str:
+    """The source of the gpu-marked tests of a test file (by decorator or a module-wide
+    ``pytestmark``)."""
+    tree = ast.parse(path.read_text())
+    marked_module = any(isinstance(n, ast.Assign) and "pytestmark" in ast.unparse(n.targets[0])
+                        and "gpu" in ast.unparse(n.value) for n in tree.body)
+    sources = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+            marks = " ".join(ast.unparse(d) for d in node.decorator_list)
+            if marked_module or "mark.gpu" in marks or "GPU" in marks:
+                sources.append(ast.unparse(node))
+    return "\n".join(sources)
+
+
+@pytest.mark.parametrize("package", KERNEL_PACKAGES)
+def test_every_gpu_kernel_has_a_cpu_twin_and_a_twin_test(package):
+    root = SRC.joinpath(*package.split(".")[1:])
+    gpu, cpu = _public_functions(root / "gpu.py"), _public_functions(root / "cpu.py")
+    assert gpu <= cpu, f"{package}.gpu has no cpu twin of {sorted(gpu - cpu)}"
+    family = package.split(".")[1]
+    tests = Path(__file__).parent / f"test_{family}_kernels.py"
+    assert tests.exists(), f"{package} has no twin tests ({tests.name})"
+    sources = _gpu_test_sources(tests)
+    untested = sorted(name for name in gpu if not re.search(rf"\b{name}\b", sources))
+    assert not untested, f"no gpu-marked test in {tests.name} names {untested}"

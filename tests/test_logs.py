@@ -62,3 +62,28 @@ def test_line_progress_prints_at_most_one_line_per_interval(capsys, monkeypatch)
         bar._draw_bar(remaining, 10)
     out = capsys.readouterr().out.splitlines()
     assert [line.split(" ")[1] for line in out] == ["0/10", "7/10", "10/10"]
+
+
+def test_the_comms_size_probe_of_a_deep_message_is_quiet_and_other_failures_are_not(caplog):
+    """A deeply nested message (a performance report's profile) makes dask's size estimate
+    give up; distributed's comm asks with a default of -1 only to pick a thread, which the
+    demo used to print as a warning. Other failed estimates still warn."""
+    import logging
+
+    from distributed.sizeof import safe_sizeof
+
+    from outcore.cluster.workers import quiet_size_probes
+
+    deep: dict = {}
+    node = deep
+    for _ in range(500):  # deeper than dask's sizeof recursion gives up at
+        node["child"] = {}
+        node = node["child"]
+    quiet_size_probes()
+    quiet_size_probes()  # twice adds one filter
+    with caplog.at_level(logging.WARNING, logger="distributed.sizeof"):
+        assert safe_sizeof(deep, default_size=-1) == -1
+        assert not caplog.records
+        assert safe_sizeof(deep, default_size=1e6) == 1e6
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert len(logging.getLogger("distributed.sizeof").filters) == 1

@@ -170,21 +170,21 @@ def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
 
     from outcore.errors import PlanError
     from outcore.plan import Resources
-    from outcore.ptycho.engine import Settings
-    from outcore.ptycho.reconstruct_cli import _plan
+    from outcore.ptycho.reconstruct import planning
+    from outcore.ptycho.reconstruct.engine import Settings
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
                     attrs={"object_shape": [1200, 1200]})
     resources = Resources(workers=2, threads_per_worker=1, memory_limit=2**30)
     with pytest.raises(PlanError) as refused:
-        _plan(ds, Settings(residency="host"), resources)
+        planning.plan(ds, Settings(residency="host"), resources)
     fix = refused.value.fix
     assert "--residency disk" in fix and "--workers" not in fix
-    assert _plan(ds, Settings(residency="disk"), resources).fits
+    assert planning.plan(ds, Settings(residency="disk"), resources).fits
     with pytest.raises(PlanError, match="--workers 64"):
-        _plan(ds, Settings(residency="host"), Resources(16, 1, 2**30))
-    assert _plan(ds, Settings(residency="host"), Resources(64, 1, 2**30)).fits
+        planning.plan(ds, Settings(residency="host"), Resources(16, 1, 2**30))
+    assert planning.plan(ds, Settings(residency="host"), Resources(64, 1, 2**30)).fits
 
 
 def test_a_plan_over_the_stated_device_memory_names_host_residency():
@@ -195,8 +195,8 @@ def test_a_plan_over_the_stated_device_memory_names_host_residency():
 
     from outcore.errors import PlanError
     from outcore.plan import Resources
-    from outcore.ptycho.reconstruct_cli import _plan
-    from outcore.ptycho.solver import Settings
+    from outcore.ptycho.reconstruct import planning
+    from outcore.ptycho.reconstruct.solver import Settings
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
@@ -205,10 +205,10 @@ def test_a_plan_over_the_stated_device_memory_names_host_residency():
                           backend="cupy", device_memory_limit=2 * 2**30)
     settings = Settings(residency="device", batch_size=1024, probe_modes=2)
     with pytest.raises(PlanError) as refused:
-        _plan(ds, settings, resources)
+        planning.plan(ds, settings, resources)
     assert "does not fit the GPU" in str(refused.value)
     assert "--residency host" in refused.value.fix
-    plan = _plan(ds, Settings(residency="host", batch_size=1024, probe_modes=2), resources)
+    plan = planning.plan(ds, Settings(residency="host", batch_size=1024, probe_modes=2), resources)
     assert plan.fits and plan.device_peak_bytes < 0.9 * 2 * 2**30
     assert plan.worker_peak_bytes > 50_000 * 128 * 128 * 4  # the targets moved to the host
 

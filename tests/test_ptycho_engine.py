@@ -12,10 +12,10 @@ import pytest
 import zarr
 
 from outcore import cluster
-from outcore.ptycho import engine, solver
-from outcore.ptycho import probe as probes
-from outcore.ptycho.kernels import Model
-from outcore.ptycho.quality import illuminated, object_error
+from outcore.ptycho.reconstruct import engine, solver
+from outcore.ptycho.reconstruct import probe as probes
+from outcore.ptycho.reconstruct.model import Model
+from outcore.ptycho.reconstruct.quality import illuminated, object_error
 
 from .ptycho_cases import make_scan, pupil_guess, true_scan, write_store
 
@@ -95,16 +95,17 @@ def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(
 
 
 def test_serial_twin_gives_the_same_trajectory(scan, store, shared_cluster):
-    """The cluster's run against a plain loop over the same batches with the kernels."""
-    from outcore.ptycho import kernels
+    """The cluster's run against a plain loop over the same batches with the model's terms and
+    update."""
+    from outcore.ptycho.reconstruct import model as physics
 
     settings = engine.Settings(iterations=4, batch_size=40, probe_start=1)
     obj, probe, losses = np.ones(scan.truth.shape, np.complex64), scan.guess, []
     for it in range(settings.iterations):
         total = 0.0
         for batch in engine.batches(len(scan.top_left), 40, settings.seed, it):
-            terms = kernels.batch_terms(obj, probe, scan.top_left[batch], scan.amplitudes[batch])
-            obj, probe = kernels.update(obj, probe, terms, scan.top_left[batch], step_obj=1.0,
+            terms = physics.batch_terms(obj, probe, scan.top_left[batch], scan.amplitudes[batch])
+            obj, probe = physics.update(obj, probe, terms, scan.top_left[batch], step_obj=1.0,
                                         step_probe=1.0 if it >= 1 else 0.0,
                                         alpha=settings.alpha)
             total += terms.loss

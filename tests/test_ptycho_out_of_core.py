@@ -9,8 +9,9 @@ import pytest
 
 from outcore import cluster
 from outcore.plan import Plan
-from outcore.ptycho import engine, kernels
 from outcore.ptycho.memory import memory_model
+from outcore.ptycho.reconstruct import engine
+from outcore.ptycho.reconstruct import model as physics
 from outcore.runner import peak_worker_rss
 
 from .ptycho_cases import aperture_probe
@@ -30,7 +31,7 @@ def test_stack_four_times_the_worker_limit_streams_from_disk(tmp_path):
         np.complex64)
     probe = aperture_probe(K, 12, 0.05)
     raster = np.array([[r, c] for r in range(0, n - K + 1, 6) for c in range(0, n - K + 1, 6)])
-    cycle = np.sqrt(kernels.intensities(obj, probe, raster)).astype(np.float32)
+    cycle = np.sqrt(physics.intensities(obj, probe, raster)).astype(np.float32)
     repeats = -(-4 * LIMIT // cycle.nbytes) + 1
     stack = da.concatenate([da.from_array(cycle)] * repeats).rechunk((64, K, K))
     assert stack.nbytes >= 4 * LIMIT
@@ -50,8 +51,8 @@ def test_stack_four_times_the_worker_limit_streams_from_disk(tmp_path):
           f"{LIMIT / 2**20:.0f} MiB")
     assert peak < LIMIT, peak
 
-    twin = kernels.batch_terms(start, probe, raster, cycle)
-    obj_twin, probe_twin = kernels.update(start, probe, twin, raster, step_obj=1.0,
+    twin = physics.batch_terms(start, probe, raster, cycle)
+    obj_twin, probe_twin = physics.update(start, probe, twin, raster, step_obj=1.0,
                                           step_probe=1.0, alpha=settings.alpha)
     assert result.loss[0] == pytest.approx(repeats * twin.loss, rel=1e-6)
     np.testing.assert_allclose(result.obj, obj_twin, atol=2e-5)

@@ -1,7 +1,7 @@
 """outcore.ptycho.preprocess, its store and `outcore ptycho preprocess`; diffraction importers.
 
-Truths: the forward model of the simulation's stored truth (``kernels.intensities``), numpy
-references for binning, cropping and rolling written here, known rolls, and the arrays the
+Truths: the forward model of the simulation's stored truth (``reconstruct.model.intensities``),
+numpy references for binning, cropping and rolling written here, known rolls, and the arrays the
 imported files were written from.
 """
 
@@ -20,13 +20,13 @@ from outcore.io import convert
 from outcore.io.store import write_new
 from outcore.ptycho import (
     ProbeWindowWarning,
-    kernels,
     open_preprocessed,
     preprocess,
     read_amplitudes,
     save_preprocessed,
     simulate_stack,
 )
+from outcore.ptycho.reconstruct import model as physics
 from outcore.runs import load_summary
 
 K = 32
@@ -64,7 +64,7 @@ def test_round_trip_without_crop_or_bin(scans, kind):
     pre = preprocess(sim.stack, chunk_positions=8)
     truth = sim.truth
     np.testing.assert_array_equal(pre["top_left"].values, truth["top_left"].values)
-    expected = kernels.intensities(truth["object"].values, truth["probe"].values,
+    expected = physics.intensities(truth["object"].values, truth["probe"].values,
                                    truth["top_left"].values)
     np.testing.assert_allclose(_intensities(pre), expected, rtol=1e-5,
                                atol=1e-6 * expected.max())

@@ -2,7 +2,7 @@
 truth, the draws ignore the chunking, the object and probe are what the docs say.
 
 The truths here are independent of the simulation's code paths: the intensities are
-recomputed with ``kernels.intensities`` from the stored truth, the positions from the
+recomputed with ``reconstruct.model.intensities`` from the stored truth, the positions from the
 convention ``(top_left + K/2) * pixel_size``, the object's slices from a whole-object region.
 """
 
@@ -14,9 +14,10 @@ import pytest
 import outcore
 from outcore.cli import build_parser, main
 from outcore.errors import OutcoreError, RunExistsError
-from outcore.ptycho import kernels, open_truth, simulate_stack
-from outcore.ptycho.cli import make_simulate_job
+from outcore.ptycho import open_truth, simulate_stack
+from outcore.ptycho.reconstruct import model as physics
 from outcore.ptycho.simulate import synthetic_object
+from outcore.ptycho.verbs import simulate as simulate_verb
 from outcore.runs import load_summary
 
 K = 32
@@ -35,7 +36,7 @@ def test_stack_is_the_forward_model_of_its_truth(jitter):
     assert obj.dtype == probe.dtype == np.complex64 and top_left.dtype == np.int64
     # every window fits in the object, the smallest corner at the padding (0)
     assert top_left.min() == 0 and (top_left.max(axis=0) + K == obj.shape).all()
-    expected = kernels.intensities(obj, probe, top_left)
+    expected = physics.intensities(obj, probe, top_left)
     data = sim.stack["data"].values
     grid = jitter == 0
     assert data.shape == ((5, 7, K, K) if grid else (35, K, K)) and data.dtype == np.float32
@@ -81,7 +82,7 @@ def test_dose_gives_poisson_counts_of_the_scaled_probe():
     assert (np.abs(probe) ** 2).sum() == pytest.approx(5e4, rel=1e-5)
     counts = _flat(sim.stack["data"].values)
     assert counts.dtype == np.uint32
-    clean = kernels.intensities(sim.truth["object"].values, probe,
+    clean = physics.intensities(sim.truth["object"].values, probe,
                                 sim.truth["top_left"].values)
     totals, expected = counts.sum(axis=(1, 2)), clean.sum(axis=(1, 2))
     # each pattern's total is Poisson around its expectation (a few sigma)
@@ -160,7 +161,7 @@ def test_cli_writes_stack_and_truth(tmp_path):
     args = build_parser("ptycho").parse_args(
         ["ptycho", "simulate", "--output", str(tmp_path / "other.zarr"), "--truth", str(truth)])
     with pytest.raises(RunExistsError):  # the truth is never overwritten either
-        make_simulate_job(args, "numpy")
+        simulate_verb.make_job(args, "numpy")
 
 
 def test_subpixel_modes_slices_mask_and_recorded_errors():

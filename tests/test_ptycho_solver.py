@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.ptycho import probe as probes
-from outcore.ptycho import quality, reconstruct, solver
-from outcore.ptycho.kernels import Model
+from outcore.ptycho.reconstruct import probe as probes
+from outcore.ptycho.reconstruct import quality, solver
+from outcore.ptycho.reconstruct.model import Model
+from outcore.ptycho.reconstruct.start import open_input, prepare
 
 from .ptycho_cases import (
     defocus_metres,
@@ -67,19 +68,19 @@ def test_gauss_newton_matrices_are_new_every_curvature_every_iterations(monkeypa
     """Refined from iteration 2 with ``curvature_every=3``: every position gets a new matrix
     on iterations 2, 5 and 8 only (the others step with the latest one), so 3 of the 7
     refined iterations pay for them; with 1, all 7 do, and the two runs differ."""
-    from outcore.ptycho import kernels
+    from outcore.ptycho.reconstruct import model as physics
 
     scan = true_scan(side=6, k=32, step=4, jitter=0.5, seed=4)
     errors = np.random.default_rng(6).uniform(-1, 1, scan.centres.shape)
     recorded = scan.corners() + errors - errors.mean(axis=0)
     made: list[int] = []
-    computed = kernels._position_curvature
+    computed = physics._position_curvature
 
     def counted(fwd, *args):
         made.append(len(fwd.top_left))
         return computed(fwd, *args)
 
-    monkeypatch.setattr(kernels, "_position_curvature", counted)
+    monkeypatch.setattr(physics, "_position_curvature", counted)
     states = {}
     for every in (3, 1):
         made.clear()
@@ -124,11 +125,11 @@ def test_defocus_search_finds_the_probe_of_the_mean_pattern_alone(tmp_path):
     it (``auto``, as ``ptycho reconstruct`` does) under 2 %."""
     scan = true_scan(side=8, k=32, step=4, jitter=0.5, seed=4)
     store = write_preprocessed(scan, tmp_path / "pre.zarr", pupil_guess(scan, 0.0))
-    ds = reconstruct.open_input(store)
+    ds = open_input(store)
     settings = solver.Settings(iterations=60, batch_size=16)
     errors = {}
     for search in ("off", "auto"):
-        prepared = reconstruct.prepare(store, ds, settings, defocus_search=search)
+        prepared = prepare(store, ds, settings, defocus_search=search)
         _, trajectory, errors[search] = solve(scan, prepared.probe, iterations=60,
                                               batch_size=16)
         notes = quality.convergence_warnings(np.asarray(trajectory.losses), prepared.probe,

@@ -36,9 +36,9 @@ import pytest
 import outcore
 from outcore.cli import main
 from outcore.fit import simulate_catalog
-from outcore.ptycho.pipeline import preprocess
+from outcore.ptycho.preprocessing.pipeline import preprocess
+from outcore.ptycho.preprocessing.store import save_preprocessed
 from outcore.ptycho.simulate import simulate_stack
-from outcore.ptycho.store import save_preprocessed
 from outcore.runs import load_summary
 from outcore.tomo import Projector, shepp_logan
 from outcore.tomo.geometry import scan_for

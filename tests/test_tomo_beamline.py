@@ -8,7 +8,8 @@ import pytest
 import outcore
 from outcore.errors import LayoutError
 from outcore.io.importers.hdf5 import HDF5Frames
-from outcore.tomo.beamline import normalise, read_beamline_hdf5
+from outcore.tomo.raw.beamline import read_beamline_hdf5
+from outcore.tomo.raw.normalise import normalise
 
 h5py = pytest.importorskip("h5py")
 VIEWS, NV, NU = 12, 6, 10

@@ -25,7 +25,7 @@ from outcore.cli import main
 from outcore.errors import OutcoreError
 from outcore.runs import load_summary
 from outcore.tomo import Projector, fbp, shepp_logan
-from outcore.tomo import center as centre
+from outcore.tomo.center import search as centre
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import projections_dataset
 

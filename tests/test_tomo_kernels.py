@@ -1,13 +1,16 @@
 """Kernels: matched adjoint (dot test), analytic chords of a ball, slab and row additivity,
-the voxel-driven backprojector against a numpy reference, and the GPU twins against the CPU."""
+the voxel-driven backprojector against a numpy reference, the ramp filter of rows against a
+direct convolution, and the GPU twins (``forward``, ``adjoint``, ``backproject``,
+``filter_rows``) against the CPU's."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from outcore.tomo import Geometry, ball, kernels
+from outcore.tomo import Geometry, ball, kernels, ramp_filter
 from outcore.tomo.kernels import cpu
+from outcore.tomo.memory import padded
 
 RNG = np.random.default_rng(2024)
 
@@ -201,10 +204,59 @@ def test_voxel_backprojector_float32_sums_match_float64(kind):
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6 * np.abs(expected).max())
 
 
+def _convolved(rows: np.ndarray, spacing: float) -> np.ndarray:
+    """Each row convolved directly (``numpy.convolve``, float64) with the band-limited ramp's
+    sampled impulse response times ``spacing``: ``1 / (4 d^2)`` at 0, ``-1 / (pi k d)^2`` at
+    odd ``k``, the taps ``|k| < nu`` that reach within the row."""
+    nu = rows.shape[-1]
+    k = np.arange(-(nu - 1), nu)
+    h = np.zeros(k.size)
+    odd = k % 2 == 1
+    h[odd] = -1.0 / (np.pi * k[odd] * spacing) ** 2
+    h[nu - 1] = 1.0 / (4 * spacing**2)
+    return np.apply_along_axis(lambda row: np.convolve(row, h * spacing)[nu - 1:2 * nu - 1],
+                               -1, rows.astype(np.float64))
+
+
+@pytest.mark.parametrize("nu", [1, 6, 47, 200])
+@pytest.mark.parametrize(("dtype", "tolerance"), [(np.float32, 2e-6), (np.float64, 1e-12)])
+def test_filter_rows_is_the_direct_convolution(nu, dtype, tolerance):
+    """``kernels.filter_rows`` on numpy rows (scipy's FFT, zero-padded to ``padded(nu)``)
+    gives the linear convolution with the ramp's impulse response, in the rows' dtype."""
+    rows = np.random.default_rng(nu).random((3, 4, nu)).astype(dtype)
+    got = kernels.filter_rows(rows, ramp_filter(nu, 0.7), padded(nu))
+    assert type(got) is np.ndarray and got.dtype == dtype and got.shape == rows.shape
+    truth = _convolved(rows, 0.7)
+    np.testing.assert_allclose(got, truth, rtol=0, atol=tolerance * np.abs(truth).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_filter_rows_equals_cpu(dtype):
+    """``gpu.filter_rows`` (cupyx.scipy.fft) against its CPU twin, directly and through the
+    dispatch on a cupy array."""
+    import cupy
+
+    from outcore.tomo.kernels import gpu
+
+    nu = 183
+    rows = RNG.random((5, 3, nu)).astype(dtype)
+    response = ramp_filter(nu, 0.7, "hann")
+    expected = cpu.filter_rows(rows, response, padded(nu))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for got in (gpu.filter_rows(cupy.asarray(rows), response, padded(nu)),
+                kernels.filter_rows(cupy.asarray(rows), response, padded(nu))):
+        assert isinstance(got, cupy.ndarray) and got.dtype == dtype and got.shape == rows.shape
+        np.testing.assert_allclose(got.get(), expected, rtol=0,
+                                   atol=tol * np.abs(expected).max())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["parallel", "cone"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_gpu_twins_equal_cpu(kind, dtype):
+    """``gpu.forward``, ``gpu.adjoint`` and ``gpu.backproject``, through the dispatch on cupy
+    arrays, against the CPU twins, and the GPU pair's dot test."""
     import cupy
 
     geometry = _random_geometry(kind, np.random.default_rng(9))
@@ -242,3 +294,15 @@ def test_gpu_module_imports_without_cupy():
     from outcore.tomo.kernels import gpu
 
     assert callable(gpu.forward) and "joseph_adjoint" in gpu._SOURCE
+
+
+def test_every_gpu_kernel_has_a_cpu_twin():
+    """Every public function of ``kernels.gpu`` has a same-named twin in ``kernels.cpu``."""
+    import inspect
+
+    from outcore.tomo.kernels import gpu
+
+    public = {name for name, f in inspect.getmembers(gpu, inspect.isfunction)
+              if not name.startswith("_") and f.__module__ == gpu.__name__}
+    assert public == {"adjoint", "backproject", "filter_rows", "forward"}
+    assert all(callable(getattr(cpu, name, None)) for name in public)

@@ -20,8 +20,8 @@ import pytest
 import outcore
 from outcore.cli import main
 from outcore.tomo import kernels, scan_for, shepp_logan
-from outcore.tomo.nxtomo import SelectedFrames, runs, time_weights
-from outcore.tomo.rawscan import read_beamline_source
+from outcore.tomo.raw.nxtomo import SelectedFrames, runs, time_weights
+from outcore.tomo.raw.source import read_beamline_source
 
 h5py = pytest.importorskip("h5py")
 
@@ -177,7 +177,7 @@ def test_reconstruct_from_the_raw_file_equals_convert_then_reconstruct(scan, tmp
     runs_dir = tmp_path / "runs"
     store = tmp_path / "proj.zarr"
     shape = ["--volume-shape", str(N), str(N), str(N)]
-    assert _run("convert", str(scan["path"]), str(store), "--beamline", "--flat-mode",
+    assert _run("tomo", "convert", str(scan["path"]), str(store), "--flat-mode",
                 "linear", "--frames-per-chunk", "8", "--output-dir", str(runs_dir)) == 0
     assert _run("tomo", "reconstruct", "--input", str(store), *shape,
                 "--output-dir", str(runs_dir), "--name", "two-steps") == 0
@@ -215,7 +215,7 @@ def test_bad_image_keys_are_refused_before_compute(scan, tmp_path, capsys, monke
     path = tmp_path / "bad.nxs"
     _write_nxtomo(path, scan["frames"].astype(np.float32), keys, np.zeros(KEYS.size))
     out, runs_dir = tmp_path / "p.zarr", tmp_path / "runs"
-    for verb in (["convert", str(path), str(out), "--beamline"],
+    for verb in (["tomo", "convert", str(path), str(out)],
                  ["tomo", "reconstruct", "--input", str(path)]):
         err = _refused(capsys, *verb, "--output-dir", str(runs_dir))
         assert re.search(message, err), err
@@ -224,8 +224,8 @@ def test_bad_image_keys_are_refused_before_compute(scan, tmp_path, capsys, monke
 
 def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
     runs_dir = ["--output-dir", str(tmp_path / "runs")]
-    err = _refused(capsys, "convert", str(scan["path"]), str(tmp_path / "a.zarr"),
-                   "--beamline", "--flats", "/entry0000/flats", *runs_dir)
+    err = _refused(capsys, "tomo", "convert", str(scan["path"]), str(tmp_path / "a.zarr"),
+                   "--flats", "/entry0000/flats", *runs_dir)
     assert "NXtomo: its flats and darks are the frames with image_key" in err
     err = _refused(capsys, "tomo", "reconstruct", "--input", str(scan["path"]),
                    "--attr", "detector_pixel_size=-1", *runs_dir)
@@ -233,7 +233,7 @@ def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
     no_pixel = tmp_path / "nopixel.nxs"
     _write_nxtomo(no_pixel, scan["frames"].astype(np.float32), KEYS, np.zeros(KEYS.size),
                   pixel_mm=None)
-    err = _refused(capsys, "convert", str(no_pixel), str(tmp_path / "b.zarr"), "--beamline",
+    err = _refused(capsys, "tomo", "convert", str(no_pixel), str(tmp_path / "b.zarr"),
                    *runs_dir)
     assert "detector pixel size" in err
     dx = tmp_path / "dx.h5"
@@ -242,7 +242,7 @@ def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
         f["/exchange/data_white"] = scan["frames"][FLATS[0]].astype(np.float32)
         f["/exchange/data_dark"] = scan["frames"][DARKS[0]].astype(np.float32)
         f["/exchange/theta"] = np.zeros(PROJ.size)
-    err = _refused(capsys, "convert", str(dx), str(tmp_path / "c.zarr"), "--beamline",
+    err = _refused(capsys, "tomo", "convert", str(dx), str(tmp_path / "c.zarr"),
                    "--attr", "detector_pixel_size=1e-3", "--flat-mode", "linear", *runs_dir)
     assert "needs the time of each flat" in err
     store = tmp_path / "store.zarr"

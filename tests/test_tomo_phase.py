@@ -1,4 +1,5 @@
-"""Paganin phase retrieval (outcore.tomo.phase): against a Fresnel propagator written here.
+"""Paganin phase retrieval (outcore.tomo.corrections.phase): against a Fresnel propagator
+written here.
 
 The truth: spheres of one material (delta 1e-6, beta 1e-9 at 20 keV, so delta/beta 1000 and
 mu = 4 pi beta / lambda = 203 /m) whose exit wave ``exp(-k beta T - i k delta T)`` is
@@ -29,7 +30,7 @@ from outcore.cli import main
 from outcore.errors import OutcoreError
 from outcore.plan import Resources
 from outcore.runs import load_summary
-from outcore.tomo import phase, steps
+from outcore.tomo.corrections import phase, steps
 
 ENERGY = 20.0  # keV
 DELTA, BETA = 1e-6, 1e-9

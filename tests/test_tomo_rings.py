@@ -1,4 +1,5 @@
-"""Ring removal (outcore.tomo.rings) and re-slicing (outcore.tomo.reslice).
+"""Ring removal (outcore.tomo.corrections.rings) and re-slicing
+(outcore.tomo.corrections.reslice).
 
 Rings are made the way a detector makes them: the transmission of each detector pixel is
 multiplied by its own gain (uniform in 0.98-1.02, normalised to a mean of 1 per row), i.e.
@@ -29,12 +30,12 @@ from dask._task_spec import Alias
 
 from outcore.errors import OutcoreError, PlanError
 from outcore.plan import Plan, Resources
-from outcore.tomo import reslice, rings, steps
+from outcore.tomo.corrections import reslice, rings, steps
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.phantom import shepp_logan
-from outcore.tomo.projector import Projector
-from outcore.tomo.solvers import fbp
+from outcore.tomo.reconstruct.projector import Projector
+from outcore.tomo.reconstruct.solvers import fbp
 
 N, VIEWS = 384, 180
 
@@ -257,7 +258,7 @@ def test_the_step_is_wired_into_both_verbs():
 
 
 def test_both_verbs_apply_the_step_as_its_numpy_twin(tmp_path):
-    """convert --beamline --rings writes the filtered -log(T); tomo reconstruct --rings
+    """tomo convert --rings writes the filtered -log(T); tomo reconstruct --rings
     reconstructs the filtered scan (the FBP of that store without --rings)."""
     from outcore import io
     from outcore.cli import main
@@ -274,8 +275,8 @@ def test_both_verbs_apply_the_step_as_its_numpy_twin(tmp_path):
         f["/exchange/theta"] = np.linspace(0, 180, 48, endpoint=False)
     common = ["--cluster", "threads", "--workers", "2", "--no-progress",
               "--output-dir", str(tmp_path / "runs")]
-    assert main(["convert", str(tmp_path / "raw.h5"), str(tmp_path / "rings.zarr"),
-                 "--beamline", "--attr", "detector_pixel_size=1.0", "--frames-per-chunk", "8",
+    assert main(["tomo", "convert", str(tmp_path / "raw.h5"), str(tmp_path / "rings.zarr"),
+                 "--attr", "detector_pixel_size=1.0", "--frames-per-chunk", "8",
                  "--rings", "fft", "--rings-size", "9", *common, "--name", "convert"]) == 0
     got = io.open(tmp_path / "rings.zarr", layout="projections")["projections"].values
     ringed = (line - np.log(gains)[None]).astype(np.float32)
@@ -285,8 +286,8 @@ def test_both_verbs_apply_the_step_as_its_numpy_twin(tmp_path):
     assert corrections == {"rings": {"method": "fft", "size": 9, "sigma": 1.0,
                                      "rows_per_chunk": 3}}
     # reconstructing the raw-normalised store with --rings == reconstructing the filtered one
-    assert main(["convert", str(tmp_path / "raw.h5"), str(tmp_path / "plain.zarr"),
-                 "--beamline", "--attr", "detector_pixel_size=1.0", *common,
+    assert main(["tomo", "convert", str(tmp_path / "raw.h5"), str(tmp_path / "plain.zarr"),
+                 "--attr", "detector_pixel_size=1.0", *common,
                  "--name", "plain"]) == 0
     volumes = []
     for name, store, options in (("with", "plain.zarr", ["--rings", "fft", "--rings-size", "9"]),

@@ -27,8 +27,10 @@ import xarray as xr
 
 from outcore.errors import OutcoreError
 from outcore.plan import Resources
-from outcore.tomo import Geometry, Projector, ball, fbp, scan_for, solvers, steps, stitch
-from outcore.tomo.stitch import HalfAcquisition
+from outcore.tomo import Geometry, Projector, ball, fbp, scan_for
+from outcore.tomo.corrections import steps, stitch
+from outcore.tomo.corrections.stitch import HalfAcquisition
+from outcore.tomo.reconstruct import solvers
 
 N, NZ, HALF, NU, SUB = 48, 2, 96, 44, 4
 SHAPE = (NZ, N, N)

@@ -26,17 +26,19 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore store;"
-           " --beamline: a raw HDF5 tomography scan, normalised by its flats and darks",
-           "outcore.io.cli"),
+    Family("convert", "import HDF5/TIFF/FITS/NPZ (or re-chunk a store) into an outcore"
+           " store; raw beamline scans: outcore tomo convert", "outcore.convert.cli"),
     Family("demo", "write a synthetic stack bigger than worker memory and stream its"
            " statistics, then a small run of every family", "outcore.demo"),
     Family("fit-dipoles", "fit a dipole model to every cutout of a catalog", "outcore.fit.cli",
            "outcore.fit.layouts"),
-    Family("tomo", "tomography: simulate scans, reconstruct volumes (FBP/FDK, SIRT, CGLS)",
-           "outcore.tomo.cli", "outcore.tomo.layouts"),
+    Family("tomo", "tomography: convert raw scans, find the rotation centre, simulate scans,"
+           " reconstruct volumes (FBP/FDK, SIRT, CGLS)", "outcore.tomo.cli",
+           "outcore.tomo.layouts"),
     Family("ptycho", "ptychography: simulate scans, preprocess stacks, reconstruct object and"
            " probe", "outcore.ptycho.cli", "outcore.ptycho.layouts"),
     Family("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score transients",
            "outcore.diffim.cli"),
+    Family("sketch", "randomized SVD of stacks bigger than memory (components, PCA,"
+           " denoising): outcore sketch svd", "outcore.sketch.cli"),
 )

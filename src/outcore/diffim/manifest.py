@@ -337,3 +337,12 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
                 f"{role}: {path} has SHA-256 {digest}, not {expected} as the manifest says.",
                 "check that the file is the one meant (it may have changed), then update its "
                 "sha256 in the manifest.")
+
+
+def read_pairs(manifest: str | None, files: dict[str, str | None],
+               flux_ratio: float | None = None, item_id: str = "pair") -> tuple[list[Pair], list]:
+    """The checked pairs and their files: those of the ``manifest`` when one is given, else
+    the one pair of ``files`` (``one_pair``)."""
+    if manifest:
+        return read_manifest(manifest)
+    return one_pair(files, flux_ratio, item_id)

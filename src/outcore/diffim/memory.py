@@ -5,10 +5,11 @@ Three kinds of task hold real memory:
 - ``diffim-survey``: one survey block of one image with its halo, read as float64 with its
   variance and bad pixels, sep's background maps and the background-subtracted copy;
 - ``diffim-tile``: one tile's window (core plus ``halo`` a side): four float64 inputs
-  (images and variances) and the bad pixels, then inside ``zogy.apply`` two input spectra,
-  a kernel spectrum and a product (complex, at the FFT length) and the four real results;
-  then the region's exclusion, score and float32 core copies. ``tests/test_diffim_memory.py``
-  checks the count against ``tracemalloc``'s peak of a real tile;
+  (images and variances) and the bad pixels, then inside ZOGY (``kernels.arrays.apply``)
+  two input spectra, a kernel spectrum and a product (complex, at the FFT length) and the
+  four real results; then the region's exclusion, score and float32 core copies.
+  ``tests/test_diffim_memory.py`` checks the count against ``tracemalloc``'s peak of a real
+  tile;
 - ``diffim-write``: one chunk of the cutouts or of the table as it is stored.
 
 The halo is known exactly only once the PSFs are (``PairModel.halo``); before that the plan
@@ -115,3 +116,17 @@ def choose_tile(shapes: list[tuple[int, int]], options: Options, halo: int, vari
         if plan.fits and tile_count(shapes, side) >= wanted:
             return side
     return sides[-1]
+
+
+def run_plan(shapes: list[tuple[int, int]], options: Options, halo: int, variance: bool,
+             resources: Resources, *, bound: int, chosen: bool, choices: object = None) -> Plan:
+    """The plan of a run over pairs of ``shapes`` with ``options`` (its tile) and a halo of
+    ``halo`` pixels, for ``resources``: its stages, a note naming the tile (``chosen``: the
+    plan chose it) and the halo (the ``bound`` before the PSFs are known), the diffim
+    worker's baseline, and ``choices`` with the tile in its config."""
+    stages = memory_model(shapes, options, halo, variance)
+    notes = [f"pairs: {len(shapes)}; tile {options.tile} px"
+             + (" (the plan's choice)" if chosen else "") + f"; halo {halo} px a side"
+             + (" (the bound before the PSFs are known)" if halo == bound else "")]
+    return Plan.of(stages, resources, notes=notes, baseline_bytes=DIFFIM_WORKER_BASELINE_BYTES,
+                   choices=choices, config={"tile": options.tile})

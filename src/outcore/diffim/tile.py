@@ -2,9 +2,10 @@
 measure, score.
 
 A tile is a core of the image's tile grid. It reads its core plus a halo of
-``margin + H`` pixels (H the kernels' half width), so ``zogy.apply`` gives ``D``, ``V_D``
-and ``S_corr`` on the core plus ``margin``: the region in which ``detect`` decides which
-candidates the core owns, and from which their cutouts are cut. The result holds the core's
+``margin + H`` pixels (H the kernels' half width), so ZOGY (``kernels.subtract``, on the
+run's backend) gives ``D``, ``V_D`` and ``S_corr`` on the core plus ``margin``: the region
+in which ``detect`` decides which candidates the core owns, and from which their cutouts
+are cut. The result holds the core's
 images (written by the operator), the packed table of its candidates (``COLUMNS``), their
 cutouts and a preview (every ``step``-th pixel of ``D`` on the image's own grid).
 """
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from outcore import backend as backends
-from outcore.diffim import detect, measure, score, zogy
+from outcore.diffim import detect, measure, score
+from outcore.diffim.kernels import subtract
 from outcore.diffim.manifest import Pair
 from outcore.diffim.prepare import Options, PairModel, bad_window, read_window
 from outcore.fit import STATUS
@@ -97,10 +98,8 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
     rx0, rx1 = max(cx0 - margin, 0), min(cx1 + margin, nx)
     images, variances, bad = _windows(pair, model, ry0 - half, ry1 + half, rx0 - half,
                                       rx1 + half)
-    on_device = [backends.to_backend(a, options.backend) for a in (*images, *variances)]
-    out = {k: backends.to_host(v) for k, v in zogy.apply(*on_device[:2], *on_device[2:],
-                                                         kernels).items()}
-    del on_device, images, variances
+    out = subtract(*images, *variances, kernels, options.backend)
+    del images, variances
     excluded = detect.excluded_zone(bad, half)[half:-half or None, half:-half or None]
     local_core = (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
     found = detect.find_candidates(out["score_corr"], excluded, local_core, options.threshold,

@@ -2,7 +2,9 @@
 
 Writes ``fits.zarr`` (the result dataset, chunk by chunk), ``fits.parquet`` (one row per
 candidate, streamed from the zarr store one chunk at a time) and the run's summary with
-``status_counts`` and ``fits_per_second``.
+``status_counts`` and ``fits_per_second``. The verb checks its options and builds the job;
+the catalog, the PSF and the written tables are ``outcore.fit.tables``'s, the graph
+``outcore.fit.operator``'s.
 """
 
 from __future__ import annotations
@@ -12,19 +14,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import distributed
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import xarray as xr
 
-from outcore import io
 from outcore.checks import at_least
-from outcore.errors import InputNotFoundError, LayoutError
+from outcore.fit import tables
 from outcore.fit.demo import run_stage
 from outcore.fit.memory import auto_chunk_size, memory_model
 from outcore.fit.models import MODELS
-from outcore.fit.operator import fit_dipoles, status_counts
-from outcore.io.store import zarr_strings
+from outcore.fit.operator import fit_dipoles
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.progress import compute
 from outcore.runs import Run
@@ -46,93 +42,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="scale parameter errors by sqrt(reduced chi2)")
 
 
-def open_catalog(path: str) -> xr.Dataset:
-    """A cutout catalog, lazily: an outcore store, or any importer format that carries
-    ``candidate_id`` (NPZ; FITS and HDF5 after ``outcore convert --array candidate_id=...``)."""
-    source = Path(path)
-    if source.is_dir() and (source / "zarr.json").exists():
-        return io.open(source, layout="cutouts")
-    ds, _ = io.read_source(source, layout="cutouts")
-    return ds
-
-
-def load_psf(path: str | None) -> np.ndarray | None:
-    """A PSF array from ``.npy`` or FITS (first HDU with data), float64."""
-    if path is None:
-        return None
-    source = Path(path)
-    if not source.exists():
-        raise InputNotFoundError(f"The PSF file {path!r} does not exist.", "check --psf.")
-    if source.suffix == ".npy":
-        psf = np.load(source)
-    elif source.suffix.lower() in (".fits", ".fit", ".fts"):
-        from astropy.io import fits
-
-        with fits.open(source) as hdus:
-            psf = next(h.data for h in hdus if h.data is not None)
-    else:
-        raise LayoutError(f"Cannot read a PSF from {source.suffix!r} files.",
-                          "give a .npy or FITS file.")
-    if psf.ndim not in (2, 3):
-        raise LayoutError(f"The PSF has shape {psf.shape}; expected (py, px) or (n, py, px).",
-                          "give one stamp, or one stamp per candidate.")
-    return np.asarray(psf, dtype=np.float64)
-
-
-#: Rows of one chunk of ``fits.zarr`` and of one row group of ``fits.parquet``: sized for
-#: storage (zarr v3 writes of tiny chunks cost milliseconds each), not for compute.
-STORAGE_ROWS = 65536
-
-
-def write_parquet(fits_zarr: Path, out: Path) -> None:
-    """Stream ``fits.zarr`` into parquet, one row group per stored chunk of up to
-    ``STORAGE_ROWS`` rows, each read column by column (never the whole table)."""
-    ds = xr.open_zarr(fits_zarr, consolidated=False)
-    columns = ["candidate_id", "status", "iterations", "chi2", "dof"]
-    columns += [c for c in ds.attrs["parameters"]]
-    columns += [f"{c}_err" for c in ds.attrs["parameters"]]
-    step = ds.chunks["candidate"][0]
-    writer = None
-    try:
-        for start in range(0, ds.sizes["candidate"], step):
-            part = ds[columns].isel(candidate=slice(start, start + step)).compute(
-                scheduler="threads")
-            table = pa.table({c: _arrow(part[c].values) for c in columns})
-            if writer is None:
-                writer = pq.ParquetWriter(out, table.schema)
-            writer.write_table(table, row_group_size=step)
-    finally:
-        if writer is not None:
-            writer.close()
-
-
-def _arrow(values: np.ndarray) -> pa.Array:
-    """A pyarrow column; strings (fixed or variable width) become arrow strings."""
-    return pa.array(values.astype(object) if values.dtype.kind in "UOT" else values)
-
-
-def check_parquet(path: Path, n: int) -> None:
-    rows = pq.read_metadata(path).num_rows
-    if rows != n:
-        raise LayoutError(f"{path.name} has {rows} rows, not {n}.", "rerun the fit.")
-
-
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
-    catalog = open_catalog(args.input)
-    psf = load_psf(args.psf)
+    catalog = tables.open_catalog(args.input)
+    psf = tables.load_psf(args.psf)
     at_least(args.chunk_size, "--chunk-size", what="a positive number of candidates per task")
     n = catalog.sizes["candidate"]
     stamp = (catalog.sizes["y"], catalog.sizes["x"])
     chunk_size = args.chunk_size or auto_chunk_size(n, stamp)
     result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=chunk_size,
                          backend=resources.backend, max_iterations=args.max_iterations,
-                         scale_errors=args.scale_errors, output_chunk=STORAGE_ROWS)
+                         scale_errors=args.scale_errors, output_chunk=tables.STORAGE_ROWS)
     stages = memory_model(
         n, chunk_size, stamp, catalog["images"].dtype, args.model,
         variance="variance" in catalog, mask="mask" in catalog,
         psf_shape=None if psf is None else psf.shape[-2:],
         per_candidate_psf=psf is not None and psf.ndim == 3, backend=resources.backend,
-        output_chunk=STORAGE_ROWS,
+        output_chunk=tables.STORAGE_ROWS,
     )
 
     def plan(resources: Resources) -> Plan:
@@ -143,21 +68,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         return lambda: compute(client, result["chi2"].data.sum(), show=False)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
-        fits_zarr = run.add_output("fits.zarr", verify=lambda p: xr.open_zarr(
-            p, consolidated=False))
-        fits_parquet = run.add_output("fits.parquet", verify=lambda p: check_parquet(p, n))
-        stored = zarr_strings(result.drop_encoding())
-        with run.timing("fit"):
-            compute(client, stored.to_zarr(fits_zarr, mode="w-", zarr_format=3,
-                                           consolidated=False, compute=False))
-        with run.timing("parquet"):
-            write_parquet(fits_zarr, fits_parquet)
-        written = xr.open_zarr(fits_zarr, consolidated=False)
-        run.metric(
-            candidates=n,
-            fits_per_second=round(n / run.record["timings_s"]["fit"], 3),
-            status_counts=status_counts(written),
-        )
+        run.metric(**tables.write_fits(run, client, result))
 
     return Job(
         command="fit-dipoles",
@@ -175,7 +86,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
 
 def _candidates(args: argparse.Namespace) -> float:
     """Candidates one fit pass fits (the work of a ``tune`` round)."""
-    return float(open_catalog(args.input).sizes["candidate"])
+    return float(tables.open_catalog(args.input).sizes["candidate"])
 
 
 VERBS = [Verb("fit-dipoles", "fit a dipole model to every cutout of a catalog",

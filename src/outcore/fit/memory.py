@@ -1,16 +1,16 @@
 """Memory model of ``fit_dipoles`` for ``outcore.plan``: bytes held by each task, per chunk.
 
 The fit task holds its chunk of the catalog (input), its packed result (output) and the
-kernel's scratch (transient). On the host, the Gaussian model runs ``outcore.fit.cpu``'s
-compiled loop, one candidate at a time: the chunk's float64 data and weights, its valid
-pixels (and, while they are made, two more boolean planes), one normal matrix and a few
-numbers per candidate, and one candidate's Jacobian. Otherwise (the PSF model, or a GPU)
-the kernel keeps three float64 planes per candidate of the
-chunk (the data, its ``sqrt(1 / variance)`` weights and the trial residual) and a few
-``p x p`` matrices, and computes models, starts and Jacobians one block of candidates at a
-time (``HOST_BLOCK`` on the host, the whole chunk on a GPU). Its peak is reached while a
-block's Jacobian is built; a block then holds, per candidate, in float64 (``m = ny * nx``,
-``p`` parameters):
+kernel's scratch (transient). On the host, the Gaussian model runs the compiled loop of
+``outcore.fit.kernels.compiled``, one candidate at a time: the chunk's float64 data and
+weights, its valid pixels (and, while they are made, two more boolean planes), one normal
+matrix and a few numbers per candidate, and one candidate's Jacobian. Otherwise (the PSF
+model, or a GPU) the kernel keeps three float64 planes per candidate of the chunk (the data,
+its ``sqrt(1 / variance)`` weights and the trial residual) and a few ``p x p`` matrices, and
+computes models, starts and Jacobians one block of candidates at a time
+(``kernels.cpu.HOST_BLOCK`` on the host, the whole chunk on a GPU). Its peak is reached
+while a block's Jacobian is built; a block then holds, per candidate, in float64
+(``m = ny * nx``, ``p`` parameters):
 
 - the Jacobian, ``p m`` values, and the block's copies of weights and residual, ``2 m``;
 - the model's own scratch: one plane and the per-axis factors for the Gaussian model; two
@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from outcore.fit.kernels import HOST_BLOCK, fit_columns
+from outcore.fit.kernels import fit_columns
+from outcore.fit.kernels.cpu import HOST_BLOCK
 from outcore.fit.models import get_model
 from outcore.plan import F64, TaskMemory
 
@@ -52,7 +53,7 @@ def kernel_transient_bytes(candidates: int, stamp_shape: tuple[int, int], model:
     spec = get_model(model)
     ny, nx = stamp_shape
     m, p = ny * nx, len(spec.params)
-    if backend == "numpy" and not spec.needs_psf:  # the compiled loop (outcore.fit.cpu)
+    if backend == "numpy" and not spec.needs_psf:  # the compiled loop (kernels.compiled)
         per_candidate = F64 * (2 * m + p * p + 2 * p + 3) + 3 * m
         return per_candidate * candidates + F64 * (p + 4) * m
     block = min(candidates, HOST_BLOCK) if backend == "numpy" else candidates

@@ -16,14 +16,8 @@ import xarray as xr
 from outcore import backend as backends
 from outcore.checks import at_least
 from outcore.errors import LayoutError
-from outcore.fit.kernels import (
-    COMPILED_MODELS,
-    STATUS_NAMES,
-    fit_chunk,
-    fit_columns,
-    status_names,
-    warm,
-)
+from outcore.fit.kernels import fit_chunk, fit_columns, status_names, warm
+from outcore.fit.kernels.lm import STATUS_NAMES
 from outcore.fit.models import Model, get_model
 from outcore.io.layouts import validate
 
@@ -94,8 +88,7 @@ def fit_dipoles(
         blocks.append(_by_candidate(psf_value, chunk_size))
     elif psf_value is not None:
         shared_psf = np.asarray(psf_value, dtype=np.float64)
-    if resolved == "numpy" and model in COMPILED_MODELS:
-        warm()  # compile here once, so that workers load the loop from numba's cache
+    warm(resolved, model)  # compile here once, so that workers load the loop from numba's cache
     columns = fit_columns(model)
     options = {"model": model, "max_iterations": max_iterations, "f_tol": f_tol, "x_tol": x_tol,
                "g_tol": g_tol, "scale_errors": scale_errors}

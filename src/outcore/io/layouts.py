@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import numbers
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -95,11 +96,15 @@ class Layout:
 class LayoutRegistry(Mapping[str, "Layout"]):
     """Every layout by name. The families register theirs (``register``) in the ``layouts``
     modules that ``outcore.families`` names; those are imported on the first lookup, so
-    nothing here knows a family and adding one touches this module not at all."""
+    nothing here knows a family and adding one touches this module not at all. The first
+    lookup imports them under a lock, and the registry counts as loaded only once every one
+    is imported, so a thread looking up at the same time waits for the whole registry."""
 
     def __init__(self) -> None:
         self._layouts: dict[str, Layout] = {}
         self._loaded = False
+        # reentrant: a family's layouts module may look a layout up while it is imported
+        self._lock = threading.RLock()
 
     def register(self, layout: Layout) -> Layout:
         """Add ``layout`` (refusing a different one under the same name) and return it."""
@@ -111,12 +116,14 @@ class LayoutRegistry(Mapping[str, "Layout"]):
 
     def _all(self) -> dict[str, Layout]:
         if not self._loaded:
-            self._loaded = True
-            from outcore.families import FAMILIES
+            with self._lock:
+                if not self._loaded:
+                    from outcore.families import FAMILIES
 
-            for family in FAMILIES:
-                if family.layouts:
-                    importlib.import_module(family.layouts)
+                    for family in FAMILIES:
+                        if family.layouts:
+                            importlib.import_module(family.layouts)
+                    self._loaded = True
         return self._layouts
 
     def __getitem__(self, name: str) -> Layout:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import distributed
 
 from outcore import io
-from outcore.ptycho.pipeline import preprocess
-from outcore.ptycho.quality import truth_error
-from outcore.ptycho.reconstruct import reconstruct
+from outcore.ptycho.preprocessing.pipeline import preprocess
+from outcore.ptycho.preprocessing.store import open_preprocessed, save_preprocessed
+from outcore.ptycho.reconstruct.quality import truth_error
+from outcore.ptycho.reconstruct.run import reconstruct
 from outcore.ptycho.simulate import open_truth, simulate_stack
-from outcore.ptycho.store import open_preprocessed, save_preprocessed
 from outcore.runs import Run
 
 

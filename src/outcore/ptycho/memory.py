@@ -33,7 +33,7 @@ import numpy as np
 from outcore.plan import C64, C128, F32, F64, TaskMemory, zarr_read_bytes
 
 if TYPE_CHECKING:
-    from outcore.ptycho.scan import Setup
+    from outcore.ptycho.preprocessing.scan import Setup
     from outcore.ptycho.simulate import Simulation
 
 

@@ -39,9 +39,9 @@ from outcore import io
 from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked, write_new
-from outcore.ptycho.kernels import Model, intensities, warm
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
-from outcore.ptycho.scan import CHUNK_POSITIONS
+from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS
+from outcore.ptycho.reconstruct.model import Model, intensities, warm
 
 #: Energy [eV] and object pixel [m] when none are given.
 DEFAULT_ENERGY_EV = 8000.0

@@ -32,7 +32,7 @@ from outcore.plan import F64, Plan, Resources, TaskMemory
 from outcore.tomo.geometry import Geometry
 
 if TYPE_CHECKING:
-    from outcore.tomo.projector import Projector
+    from outcore.tomo.reconstruct.projector import Projector
 
 #: Memory per worker the blocks are chosen for when the cluster sets no limit, bytes.
 DEFAULT_LIMIT = 2 * 2**30
@@ -59,7 +59,7 @@ KERNEL_LINES_BYTES = 2**20
 
 def raw_frames_per_block(resources: Resources, frame_pixels: int, raw_itemsize: int) -> int:
     """Frames per block of a raw scan read inside a tomography run: as many as let each of
-    the worker's threads hold the read-and-normalise task (``beamline.memory_model``: the
+    the worker's threads hold the read-and-normalise task (``raw.normalise.memory_model``: the
     raw block, its float32 copy, the output and 4 float32 blocks of scratch) in a quarter of
     what its budget (60 % of ``resources.memory_limit``, the limit the run's options
     describe; unlimited: the ~64 MiB cap) leaves beside ``TOMO_WORKER_BASELINE_BYTES``, at

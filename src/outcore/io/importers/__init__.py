@@ -1,8 +1,12 @@
-"""Importers: lazy datasets over HDF5, TIFF, FITS and NPZ files, read block by block.
+"""Importers: lazy datasets over HDF5, TIFF, FITS, NPZ, NPY and raw files, read block by
+block, and the re-layout of zarr stores.
 
-Each importer describes its file with a :class:`FrameReader`, a small picklable array-like
-whose ``__getitem__`` opens the file, reads only the frames (slices along axis 0) asked for
-and closes it, so a dask task can run anywhere the file is visible (threads, processes,
+Each importer module declares its format as an :class:`Importer` record (name, suffixes,
+the options that apply, the reader), collected in ``outcore.io.importers.registry``, which
+``outcore.io.convert`` walks to detect a format, refuse options and read. Each importer
+describes its file with a :class:`FrameReader`, a small picklable array-like whose
+``__getitem__`` opens the file, reads only the frames (slices along axis 0) asked for and
+closes it, so a dask task can run anywhere the file is visible (threads, processes,
 distributed workers). :func:`arrange` then names the axes and adds companion arrays and
 attrs to make the dataset of a layout.
 """
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,6 +35,41 @@ Arrays = Mapping[str, Any]
 #: The fix of a file an importer cannot read.
 REWRITE_FIX = ("check that the file was copied whole (compare its size with the original's),"
                " or write it again from its source.")
+#: The options of ``read_source`` that apply to some formats only, in the order they are
+#: checked: an ``Importer`` lists those it takes, and any other one given is refused.
+OPTIONS = ("dataset", "hdu", "dims", "arrays", "frames_per_chunk", "dtype", "shape")
+
+
+@dataclass(frozen=True)
+class Importer:
+    """One input format of ``outcore.io.convert``, a record of the importers' registry.
+
+    ``name``: the format (``format=``, ``--format``); ``suffixes``: the file suffixes that
+    name it (lower case, with the dot); ``options``: which of ``OPTIONS`` it takes.
+    ``read(source, *, layout, attrs, **options)`` returns the lazy dataset, given the layout
+    asked for (None when none was), the root attrs and each option it takes (None when not
+    given); it reads metadata only. ``needs_layout``: the file does not say which layout it
+    holds, so one must be given. ``layout``: the one layout the format always holds (npz:
+    ``cutouts``), whose dataset is returned as read (``save`` validates it); any other
+    dataset is validated against the layout asked for (or its own, for zarr).
+    ``sequence``: a glob, or a directory no importer's ``directory`` claims, is a sequence
+    of files of this format (tiff); ``directory(path)``: whether a directory is an input of
+    this format (zarr: a store).
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    options: tuple[str, ...]
+    read: Callable[..., xr.Dataset]
+    needs_layout: bool = True
+    layout: str | None = None
+    sequence: bool = False
+    directory: Callable[[Path], bool] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.options) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"importer {self.name!r}: options {unknown} are not in {OPTIONS}")
 
 
 @dataclass

@@ -14,7 +14,15 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import InputDamagedError, LayoutError, reading
-from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
+from outcore.io.importers import (
+    REWRITE_FIX,
+    Arrays,
+    FrameReader,
+    Importer,
+    frames_dataset,
+    native,
+    require,
+)
 
 
 @dataclass
@@ -65,6 +73,11 @@ def read_fits(
         reader.to_dask(frames_per_chunk), layout, f"{path}[{index}]",
         dims=dims, attrs=attrs, arrays=arrays,
     )
+
+
+#: FITS images in the importers' registry.
+IMPORTER = Importer("fits", (".fits", ".fit", ".fts"),
+                    ("hdu", "dims", "arrays", "frames_per_chunk"), read_fits)
 
 
 def _refuse_truncated(hdu: Any, index: int, path: Any, fits: Any) -> None:

@@ -12,7 +12,15 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, reading
-from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
+from outcore.io.importers import (
+    REWRITE_FIX,
+    Arrays,
+    FrameReader,
+    Importer,
+    frames_dataset,
+    native,
+    require,
+)
 
 
 @dataclass
@@ -64,6 +72,11 @@ def read_hdf5(
         reader.to_dask(frames_per_chunk), layout, f"{path}:{reader.dataset}",
         dims=dims, attrs=attrs, arrays=arrays,
     )
+
+
+#: HDF5 and NeXus files in the importers' registry.
+IMPORTER = Importer("hdf5", (".h5", ".hdf5", ".hdf", ".nxs", ".nx5"),
+                    ("dataset", "dims", "arrays", "frames_per_chunk"), read_hdf5)
 
 
 def _dataset(f: Any, dataset: str | None, path: Any, h5py: Any) -> Any:

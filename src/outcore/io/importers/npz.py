@@ -23,7 +23,7 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, reading
-from outcore.io.importers import REWRITE_FIX, FrameReader, arrange
+from outcore.io.importers import REWRITE_FIX, FrameReader, Importer, arrange
 
 #: Open streams of compressed members, by (pid, path, member): (zip, stream, data start).
 _STREAMS: dict[tuple[int, str, str], tuple[zipfile.ZipFile, IO[bytes], int]] = {}
@@ -108,6 +108,25 @@ def read_npz(
         dims = ("candidate", "y", "x") if stack else ("candidate",)
         variables[name] = (dims, reader.to_dask(frames_per_chunk))
     return arrange(xr.Dataset(variables), "cutouts", attrs=attrs)
+
+
+def _read_catalog(
+    path: str | os.PathLike[str],
+    *,
+    layout: str | None,
+    attrs: Mapping[str, Any] | None,
+    frames_per_chunk: int | None,
+) -> xr.Dataset:
+    """``read_npz`` for the registry: an npz file holds cutouts, whatever layout is asked."""
+    if layout not in (None, "cutouts"):
+        raise LayoutError(f"An npz catalog holds cutouts, not {layout}.",
+                          "leave layout out (or pass layout='cutouts').")
+    return read_npz(path, attrs=attrs, frames_per_chunk=frames_per_chunk)
+
+
+#: NPZ cutout catalogs in the importers' registry.
+IMPORTER = Importer("npz", (".npz",), ("frames_per_chunk",), _read_catalog, needs_layout=False,
+                    layout="cutouts")
 
 
 def _members(path: os.PathLike[str]) -> dict[str, NpzMember]:

@@ -17,7 +17,7 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, reading
-from outcore.io.importers import Arrays, FrameReader, frames_dataset, native
+from outcore.io.importers import Arrays, FrameReader, Importer, frames_dataset, native
 
 
 @dataclass
@@ -105,6 +105,22 @@ def read_raw(
     reader = _reader(path, shape, dtype, 0, False)
     return frames_dataset(reader.to_dask(frames_per_chunk), layout, str(path), dims=dims,
                           attrs=attrs, arrays=arrays)
+
+
+def _read_raw_file(path: str | PathLike[str], *, dtype: Any, shape: Sequence[int] | None,
+                   **options: Any) -> xr.Dataset:
+    """``read_raw`` for the registry: a raw file needs its dtype and shape given."""
+    if dtype is None or shape is None:
+        raise LayoutError(f"A raw file such as {str(path)!r} does not say its dtype "
+                          "and shape.", "pass dtype= and shape= (CLI: --dtype uint16 "
+                          "--shape N KY KX).")
+    return read_raw(path, dtype=dtype, shape=shape, **options)
+
+
+#: ``.npy`` stacks and headerless binary files in the importers' registry.
+NPY = Importer("npy", (".npy",), ("dims", "arrays", "frames_per_chunk"), read_npy)
+RAW = Importer("raw", (".raw", ".bin"), ("dims", "arrays", "frames_per_chunk", "dtype", "shape"),
+               _read_raw_file)
 
 
 def _reader(path: Any, shape: tuple[int, ...], dtype: np.dtype, offset: int,

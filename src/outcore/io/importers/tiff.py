@@ -15,7 +15,15 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import InputDamagedError, InputNotFoundError, reading
-from outcore.io.importers import REWRITE_FIX, Arrays, FrameReader, frames_dataset, native, require
+from outcore.io.importers import (
+    REWRITE_FIX,
+    Arrays,
+    FrameReader,
+    Importer,
+    frames_dataset,
+    native,
+    require,
+)
 
 SUFFIXES = (".tif", ".tiff")
 
@@ -86,6 +94,11 @@ def read_tiff(
         reader.to_dask(frames_per_chunk), layout, str(path_or_glob),
         dims=dims, attrs=attrs, arrays=arrays,
     )
+
+
+#: TIFF files, directories and globs of them in the importers' registry.
+IMPORTER = Importer("tiff", SUFFIXES, ("dims", "arrays", "frames_per_chunk"), read_tiff,
+                    sequence=True)
 
 
 @contextlib.contextmanager

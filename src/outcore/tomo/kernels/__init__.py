@@ -1,8 +1,11 @@
-"""Projector kernels on one block of views and one z-slab, for numpy (numba) or cupy arrays.
+"""Kernels on one block, for numpy (numba, scipy) or cupy arrays: the projector's and the
+ramp filter's.
 
 ``forward`` (Joseph's ray-driven projector), ``adjoint`` (its exact transpose) and
-``backproject`` (voxel-driven, weighted, for FBP/FDK) dispatch on the array they get: numpy
-runs ``kernels.cpu``, cupy runs ``kernels.gpu``. A slab is the planes ``z0 <= k < z0 + nz``
+``backproject`` (voxel-driven, weighted, for FBP/FDK) work on one block of views and one
+z-slab; ``filter_rows`` convolves the rows of a block of projections with the ramp filter.
+Each dispatches on the array it gets (``outcore.backend.kernels``): numpy runs
+``kernels.cpu``, cupy runs ``kernels.gpu``. A slab is the planes ``z0 <= k < z0 + nz``
 of a volume of ``depth`` planes; a projection block holds the detector rows
 ``v0 <= v < v0 + rows`` of some views. Voxels outside the slab and rows outside the block count
 as zero, so sums over slabs (forward) and over row blocks (adjoint) are exact.
@@ -10,24 +13,14 @@ as zero, so sums over slabs (forward) and over row blocks (adjoint) are exact.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from outcore.backend import array_namespace
+from outcore.backend import array_namespace, kernels
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.kernels import cpu
 
 Array = Any
-
-
-def _impl(x: Array) -> ModuleType:
-    if array_namespace(x) is np:
-        return cpu
-    from outcore.tomo.kernels import gpu
-
-    return gpu
 
 
 def _centre(depth: int, z0: int) -> float:
@@ -46,8 +39,9 @@ def forward(slab: Array, angles: np.ndarray, geometry: Geometry, *, z0: int = 0,
     depth = slab.shape[0] if depth is None else depth
     nv, nu = geometry.detector_shape
     v0, v1 = rows if rows is not None else (0, nv)
-    return _impl(slab).forward(slab, np.asarray(angles, np.float64), geometry.kernel_args(),
-                               v0, v1 - v0, nu, nv, _centre(depth, z0))
+    return kernels(slab, __name__).forward(slab, np.asarray(angles, np.float64),
+                                           geometry.kernel_args(), v0, v1 - v0, nu, nv,
+                                           _centre(depth, z0))
 
 
 def adjoint(proj: Array, angles: np.ndarray, geometry: Geometry, slab_shape: tuple[int, ...],
@@ -60,7 +54,7 @@ def adjoint(proj: Array, angles: np.ndarray, geometry: Geometry, slab_shape: tup
     dtype).
     """
     return _accumulate(proj, slab_shape, z0, depth, out,
-                       lambda acc, cz: _impl(proj).adjoint(
+                       lambda acc, cz: kernels(proj, __name__).adjoint(
                            proj, acc, np.asarray(angles, np.float64), geometry.kernel_args(),
                            v0, geometry.detector_shape[0], cz))
 
@@ -75,10 +69,18 @@ def backproject(proj: Array, angles: np.ndarray, geometry: Geometry,
     as in ``adjoint``.
     """
     return _accumulate(proj, slab_shape, z0, depth, out,
-                       lambda acc, cz: _impl(proj).backproject(
+                       lambda acc, cz: kernels(proj, __name__).backproject(
                            proj, acc, np.asarray(angles, np.float64),
                            np.asarray(weights, np.float64), geometry.kernel_args(), v0,
                            geometry.detector_shape[0], cz))
+
+
+def filter_rows(rows: Array, response: np.ndarray, size: int) -> Array:
+    """Each row of ``rows (..., nu)`` convolved with a filter given by its frequency
+    ``response`` (``size // 2 + 1`` values: the ``rfft`` grid of ``size >= 2 nu`` points, so
+    zero padding and no wrap-around), in ``rows``' dtype and on its backend (numpy: scipy's
+    FFT, cupy: cupyx's; float32 in, float32 out)."""
+    return kernels(rows, __name__).filter_rows(rows, response, size)
 
 
 _WARM: set[tuple[str, str]] = set()
@@ -122,4 +124,4 @@ def _accumulate(proj: Array, slab_shape: tuple[int, ...], z0: int, depth: int | 
     return acc if out is not None else acc.astype(proj.dtype)
 
 
-__all__ = ["adjoint", "backproject", "forward", "warm"]
+__all__ = ["adjoint", "backproject", "filter_rows", "forward", "warm"]

@@ -1,5 +1,6 @@
 """CPU kernels (numba): Joseph's forward projector, its exact transpose, and a voxel-driven
-weighted backprojector for FBP/FDK. One call works on a block of views and a z-slab.
+weighted backprojector for FBP/FDK. One call works on a block of views and a z-slab. And the
+ramp filter of a block of rows (``filter_rows``, scipy's FFT).
 
 Joseph's method walks each ray one voxel at a time along its *driving* axis (``x`` or ``y``,
 whichever the ray is closer to) and, in every plane of that axis, interpolates the volume
@@ -45,6 +46,7 @@ import math
 
 import numba
 import numpy as np
+import scipy.fft
 
 from outcore.tomo.memory import (
     backproject_scratch_shapes,
@@ -760,3 +762,13 @@ def backproject(proj: np.ndarray, out: np.ndarray, angles: np.ndarray, weights: 
     else:
         parallel_backproject(proj, out, block, tile, angles, weights, v0, nv, cz, dv, du, ov,
                              ou, vox)
+
+
+def filter_rows(rows: np.ndarray, response: np.ndarray, size: int) -> np.ndarray:
+    """Each row of ``rows (..., nu)`` convolved with the filter of frequency ``response``
+    (``rfft`` of ``size`` points, zero-padded), by scipy's FFT in ``rows``' precision; a new
+    array of ``rows``' dtype and shape."""
+    spectrum = scipy.fft.rfft(rows, n=size, axis=-1)
+    spectrum *= np.asarray(response, dtype=rows.dtype)
+    filtered = scipy.fft.irfft(spectrum, n=size, axis=-1)
+    return filtered[..., :rows.shape[-1]].astype(rows.dtype)

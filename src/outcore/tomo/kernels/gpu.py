@@ -2,8 +2,8 @@
 
 One thread per ray for the forward projector (float64 sum along the ray) and for the adjoint
 (``atomicAdd`` of each sample's weight times the ray value into a float64 slab); one thread
-per voxel for the voxel-driven FBP/FDK backprojector. cupy is imported on first use, so this
-module imports on machines without it.
+per voxel for the voxel-driven FBP/FDK backprojector; the ramp filter of a block of rows by
+cupyx's FFT. cupy is imported on first use, so this module imports on machines without it.
 
 The CPU kernels compute the same samples with the same weights but walk them in another
 order (plane by plane in a z-contiguous copy of the slab, see ``cpu``'s docstring) and sum in
@@ -218,6 +218,18 @@ def backproject(proj: Any, out: Any, angles: np.ndarray, weights: np.ndarray, sc
             cupy.asarray(angles, dtype=cupy.float64), cupy.asarray(weights, dtype=cupy.float64),
             *_ints(*out.shape, n_views, n_rows, nu, v0, nv), np.float64(cz),
             *_geometry_args(scalars))
+
+
+def filter_rows(rows: Any, response: np.ndarray, size: int) -> Any:
+    """GPU twin of ``cpu.filter_rows`` (cupyx.scipy.fft): a new cupy array of ``rows``'
+    dtype and shape."""
+    import cupy
+    import cupyx.scipy.fft
+
+    spectrum = cupyx.scipy.fft.rfft(rows, n=size, axis=-1)
+    spectrum *= cupy.asarray(response, dtype=rows.dtype)
+    filtered = cupyx.scipy.fft.irfft(spectrum, n=size, axis=-1)
+    return filtered[..., :rows.shape[-1]].astype(rows.dtype)
 
 
 def _ints(*values: int) -> tuple:

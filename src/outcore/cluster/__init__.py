@@ -1,0 +1,142 @@
+"""Start or join a Dask cluster: auto | local | threads | cuda | mpi | a scheduler address.
+
+``start(...)`` returns a ``distributed.Client``; ``stop(client)`` closes it and the cluster it
+started within a bounded time, so a job never hangs on exit. Options that do not apply to
+the chosen kind are refused before anything starts (``options.ClusterOptions.validate``).
+One worker per GPU where GPUs exist.
+
+Each engine is a thin adapter in a module of its own, with ``start(opts) -> Client``:
+``local`` (worker processes; ``start_threads``: workers that are threads of this process),
+``cuda`` (dask-cuda), ``mpi`` (dask-mpi, with its own ``stop``) and ``address`` (joining a
+running scheduler); ``workers`` holds what every engine shares (malloc thresholds, quiet
+task errors, placement records). Adding an engine is its module and one line in
+``ENGINES``.
+
+Under ``mpi`` every rank calls ``start``: rank 0 runs the scheduler, rank 1 returns the
+client and runs the job, the other ranks are workers, pinned to one GPU each by their rank
+on the node (``start`` or ``pin_mpi_worker_gpu`` must run before anything touches CUDA,
+which reads the pinning once). Worker ranks block in ``start`` until the client calls
+``stop(client, exit_code)``, then exit the process with the client's exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import distributed
+
+from outcore.cluster import address, cuda, local, mpi
+from outcore.cluster.address import JOIN_WORKER_TIMEOUT_S
+from outcore.cluster.mpi import MPI_CLIENT_RANK, mpi_worker_class, pin_mpi_worker_gpu
+from outcore.cluster.options import (
+    ADDRESS_PREFIXES,
+    CLUSTER_KINDS,
+    IN_PROCESS_DATA_FRACTION,
+    LOOPBACK_DASHBOARD,
+    ClusterOptions,
+    in_process_reason,
+)
+from outcore.cluster.workers import (
+    WORKER_MMAP_BYTES,
+    WORKER_TRIM_BYTES,
+    QuietTaskErrors,
+    placement,
+    placement_table,
+    quiet_size_probes,
+    set_malloc_thresholds,
+    total_memory_limit,
+    worker_environ,
+)
+
+__all__ = [
+    "ADDRESS_PREFIXES",
+    "CLUSTER_KINDS",
+    "ENGINES",
+    "IN_PROCESS_DATA_FRACTION",
+    "JOIN_WORKER_TIMEOUT_S",
+    "LOOPBACK_DASHBOARD",
+    "MPI_CLIENT_RANK",
+    "WORKER_MMAP_BYTES",
+    "WORKER_TRIM_BYTES",
+    "ClusterOptions",
+    "QuietTaskErrors",
+    "connect",
+    "in_process_reason",
+    "mpi_worker_class",
+    "pin_mpi_worker_gpu",
+    "placement",
+    "placement_table",
+    "set_malloc_thresholds",
+    "start",
+    "stop",
+    "total_memory_limit",
+    "worker_environ",
+]
+
+log = logging.getLogger(__name__)
+
+#: The engine that starts each resolved kind: ``start(opts) -> Client``.
+ENGINES: dict[str, Callable[[ClusterOptions], distributed.Client]] = {
+    "local": local.start,
+    "threads": local.start_threads,
+    "cuda": cuda.start,
+    "mpi": mpi.start,
+    "address": address.start,
+}
+
+
+def start(kind: str = "auto", **options: Any) -> distributed.Client:
+    """Start or join a cluster and return a client connected to it.
+
+    Keyword options are the fields of ``ClusterOptions`` (workers, threads_per_worker,
+    memory_limit, device_memory_limit, spill_dir, dashboard_address, interface).
+    """
+    opts = ClusterOptions(kind=kind, **options)
+    resolved = opts.validate()
+    opts.warn_if_exposed()
+    quiet_size_probes()  # the client's (and an in-process scheduler's) comms
+    client = ENGINES[resolved](opts)
+    if resolved != "address":  # a joined cluster's workers log where their owner looks
+        client.register_plugin(QuietTaskErrors())
+    client.outcore_kind = resolved  # type: ignore[attr-defined]
+    return client
+
+
+def stop(client: distributed.Client, exit_code: int = 0, timeout: float = 30.0) -> None:
+    """Close the client and the cluster it started, giving up after ``timeout`` seconds.
+
+    Under ``mpi`` this also ends the scheduler and worker ranks, which exit with
+    ``exit_code``; should that not happen within ``timeout``, the MPI job is aborted.
+    """
+    kind = getattr(client, "outcore_kind", None)
+    if kind == "mpi":
+        mpi.stop(client, exit_code, timeout)
+        return
+    cluster = client.cluster if kind != "address" else None
+    done = threading.Event()
+
+    def close() -> None:
+        with contextlib.suppress(Exception):
+            client.close(timeout=timeout)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=timeout)
+        done.set()
+
+    threading.Thread(target=close, daemon=True, name="outcore-cluster-stop").start()
+    if not done.wait(timeout + 5):
+        log.warning("the cluster did not close within %.0f s; leaving it to process exit", timeout)
+
+
+@contextlib.contextmanager
+def connect(kind: str = "auto", **options: Any) -> Iterator[distributed.Client]:
+    """``with connect(...) as client:`` starts a cluster and always stops it."""
+    client = start(kind, **options)
+    try:
+        yield client
+    finally:
+        stop(client)

@@ -1,0 +1,208 @@
+"""Preprocess a diffraction stack once into the dataset every ptychographic reconstruction
+reads: ``preprocess(ds, ...)`` gives, lazily, the ``ptycho-preprocessed`` dataset: centred,
+cropped and binned amplitudes ``sqrt(max(I, 0))`` in chunks of positions (0 on the pixels
+the detector mask ignores), the exact positions in metres and the whole-pixel window corners
+``top_left`` nearest them, a probe guess, the detector mask after crop and bin (a binned
+pixel is ignored when any of its pixels is) and the physics in attrs
+(``outcore.ptycho.preprocessing.store`` writes and opens it).
+Conventions are those of ``outcore.ptycho.kernels``:
+
+- a detector pattern of ``K`` pixels has zero frequency at index ``K // 2``;
+- the real-space pixel is ``pixel_size = 1 / (K * reciprocal_pixel_size)`` [m];
+- binning the detector by ``B`` makes the reciprocal pixel ``B`` times larger and keeps the
+  real-space pixel (the window then covers ``1/B`` of the field of view); cropping to ``Kc``
+  makes the real-space pixel ``K / Kc`` times larger.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from os import PathLike
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from outcore import io
+from outcore.errors import LayoutError
+from outcore.ptycho.optics import check_probe_window, pupil_to_probe
+from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, Setup, setup
+from outcore.ptycho.preprocessing.store import LAYOUT
+
+
+def frames_of(ds: xr.Dataset) -> da.Array:
+    """The stack's frames as a dask array (n, Ky, Kx), raster order for a grid."""
+    data = ds["data"].data
+    if not isinstance(data, da.Array):
+        data = da.from_array(np.asarray(data), chunks=(CHUNK_POSITIONS, -1, -1)
+                             if data.ndim == 3 else (1, -1, -1, -1))
+    return data.reshape(-1, *data.shape[-2:]) if data.ndim == 4 else data
+
+
+def mean_pattern(ds: xr.Dataset, mask: np.ndarray | None = None) -> np.ndarray:
+    """The mean frame (Ky, Kx) float64, 0 where ``mask`` ignores a pixel: one read pass on
+    the active scheduler."""
+    data = frames_of(ds)
+    mean = np.asarray(dask.compute(data.mean(axis=0, dtype=np.float64))[0])
+    return mean if mask is None else np.where(mask, 0.0, mean)
+
+
+def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
+    """The integer roll (rows, cols) that puts the zero frequency at ``source_shape // 2``:
+    from the mean pattern's centre of mass (``auto``), the given centre, or none."""
+    if setup.centre == "none":
+        return (0, 0)
+    if setup.centre == "auto":
+        _finite_mean(mean)
+        weights = np.maximum(mean, 0)
+        total = weights.sum()
+        if not total > 0:
+            raise LayoutError("The mean pattern has no positive intensity, so its centre "
+                              "cannot be found.", "check the stack, or give --centre CY CX.")
+        rows, cols = np.indices(weights.shape)
+        centre = ((rows * weights).sum() / total, (cols * weights).sum() / total)
+    else:
+        centre = setup.centre
+    return tuple(int(n // 2 - math.floor(c + 0.5))  # type: ignore[return-value]
+                 for n, c in zip(setup.source_shape, centre, strict=True))
+
+
+def _finite_mean(mean: np.ndarray) -> None:
+    if not np.isfinite(mean).all():
+        raise LayoutError(
+            "The stack's frames hold NaN or Inf values (their mean pattern is not finite); "
+            "nothing was saved.",
+            "replace them or drop those frames and their positions (outcore.open(path, "
+            "check_values=True) finds them).")
+
+
+def patterns(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int], crop: int,
+             bin: int) -> np.ndarray:  # noqa: A002
+    """Rolled by ``shift``, cropped to ``crop`` from ``start`` and summed in ``bin`` x ``bin``
+    blocks: (n, Ky, Kx) -> (n, crop/bin, crop/bin) float64 intensities."""
+    x = np.roll(np.asarray(frames, dtype=np.float64), shift, axis=(-2, -1))
+    x = x[..., start[0]:start[0] + crop, start[1]:start[1] + crop]
+    if bin > 1:
+        k = crop // bin
+        x = x.reshape(*x.shape[:-2], k, bin, k, bin).sum(axis=(-3, -1))
+    return x
+
+
+def _amplitudes_block(frames: np.ndarray, shift: tuple[int, int], start: tuple[int, int],
+                      crop: int, bin: int, ignored: np.ndarray | None,  # noqa: A002
+                      block_info: dict | None = None) -> np.ndarray:
+    intensity = patterns(frames, shift, start, crop, bin)
+    if ignored is not None:  # the output pixels with an ignored detector pixel in them
+        intensity[:, ignored] = 0
+    bad = ~np.isfinite(intensity)
+    if bad.any():
+        first = int(np.argwhere(bad)[0][0]) + (block_info[0]["array-location"][0][0]
+                                              if block_info else 0)
+        raise LayoutError(f"Frame {first} of the stack has NaN or Inf values, so its "
+                          "amplitudes cannot be formed; nothing was saved.",
+                          "replace them or drop the frame (and its position) first.")
+    return np.sqrt(np.maximum(intensity, 0)).astype(np.float32)
+
+
+def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A002
+               centre: str | Sequence[float] = "auto",
+               probe: np.ndarray | str | PathLike | None = None, defocus: float | None = None,
+               object_padding: int = 0, chunk_positions: int = CHUNK_POSITIONS,
+               positions: np.ndarray | None = None, source: str | None = None,
+               mask: np.ndarray | str | PathLike | None = None,
+               probe_aperture: float | None = None) -> xr.Dataset:
+    """The ``ptycho-preprocessed`` dataset of a ``diffraction`` dataset (amplitudes lazy).
+
+    ``crop`` (pixels, around the centre), ``bin`` (B x B sums), ``centre`` (``"auto"``:
+    the integer roll that moves the mean pattern's centre of mass to ``K // 2``; ``"none"``;
+    or the detector ``(row, col)`` of zero frequency), ``probe`` (a (K, K) array or .npy on
+    the output grid; default: ``sqrt`` of the mean pattern with the ``defocus`` [m] phase,
+    ``defocus`` defaulting to the stack's ``defocus`` attr or 0), ``object_padding`` (pixels
+    of object around the scanned windows), ``chunk_positions`` (positions per chunk),
+    ``positions`` ((n, 2) metres, x y, replacing the stack's), ``mask`` (the detector's
+    ``(Ky, Kx)`` bool, True where a pixel is ignored, or a .npy; default: the stack's ``mask``
+    variable), ``probe_aperture`` (the probe guess from a disc pupil of that radius in output
+    pixels, with the mean pattern's power, instead of the mean pattern). Every check runs
+    before any frame is read; then one pass reads the mean pattern (unless ``centre`` is
+    given and a probe too). Warns ``ProbeWindowWarning`` when the probe fills its window.
+    """
+    found = setup(ds, crop=crop, bin=bin, centre=centre, probe=probe, defocus=defocus,
+                  object_padding=object_padding, chunk_positions=chunk_positions,
+                  positions=positions, mask=mask, probe_aperture=probe_aperture)
+    return build(ds, found, source=source)
+
+
+def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset:
+    """``preprocess`` after its checks (``found = setup(ds, ...)``)."""
+    needs_mean = found.centre == "auto" or found.probe is None
+    mean = mean_pattern(ds, found.mask) if needs_mean else None
+    shift = centre_shift(found, mean)
+    start = found.crop_start()
+    k = found.k
+    frames = frames_of(ds).rechunk((found.chunk_positions, -1, -1))
+    ignored = None if found.mask is None else \
+        patterns(found.mask.astype(np.float64), shift, start, found.crop, found.bin) > 0
+    amplitudes = da.map_blocks(_amplitudes_block, frames, shift, start, found.crop, found.bin,
+                               ignored, chunks=(frames.chunks[0], (k,), (k,)),
+                               dtype=np.float32)
+    fix = ("bin less (--bin), crop less (--crop), or check --defocus / --probe.")
+    if found.probe is None:
+        _finite_mean(mean)
+        pupil = np.sqrt(np.maximum(patterns(mean, shift, start, found.crop, found.bin), 0))
+        if ignored is not None:
+            pupil = _filled(pupil, ignored)
+        if found.aperture is not None:
+            q = np.arange(k) - k // 2
+            disc = np.hypot(q[:, None], q[None, :]) <= found.aperture
+            pupil = disc * np.sqrt((pupil**2).sum() / disc.sum())
+        guess = pupil_to_probe(pupil, found.wavelength, found.output_reciprocal_pixel,
+                               found.defocus).astype(np.complex64)
+    else:
+        guess = found.probe
+    share = check_probe_window(guess, f"The probe guess ({found.probe_source})", fix)
+    top_left, positions, object_shape = found.windows()
+    record = {
+        "source": source or "", "source_attrs": _plain(found.source_attrs),
+        "source_detector": list(found.source_shape),
+        "scan_shape": list(found.scan_shape) if found.scan_shape else [],
+        "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
+        "centre_shift": list(shift), "crop": found.crop, "bin": found.bin,
+        "crop_start": list(start), "defocus": found.defocus, "probe": found.probe_source,
+        "probe_border_energy": share,
+    }
+    attrs = {
+        io.LAYOUT_ATTR: LAYOUT, "wavelength": found.wavelength,
+        "pixel_size": found.pixel_size, "reciprocal_pixel_size": found.output_reciprocal_pixel,
+        "object_shape": list(object_shape), "detector_size": k,
+        "object_padding": found.padding, "defocus": found.defocus, "preprocess": record,
+    }
+    variables = {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
+                 "top_left": (("position", "yx"), top_left),
+                 "positions": (("position", "xy"), positions),
+                 "probe_guess": (("k_y", "k_x"), guess)}
+    if ignored is not None:
+        variables["mask"] = (("k_y", "k_x"), ignored)
+        record["masked_pixels"] = int(ignored.sum())
+    return xr.Dataset(variables, coords={"xy": ["x", "y"], "yx": ["y", "x"]}, attrs=attrs)
+
+
+def _filled(image: np.ndarray, ignored: np.ndarray) -> np.ndarray:
+    """``image`` with each ignored pixel given the value of the nearest kept one."""
+    from scipy.ndimage import distance_transform_edt
+
+    nearest = distance_transform_edt(ignored, return_distances=False, return_indices=True)
+    return image[tuple(nearest)]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-friendly Python (numpy scalars and arrays to numbers and lists)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | np.ndarray):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

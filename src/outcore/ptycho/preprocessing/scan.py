@@ -1,0 +1,280 @@
+"""The checks of ``preprocess`` before any compute, and what they find: ``setup(ds, ...)``
+reads a ``diffraction`` dataset's metadata and positions (never a frame) and returns the
+``Setup`` (crop, bin, centre, optics, windows) that ``outcore.ptycho.preprocessing.pipeline``
+carries out.
+
+Position ``p`` [m] (``xy`` order) is the centre of its window in object coordinates, where
+object pixel ``i`` sits at ``i * pixel_size``:
+``top_left = floor(p / pixel_size - K / 2 + 0.5)`` (row from y, column from x).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from outcore import io
+from outcore.checks import at_least, existing_path
+from outcore.errors import LayoutError, OutcoreError
+from outcore.ptycho.optics import (
+    finite_attr,
+    positive_attr,
+    reciprocal_pixel_of,
+    wavelength_of,
+)
+
+#: Positions per chunk of ``amplitudes`` when none is given.
+CHUNK_POSITIONS = 64
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What ``preprocess`` will do, worked out from metadata (and the small positions).
+
+    Lengths in metres, frequencies in 1/m, sizes in pixels. ``centre`` is ``"auto"``,
+    ``"none"`` or the ``(row, col)`` of zero frequency on the detector. ``mask``: the
+    detector's ``(Ky, Kx)`` bool, True where a pixel is ignored (bad pixels, beam stop).
+    ``aperture``: radius (output pixels) of a disc pupil for the probe guess instead of the
+    mean pattern.
+    """
+
+    source_shape: tuple[int, int]
+    crop: int
+    bin: int
+    centre: str | tuple[float, float]
+    wavelength: float
+    reciprocal_pixel: float
+    defocus: float
+    padding: int
+    chunk_positions: int
+    positions: np.ndarray
+    scan_shape: tuple[int, int] | None
+    probe: np.ndarray | None = None
+    probe_source: str = "mean pattern"
+    source_attrs: dict[str, Any] = field(default_factory=dict)
+    mask: np.ndarray | None = None
+    aperture: float | None = None
+
+    @property
+    def k(self) -> int:
+        """Window (and output pattern) size."""
+        return self.crop // self.bin
+
+    @property
+    def output_reciprocal_pixel(self) -> float:
+        return self.reciprocal_pixel * self.bin
+
+    @property
+    def pixel_size(self) -> float:
+        """Real-space object pixel [m]: ``1 / (K * reciprocal pixel)``."""
+        return 1.0 / (self.k * self.output_reciprocal_pixel)
+
+    def crop_start(self) -> tuple[int, int]:
+        """First detector row and column of the crop, around ``source_shape // 2``."""
+        return tuple(n // 2 - self.crop // 2 for n in self.source_shape)  # type: ignore[return-value]
+
+    def windows(self) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+        """``top_left`` (n, 2) int64 (row, col), positions shifted into object coordinates
+        (n, 2) float64 metres (x, y), and the object shape (rows, cols)."""
+        ps, k = self.pixel_size, self.k
+        rows_cols = self.positions[:, ::-1] / ps - k / 2  # (y, x) -> (row, col) floats
+        raw = np.floor(rows_cols + 0.5).astype(np.int64)
+        offset = self.padding - raw.min(axis=0)
+        top_left = raw + offset
+        positions = self.positions + offset[::-1] * ps
+        shape = tuple(int(n) for n in top_left.max(axis=0) + k + self.padding)
+        return top_left, positions, shape  # type: ignore[return-value]
+
+
+def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A002
+          centre: str | Sequence[float] = "auto", probe: np.ndarray | str | PathLike | None = None,
+          defocus: float | None = None, object_padding: int = 0,
+          chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
+          mask: np.ndarray | str | PathLike | None = None, probe_aperture: float | None = None
+          ) -> Setup:
+    """Check a ``diffraction`` dataset and the options, reading no frame; return the Setup.
+
+    ``mask`` (a ``(Ky, Kx)`` bool array or .npy, True where a pixel is ignored; default: the
+    stack's ``mask`` variable, if any). Raises LayoutError / OutcoreError (problem and fix)
+    on a missing or bad wavelength or reciprocal pixel, positions that do not match the
+    frames, a crop larger than the detector, a bin that does not divide the crop, a probe
+    of the wrong shape, a mask whose shape differs from the patterns', or a probe aperture
+    that is not a positive radius inside the window.
+    """
+    for name in ("wavelength", "energy", "reciprocal_pixel_size", "detector_pixel_size",
+                 "detector_distance", "scan_step"):
+        if name in ds.attrs:
+            finite_attr(ds.attrs[name], name)
+    if "data" not in ds.variables:
+        raise LayoutError(
+            f"The dataset has no variable 'data' (the diffraction frames); it has "
+            f"{sorted(map(str, ds.variables))}.",
+            "open a diffraction store with outcore.open(path, layout='diffraction').",
+        )
+    grid = ds["data"].ndim == 4
+    frames = math.prod(ds["data"].shape[:-2])
+    if positions is not None:
+        positions = _positions_override(positions, frames)
+    elif grid:
+        positions = _grid_positions(ds)
+    if positions is None and "positions" in ds.variables and ds["positions"].ndim == 2 \
+            and ds["positions"].shape[0] != frames:
+        raise LayoutError(
+            f"positions has {ds['positions'].shape[0]} rows but the stack has {frames} frames.",
+            "give one position (x, y) in metres per frame.",
+        )
+    io.validate(ds, "diffraction")
+    wavelength = wavelength_of(ds.attrs)
+    reciprocal = reciprocal_pixel_of(ds.attrs, wavelength)
+    if positions is None:
+        positions = _positions_override(ds["positions"].values, frames)
+    shape = tuple(int(n) for n in ds["data"].shape[-2:])
+    crop = _crop(crop, shape)
+    bin = at_least(bin, "--bin", 1)  # noqa: A001
+    if crop % bin:
+        low = crop - crop % bin
+        raise OutcoreError(
+            f"--bin {bin} does not divide the cropped pattern of {crop} pixels.",
+            f"crop to a multiple of {bin} (e.g. --crop {low}) or choose a bin that divides "
+            f"{crop}.",
+        )
+    if crop // bin < 2:
+        raise OutcoreError(f"--crop {crop} with --bin {bin} leaves patterns of "
+                           f"{crop // bin} pixel.", "bin less: the patterns need 2 or more "
+                           "pixels a side.")
+    if defocus is None:
+        defocus = float(ds.attrs.get("defocus", 0.0))
+    if not np.isfinite(defocus):
+        raise OutcoreError(f"--defocus {defocus} is not a number.", "give metres, e.g. 2e-5.")
+    chosen = _centre(centre, shape)
+    guess, source = None, "mean pattern"
+    if probe is not None and probe_aperture is not None:
+        raise OutcoreError("Both --probe and --probe-aperture were given.",
+                           "give one: a probe file, or the radius of an aperture.")
+    if probe is not None:
+        guess, source = _probe(probe, crop // bin)
+    if probe_aperture is not None:
+        if not (np.isfinite(probe_aperture) and 0 < probe_aperture <= crop // bin / 2):
+            raise OutcoreError(f"--probe-aperture {probe_aperture} is not a radius inside "
+                               f"the {crop // bin}-pixel window.",
+                               f"give a radius in output detector pixels, 0 to "
+                               f"{crop // bin // 2}.")
+        source = "aperture"
+    detector_mask = _mask(ds if mask is None else mask, shape)
+    return Setup(
+        source_shape=shape, crop=crop, bin=bin, centre=chosen, wavelength=wavelength,
+        reciprocal_pixel=reciprocal, defocus=float(defocus),
+        padding=at_least(object_padding, "--object-padding", 0),
+        chunk_positions=at_least(chunk_positions, "--chunk-positions", 1),
+        positions=positions, scan_shape=tuple(ds["data"].shape[:2]) if grid else None,
+        probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
+        aperture=None if probe_aperture is None else float(probe_aperture),
+    )
+
+
+def _mask(source: xr.Dataset | np.ndarray | str | PathLike, shape: tuple[int, int]
+          ) -> np.ndarray | None:
+    """The detector mask (True = ignored) of a stack's ``mask`` variable or a given array or
+    .npy, checked against the detector's ``shape``; None when there is none."""
+    if isinstance(source, xr.Dataset):
+        if "mask" not in source.variables:
+            return None
+        mask, what = np.asarray(source["mask"].values), "The stack's mask variable"
+    elif isinstance(source, str | PathLike):
+        path = existing_path(source, "mask file")
+        mask, what = np.load(path), f"The mask {str(path)!r}"
+    else:
+        mask, what = np.asarray(source), "The mask"
+    if mask.shape != shape or mask.dtype.kind not in "bui":
+        raise LayoutError(
+            f"{what} has shape {mask.shape} and dtype {mask.dtype}; the patterns are "
+            f"{shape[0]}x{shape[1]}.",
+            f"give a ({shape[0]}, {shape[1]}) boolean mask of the detector, True where a "
+            "pixel is ignored (bad pixels, beam stop), before crop and bin.")
+    if mask.dtype.kind != "b" and not np.isin(mask, (0, 1)).all():
+        raise LayoutError(f"{what} holds values other than 0 and 1.",
+                          "give a boolean mask: True (1) where a pixel is ignored.")
+    mask = mask.astype(bool)
+    if mask.all():
+        raise LayoutError(f"{what} ignores every pixel.",
+                          "give True only where pixels are bad or blocked.")
+    return mask
+
+
+def _crop(crop: int | None, shape: tuple[int, int]) -> int:
+    if crop is None:
+        if shape[0] != shape[1]:
+            raise OutcoreError(
+                f"The detector is {shape[0]}x{shape[1]} pixels; the reconstruction needs "
+                "square patterns.", f"crop them, e.g. --crop {min(shape)}.")
+        return shape[0]
+    crop = at_least(crop, "--crop", 2)
+    if crop > min(shape):
+        raise OutcoreError(
+            f"--crop {crop} is larger than the detector ({shape[0]}x{shape[1]} pixels).",
+            f"give --crop {min(shape)} or less.")
+    return crop
+
+
+def _centre(centre: str | Sequence[float], shape: tuple[int, int]) -> str | tuple[float, float]:
+    if isinstance(centre, str):
+        if centre in ("auto", "none"):
+            return centre
+        raise OutcoreError(f"--centre {centre!r} is not auto, none or a row and column.",
+                           "give --centre auto, --centre none or --centre CY CX (pixels).")
+    values = tuple(float(v) for v in centre)
+    if len(values) != 2 or not all(0 <= v < n for v, n in zip(values, shape, strict=False)):
+        raise OutcoreError(
+            f"--centre {' '.join(map(str, centre))} is not a pixel of the "
+            f"{shape[0]}x{shape[1]} detector.",
+            "give the row and column of the zero frequency, e.g. --centre 128 127.5.")
+    return values  # type: ignore[return-value]
+
+
+def _probe(probe: np.ndarray | str | PathLike, k: int) -> tuple[np.ndarray, str]:
+    source = "array"
+    if isinstance(probe, str | PathLike):
+        source = str(existing_path(probe, "probe file"))
+        probe = np.load(source)
+    probe = np.asarray(probe)
+    if probe.shape != (k, k) or probe.dtype.kind not in "fc" or not np.isfinite(probe).all():
+        raise LayoutError(
+            f"The probe has shape {probe.shape} and dtype {probe.dtype}; the preprocessed "
+            f"window is {k}x{k} complex with finite values.",
+            f"give a finite ({k}, {k}) complex probe on the output grid (after crop and bin), "
+            "or leave --probe out to start from the mean pattern.")
+    return probe.astype(np.complex64), source
+
+
+def _grid_positions(ds: xr.Dataset) -> np.ndarray:
+    """Positions (n, 2) [m] (x, y) of a grid scan, raster order, from ``scan_step``."""
+    step = ds.attrs.get("scan_step")
+    if step is None:
+        raise LayoutError(
+            "A grid scan needs the attr scan_step [m] (a number or [step_y, step_x]).",
+            "set ds.attrs['scan_step'], or --attr scan_step=5e-8 in outcore convert.")
+    sy, sx = (step, step) if np.ndim(step) == 0 else (step[0], step[-1])
+    sy, sx = positive_attr(sy, "scan_step", "m"), positive_attr(sx, "scan_step", "m")
+    ny, nx = ds["data"].shape[:2]
+    iy, ix = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    return np.stack([ix.ravel() * sx, iy.ravel() * sy], axis=1).astype(np.float64)
+
+
+def _positions_override(positions: Any, frames: int) -> np.ndarray:
+    positions = np.asarray(positions, dtype=np.float64)
+    if positions.shape != (frames, 2):
+        raise LayoutError(
+            f"The positions have shape {positions.shape}; the stack has {frames} frames, so "
+            f"they need shape ({frames}, 2) (x, y in metres).",
+            "give one position per frame, in the frames' order.")
+    if not np.isfinite(positions).all():
+        bad = int((~np.isfinite(positions)).any(axis=1).sum())
+        raise LayoutError(f"{bad} positions are NaN or Inf.",
+                          "drop those frames or give their true positions.")
+    return positions

@@ -1,0 +1,107 @@
+"""What a reconstruction gives: the result as a Dataset (``result_dataset``), the quick-look
+figures of a run directory (``write_figures``) and the truth store its errors are measured
+against (``open_checked_truth``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from outcore import figures
+from outcore.checks import existing_path
+from outcore.errors import OutcoreError
+from outcore.ptycho.reconstruct import quality
+from outcore.ptycho.reconstruct.engine import Result
+from outcore.ptycho.reconstruct.solver import Settings
+from outcore.ptycho.reconstruct.start import Prepared, as_3d, positions_of
+from outcore.runs import Run, check_png
+
+RECONSTRUCTION_LAYOUT = "ptycho-reconstruction"
+#: The outputs of a run directory: the result and its figures.
+RECONSTRUCTION = "reconstruction.zarr"
+FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase.png")
+
+
+def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
+                   prepared: Prepared) -> xr.Dataset:
+    """The reconstruction as a Dataset, coordinates in metres: ``object(y, x)`` (or
+    ``object(slice, y, x)``), ``probe(k_y, k_x)`` (or ``probe(mode, k_y, k_x)``), with the
+    object's global phase moved to the probe; ``loss(iteration)``; ``positions(position, xy)``
+    (refined, or as given) and, when refined, ``input_positions``. Attrs: the settings, why
+    the run stopped, the fitted phase ramp of the object (rad per metre, ``[y, x]``, and
+    over the illuminated field) and the global phase removed."""
+    pixel = float(ds.attrs["pixel_size"])
+    obj, modes = as_3d(result.obj), as_3d(result.probe)
+    top_left = np.floor(result.coords + 0.5).astype(np.int64)
+    lit = quality.illuminated(modes, top_left, obj.shape[-2:])
+    obj, modes, phases = quality.without_global_phase(obj, modes, lit)
+    ramp = quality.phase_ramp(obj.prod(axis=0), lit)
+    ys, xs = np.nonzero(lit)
+    across = float(abs(ramp[0]) * (ys.max() - ys.min()) + abs(ramp[1]) * (xs.max() - xs.min()))
+    ny, nx = obj.shape[-2:]
+    k = modes.shape[-1]
+    window = (np.arange(k) - k // 2) * pixel
+    object_dims = ("y", "x") if len(obj) == 1 else ("slice", "y", "x")
+    probe_dims = ("k_y", "k_x") if len(modes) == 1 else ("mode", "k_y", "k_x")
+    variables: dict[str, Any] = {
+        "object": (object_dims, obj[0] if len(obj) == 1 else obj,
+                   {"long_name": "object transmission"}),
+        "probe": (probe_dims, modes[0] if len(modes) == 1 else modes,
+                  {"long_name": "probe modes on their window (real space)"}),
+        "loss": ("iteration", result.loss,
+                 {"long_name": f"{settings.noise} loss summed over the iteration's batches"}),
+        "positions": (("position", "xy"), positions_of(ds, result.coords),
+                      {"units": "m", "long_name": "window centres the reconstruction used"}),
+    }
+    if settings.refine_positions:
+        variables["input_positions"] = (("position", "xy"), ds["positions"].values,
+                                        {"units": "m", "long_name": "positions of the input"})
+    return xr.Dataset(
+        variables,
+        coords={
+            "y": ("y", np.arange(ny) * pixel, {"units": "m"}),
+            "x": ("x", np.arange(nx) * pixel, {"units": "m"}),
+            "k_y": ("k_y", window, {"units": "m"}),
+            "k_x": ("k_x", window, {"units": "m"}),
+            "iteration": np.arange(len(result.loss)),
+            "xy": ["x", "y"],
+        },
+        attrs={"outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel,
+               "wavelength": float(ds.attrs["wavelength"]),
+               "settings": json.dumps(asdict(settings)), "stopped": result.stopped,
+               "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
+               "phase_ramp_rad_across_field": round(across, 6),
+               "global_phase_removed_rad": phases,
+               "defocus_search": json.dumps(prepared.search)},
+    )
+
+
+def write_figures(run: Run, recon: xr.Dataset) -> None:
+    """Phase and amplitude of the object (the product of its slices) and of the probe (its
+    strongest mode), one grey PNG each (``figures.panels``; x right, y down)."""
+    obj, probe = recon["object"].values, recon["probe"].values
+    obj = obj.prod(axis=0) if obj.ndim == 3 else obj
+    probe = probe[0] if probe.ndim == 3 else probe
+    width_um = float(recon["x"].values[-1]) * 1e6
+    pictures = [(FIGURES[0], "object phase", f"{width_um:.3g} um wide", np.angle(obj), "rad"),
+                (FIGURES[1], "object amplitude", f"{width_um:.3g} um wide", np.abs(obj), ""),
+                (FIGURES[2], "probe amplitude", "detector pixels", np.abs(probe), ""),
+                (FIGURES[3], "probe phase", "detector pixels", np.angle(probe), "rad")]
+    for name, title, caption, image, units in pictures:
+        figures.panels(run.add_output(name, verify=check_png), [(caption, image[::-1])], title,
+                       float(image.min()), float(image.max()), units)
+
+
+def open_checked_truth(path: str) -> xr.Dataset:
+    """The truth store of ``ptycho simulate`` at ``path`` (``--truth``), lazily, refused when
+    it lacks the object, the probe or the windows' corners."""
+    truth = xr.open_zarr(existing_path(path, "--truth store"), consolidated=False)
+    for name in ("object", "probe", "top_left"):
+        if name not in truth:
+            raise OutcoreError(f"The truth store {path!r} has no {name!r}.",
+                               "give the .truth.zarr written by outcore ptycho simulate.")
+    return truth

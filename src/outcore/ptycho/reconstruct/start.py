@@ -1,0 +1,209 @@
+"""The start of a reconstruction: the preprocessed store opened and checked
+(``open_input``), the settings refused before any compute when this store cannot run with
+them (``check``), and the state a run starts from (``prepare``): the model (noise, detector
+mask, the propagator between slices) and a flat object with probe modes from the store's
+guess with the data's power (optionally with a searched defocus), or the state of an earlier
+reconstruction or checkpoint. ``coords_of`` and ``positions_of`` convert between the store's
+positions (metres) and window corners (object pixels).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from outcore.checks import choice
+from outcore.errors import LayoutError, OutcoreError
+from outcore.ptycho.optics import fresnel_propagator
+from outcore.ptycho.preprocessing.store import open_preprocessed, read_amplitudes
+from outcore.ptycho.reconstruct import probe, quality, solver
+from outcore.ptycho.reconstruct.model import Model
+from outcore.ptycho.reconstruct.solver import Settings, State
+
+#: Positions read (evenly spread) to measure the data's power and noise before the run.
+SAMPLE_POSITIONS = 256
+DEFOCUS_SEARCH = ("auto", "on", "off")
+
+
+def default_batch(n_positions: int) -> int:
+    """The batch size when none is given: a sixteenth of the scan, 16 to 1024 positions."""
+    return min(n_positions, max(16, min(1024, math.ceil(n_positions / 16))))
+
+
+def open_input(path: str | Path) -> xr.Dataset:
+    """The preprocessed store at ``path``, lazily, checked before any compute."""
+    return open_preprocessed(path)
+
+
+def position_chunk(ds: xr.Dataset) -> int:
+    """The store's chunk along ``position`` (shards are cut at its multiples)."""
+    chunks = ds["amplitudes"].encoding.get("chunks") or ds["amplitudes"].encoding.get(
+        "preferred_chunks", {}).get("position")
+    return int(chunks[0] if isinstance(chunks, tuple | list) else chunks or 1)
+
+
+def coords_of(ds: xr.Dataset, positions: np.ndarray | None = None) -> np.ndarray:
+    """Window corners (n, 2) float64 (row, col) in object pixels of the store's positions
+    (or of ``positions`` (n, 2) metres, x y): ``position[::-1] / pixel_size - K / 2``."""
+    positions = ds["positions"].values if positions is None else positions
+    return np.asarray(positions, np.float64)[:, ::-1] / float(ds.attrs["pixel_size"]) \
+        - ds.sizes["k_y"] / 2
+
+
+def positions_of(ds: xr.Dataset, coords: np.ndarray) -> np.ndarray:
+    """The inverse of ``coords_of``: positions (n, 2) metres (x, y)."""
+    return (coords + ds.sizes["k_y"] / 2)[:, ::-1] * float(ds.attrs["pixel_size"])
+
+
+def model_of(ds: xr.Dataset, settings: Settings) -> Model:
+    """Noise model, the pixels the store's detector ``mask`` keeps (if it has one) and, for
+    several slices, the propagator over ``slice_thickness``."""
+    valid = ~ds["mask"].values.astype(bool) if "mask" in ds else None
+    propagator = None
+    if settings.slices > 1:
+        propagator = fresnel_propagator(ds.sizes["k_y"], float(ds.attrs["pixel_size"]),
+                                        float(ds.attrs["wavelength"]),
+                                        float(settings.slice_thickness))
+    return Model(settings.noise, valid, propagator)
+
+
+def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: float) -> None:
+    """Refuse positions whose windows could leave the object when refinement moves them by up
+    to ``bound`` pixels (OutcoreError, before any compute)."""
+    low = np.floor(coords - bound + 0.5)
+    high = np.floor(coords + bound + 0.5) + k
+    outside = (low < 0).any(axis=1) | (high > np.asarray(shape)).any(axis=1)
+    if outside.any():
+        first = int(np.argmax(outside))
+        need = int(np.ceil(bound + 0.5))
+        raise OutcoreError(
+            f"{int(outside.sum())} of {len(coords)} windows could leave the {shape[0]}x"
+            f"{shape[1]} object when position refinement moves them by up to {bound:g} "
+            f"pixels (e.g. position {first}).",
+            f"preprocess with --object-padding {need} or more, or give a smaller "
+            "--position-bound.")
+
+
+@dataclass
+class Prepared:
+    """What a run starts from: object (S, Ny, Nx), probe modes (M, K, K), positions
+    ``coords`` (n, 2) and those the refinement started from, the model, the data's power,
+    the noise floor (None unless counts), what the defocus search found and the positions'
+    Gauss-Newton matrices (n, 3) of a checkpoint (``solver.State.curvature``)."""
+
+    obj: np.ndarray
+    probe: np.ndarray
+    coords: np.ndarray
+    start_coords: np.ndarray
+    model: Model
+    power: float
+    floor: float | None
+    search: dict[str, Any] | None = None
+    curvature: np.ndarray | None = None
+
+
+def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> None:
+    """Refuse, before anything is read or computed, settings that this store cannot run
+    with: bad values, a defocus search that is not auto, on or off, positions that
+    refinement could move out of the object."""
+    settings.validate(ds.sizes["position"])
+    choice(defocus_search, DEFOCUS_SEARCH, "--defocus-search")
+    if settings.refine_positions:
+        check_bounds(coords_of(ds), ds.sizes["k_y"],
+                     tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)
+
+
+def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
+            start: xr.Dataset | None = None, defocus_search: str = "auto") -> Prepared:
+    """The starting state (see the module doc), after ``check``; reads ``SAMPLE_POSITIONS``
+    patterns (and, for the search, up to ``probe.SEARCH_POSITIONS``), nothing else."""
+    n = ds.sizes["position"]
+    shape = tuple(int(v) for v in ds.attrs["object_shape"])
+    model = model_of(ds, settings)
+    origin = coords_of(ds)
+    sample_index = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_POSITIONS)).astype(np.int64))
+    sample = read_amplitudes(path, sample_index)
+    kept = sample if model.valid is None else sample * model.valid
+    power_per_pattern = float((kept.astype(np.float64) ** 2).sum() / len(sample))
+    floor = quality.noise_floor(sample, n, settings.noise, model.valid)
+    if start is not None:
+        obj, modes, coords = _start_state(start, ds, settings)
+        curvature = start["curvature"].values if "curvature" in start else None
+        return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor,
+                        curvature=curvature)
+    guess = probe.matched_power(ds["probe_guess"].values.astype(np.complex64)[None],
+                                power_per_pattern, model.valid)
+    found = None
+    if defocus_search == "on" or (defocus_search == "auto" and _unknown_defocus(ds)):
+        guess, found = _searched(path, ds, guess, origin, model, settings)
+    modes = probe.initial_modes(guess, settings.probe_modes)
+    obj = np.ones((settings.slices, *shape), np.complex64)
+    return Prepared(obj, modes, origin.copy(), origin, model, power_per_pattern * n, floor,
+                    found)
+
+
+def _unknown_defocus(ds: xr.Dataset) -> bool:
+    """Whether the store's probe guess is the mean pattern with no defocus given."""
+    record = ds.attrs.get("preprocess", {})
+    return record.get("probe") == "mean pattern" and not float(ds.attrs.get("defocus", 0.0))
+
+
+def _searched(path: str | Path, ds: xr.Dataset, guess: np.ndarray, coords: np.ndarray,
+              model: Model, settings: Settings) -> tuple[np.ndarray, dict[str, Any]]:
+    """The guess with the defocus that a short reconstruction of the central positions fits
+    best (``probe.search_defocus``), in this process, and the record of the search."""
+    index = probe.central_positions(coords)
+    amplitudes = read_amplitudes(path, index)
+    local = coords[index] - np.floor(coords[index].min(axis=0) + 0.5)
+    shape = tuple(int(v) for v in np.floor(local.max(axis=0) + 0.5) + ds.sizes["k_y"] + 1)
+    trial_settings = Settings(iterations=probe.SEARCH_ITERATIONS, batch_size=min(len(index), 16),
+                              probe_start=probe.SEARCH_ITERATIONS, noise=settings.noise,
+                              probe_centring=False)
+    trial_model = Model(settings.noise, model.valid)
+
+    def trial(candidate: np.ndarray) -> float:
+        state = State(np.ones((1, *shape), np.complex64), candidate, local.copy())
+        _, trajectory = solver.serial(lambda p: amplitudes[p], state, trial_settings,
+                                      trial_model)
+        return trajectory.losses[-1]
+
+    wavelength, pixel = float(ds.attrs["wavelength"]), float(ds.attrs["pixel_size"])
+    found = probe.search_defocus(guess, trial, wavelength, pixel)
+    record = {"defocus_change": found.change,
+              "defocus": float(ds.attrs.get("defocus", 0.0)) + found.change,
+              "losses": {f"{change:.6g}": loss for change, loss in found.losses.items()}}
+    return probe.defocused(guess, wavelength, pixel, found.change), record
+
+
+def _start_state(start: xr.Dataset, ds: xr.Dataset, settings: Settings
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Object, probe modes and positions of a reconstruction (or checkpoint) to go on from;
+    the store's positions where it holds none."""
+    shape = (settings.slices, *(int(v) for v in ds.attrs["object_shape"]))
+    k, n = ds.sizes["k_y"], ds.sizes["position"]
+    obj, modes = as_3d(np.asarray(start["object"].values)), as_3d(np.asarray(
+        start["probe"].values))
+    if obj.shape != shape or modes.shape != (settings.probe_modes, k, k):
+        raise LayoutError(f"The starting state has object {obj.shape} and probe "
+                          f"{modes.shape}; this run needs {shape} and "
+                          f"{(settings.probe_modes, k, k)}.",
+                          "start from a reconstruction of the same store with the same "
+                          "--slices and --probe-modes.")
+    if "coords" in start:
+        coords = np.asarray(start["coords"].values, np.float64)
+    else:
+        coords = coords_of(ds, start["positions"].values if "positions" in start else None)
+    if coords.shape != (n, 2):
+        raise LayoutError(f"The starting state has {coords.shape[0]} positions; the store has "
+                          f"{n}.", "start from a reconstruction of the same store.")
+    return obj.astype(np.complex64), modes.astype(np.complex64), coords
+
+
+def as_3d(array: np.ndarray) -> np.ndarray:
+    """A 2-D ``array`` (one slice or mode) as 3-D ``(1, ...)``; a 3-D one as it is."""
+    return array[None] if array.ndim == 2 else array

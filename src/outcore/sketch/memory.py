@@ -1,0 +1,127 @@
+"""Memory model of a sketch for ``outcore.plan``, and the block size a plan chooses.
+
+A read task holds its block of the stack (``r`` items of ``m`` pixels, in the store's
+dtype) and the ``(m, l)`` float64 panel ``V`` it multiplies by, and gives a float64 term:
+``(m, l)`` (with the column sums in the first read) or, in the last read, the ``(r, l)``
+panel ``B = A V`` and its ``l x l`` R factor. While it reads, zarr holds the encoded bytes
+and the decoded buffer (``plan.zarr_read_bytes``); while it multiplies, one float64 slab of
+rows (``kernels.cpu.SLAB_BYTES``), its ``(rows, l)`` product and an ``(l, m)`` product of
+its transpose: the larger of the two is the task's scratch. Terms are added in a fixed tree,
+``FAN_IN`` at a time. ``--denoise`` writes each block back at rank ``k``. On the cupy
+backend a task's block, panels and slab are device bytes too.
+
+The client holds the pixel panels (the test matrix, ``V``, the summed term and its QR
+factor, the right factors) and the gathered ``(items, l)`` panel with the left factors:
+``client_bytes``, named in the plan's notes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dask.utils import format_bytes
+
+from outcore.plan import F64, Plan, Resources, TaskMemory, suggest_chunk, zarr_read_bytes
+from outcore.sketch.kernels import cpu, gpu
+from outcore.sketch.kernels.arrays import slab_rows
+from outcore.sketch.stack import Stack, item_chunkings
+
+#: Terms one task of the reduction tree adds together.
+FAN_IN = 4
+#: The largest block of the stack a task is given when larger ones would fit, bytes: larger
+#: blocks make no faster reads, and fewer of them leave workers idle.
+TASK_BYTES = 64 * 2**20
+#: Blocks per worker thread a plan keeps at least, where the stack has that many.
+TASKS_PER_THREAD = 2
+
+
+def denoised_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of the rank-``k`` stack of a ``dtype`` stack: itself for floats, else
+    float32 (a low-rank stack of counts is not whole counts)."""
+    return np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype("float32")
+
+
+def _product_scratch(rows: int, pixels: int, width: int, slab_bytes: int) -> int:
+    """Bytes a product holds besides its block, panel and term: the float64 slab, the
+    slab's ``(rows, l)`` product and an ``(l, m)`` product of its transpose."""
+    slab = min(rows, slab_rows(pixels, slab_bytes))
+    return F64 * (slab * pixels + slab * width + pixels * width)
+
+
+def memory_model(stack: Stack, item_chunk: tuple[int, ...], width: int, rank: int,
+                 power_iterations: int, *, denoise: bool = False, backend: str = "numpy"
+                 ) -> list[TaskMemory]:
+    """The stages of a sketch of ``stack`` read in blocks of ``item_chunk`` items: width
+    ``l`` = ``width``, ``rank`` components kept, ``power_iterations`` reads of ``A^T A``
+    after the first, the last read and, with ``denoise``, the rank-``k`` store. Bytes per
+    task (see the module's docstring)."""
+    rows, m = math.prod(item_chunk), stack.pixels
+    tasks = stack.tasks(item_chunk)
+    chunk = rows * m * stack.dtype.itemsize
+    panel = F64 * m * width
+    on_device = backend == "cupy"
+    slab = gpu.SLAB_BYTES if on_device else cpu.SLAB_BYTES
+    scratch = _product_scratch(rows, m, width, slab)
+    read = zarr_read_bytes(chunk)
+    left = F64 * rows * width
+
+    def reading(name: str, count: int, output: int) -> TaskMemory:
+        if on_device:
+            return TaskMemory(name, count, chunk + panel, output, read, read_bytes=chunk,
+                              device_bytes=chunk + panel + output + scratch)
+        return TaskMemory(name, count, chunk + panel, output, max(read, scratch),
+                          read_bytes=chunk)
+
+    term = panel + F64 * (m + 1)
+    combines = max(1, math.ceil((tasks - 1) / (FAN_IN - 1)))
+    stages = [
+        reading("read-and-multiply", tasks * (power_iterations + 1), term),
+        TaskMemory("add-terms", combines * (power_iterations + 1), FAN_IN * term, term),
+        reading("read-and-project", tasks, left + F64 * width * width),
+        TaskMemory("add-r-factors", combines, FAN_IN * F64 * width * width,
+                   F64 * width * width, FAN_IN * F64 * width * width),
+    ]
+    if denoise:
+        out = rows * m * denoised_dtype(stack.dtype).itemsize
+        inputs = F64 * (rows * rank + (rank + 1) * m)
+        slab64 = F64 * min(rows, slab_rows(m, slab)) * m
+        write = zarr_read_bytes(out)
+        stages.append(TaskMemory("denoise", tasks, inputs, out, max(write, slab64),
+                                 write_bytes=out,
+                                 device_bytes=inputs + out + slab64 if on_device else 0))
+    return stages
+
+
+def client_bytes(stack: Stack, width: int, rank: int) -> int:
+    """Bytes the client holds at once: four ``(m, l)`` float64 pixel panels (the test
+    matrix, ``V``, the summed term and its QR factor), the ``(rank, m)`` right factors, the
+    gathered ``(items, l)`` panel ``B`` and the ``(items, rank)`` left factors."""
+    return F64 * (stack.pixels * (4 * width + rank) + stack.items * (width + rank))
+
+
+def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
+                power_iterations: int, *, denoise: bool = False) -> Plan:
+    """The plan of a sketch on ``resources`` with the largest chunking of
+    ``item_chunkings(stack)`` that fits, at most ``TASK_BYTES`` of the stack a block and at
+    least ``TASKS_PER_THREAD`` blocks a worker thread where the store's chunks give that
+    many; the chunking rides in ``Plan.choices`` (a tuple of items per item dim) and
+    ``Plan.config`` (``task_chunks``). The smallest chunking's PlanError when none fits."""
+    chunkings = item_chunkings(stack)
+    threads = resources.workers * resources.threads_per_worker
+    least = min(TASKS_PER_THREAD * threads, stack.tasks(chunkings[0]))
+    allowed = [i for i, c in enumerate(chunkings)
+               if i == 0 or (math.prod(c) * stack.pixels * stack.dtype.itemsize <= TASK_BYTES
+                             and stack.tasks(c) >= least)]
+
+    def plan_for(index: int) -> Plan:
+        chunk = chunkings[index]
+        stages = memory_model(stack, chunk, width, rank, power_iterations, denoise=denoise,
+                              backend=resources.backend)
+        note = (f"blocks of {math.prod(chunk)} items ({stack.tasks(chunk)} tasks a read,"
+                f" {power_iterations + 2} reads of the stack); the client holds about"
+                f" {format_bytes(client_bytes(stack, width, rank))} of panels")
+        return Plan.of(stages, resources, notes=[note], choices=chunk,
+                       config={"task_chunks": stack.chunks(chunk)})
+
+    return suggest_chunk(plan_for, allowed)[1]
