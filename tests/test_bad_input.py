@@ -91,6 +91,12 @@ def inputs(tmp_path_factory) -> Path:
     tifffile.imwrite(d / "vol.tif", volume)
     (d / "garbage.tif").write_text("not a TIFF\n")
     _half(d / "vol.tif", d / "truncated.tif")
+    for name, frames in (("series_shape", [(8, 12)] * 2 + [(8, 10)] + [(8, 12)]),
+                         ("series_dtype", [(8, 12)] * 4)):
+        (d / name).mkdir()
+        for i, frame in enumerate(frames):
+            dtype = np.float32 if name == "series_dtype" and i == 3 else np.uint16
+            tifffile.imwrite(d / name / f"frame_{i}.tif", np.zeros(frame, dtype))
     (d / "empty.npy").write_bytes(b"")
     (d / "frames.raw").write_bytes(bytes(100))
     np.save(d / "angles5.npy", np.linspace(0, np.pi, 5))
@@ -176,6 +182,11 @@ CASES = [
        *VOL),
     _c("convert-tiff-truncated", "TIFF file", "convert", "{d}/truncated.tif", "{d}/o.zarr",
        *VOL),
+    # a TIFF series whose frames differ: refused from the headers, the file named
+    _c("convert-tiff-series-shape", "frame_2.tif' holds 8 x 10 uint16 frames", "convert",
+       "{d}/series_shape", "{d}/o.zarr", *VOL),
+    _c("convert-tiff-series-dtype", "frame_3.tif' holds 8 x 12 float32 frames", "convert",
+       "{d}/series_dtype", "{d}/o.zarr", *VOL),
     _c("convert-npy-empty", "npy file", "convert", "{d}/empty.npy", "{d}/o.zarr", *VOL),
     _c("convert-raw-wrong-size", "has 100 bytes", "convert", "{d}/frames.raw", "{d}/o.zarr",
        *VOL, "--dtype", "uint16", "--shape", "4", "4", "4"),

@@ -14,7 +14,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import InputDamagedError, InputNotFoundError, reading
+from outcore.errors import InputDamagedError, InputNotFoundError, LayoutError, reading
 from outcore.io.importers import (
     REWRITE_FIX,
     Arrays,
@@ -89,6 +89,7 @@ def read_tiff(
     if len(files) == 1:
         reader: FrameReader = TiffPages((pages, *frame), dtype, files[0])
     else:
+        check_series(files, frame, dtype)
         reader = TiffFiles((len(files), *frame), dtype, tuple(files))
     return frames_dataset(
         reader.to_dask(frames_per_chunk), layout, str(path_or_glob),
@@ -99,6 +100,27 @@ def read_tiff(
 #: TIFF files, directories and globs of them in the importers' registry.
 IMPORTER = Importer("tiff", SUFFIXES, ("dims", "arrays", "frames_per_chunk"), read_tiff,
                     sequence=True)
+
+
+def check_series(files: Sequence[str], frame: tuple[int, ...], dtype: np.dtype) -> None:
+    """Refuse a series of single-page TIFFs whose files do not all hold one ``frame``-shaped
+    page of ``dtype`` (the first file's), naming the first file that differs. Reads only
+    each file's header (its first page's tags)."""
+    tifffile = require("tifffile")
+    first = files[0]
+    for path in files[1:]:
+        with reading(f"the TIFF file {path!r}", REWRITE_FIX), tifffile.TiffFile(path) as tif:
+            page = tif.pages[0]
+            found, found_dtype, pages = page.shape, native(page.dtype), len(tif.pages)
+        if found != frame or found_dtype != dtype or pages != 1:
+            counted = "" if pages == 1 else f" in {pages} pages"
+            raise LayoutError(
+                f"The TIFF file {path!r} holds {' x '.join(map(str, found))} {found_dtype}"
+                f" frames{counted}, the series' first file {first!r} one"
+                f" {' x '.join(map(str, frame))} {dtype} frame: every file of a series must"
+                " hold one frame of the same shape and dtype.",
+                "remove that file from the series (or re-export it like the others), or"
+                " give a glob that matches only the scan's frames.")
 
 
 @contextlib.contextmanager
