@@ -19,6 +19,8 @@ SMALL = {
     "bench_tomo_center.py": ["--sizes", "128"],
     "bench_diffim.py": ["--size", "512", "--runs", "1", "--peers", "properimage"],
     "bench_diffim_accuracy.py": ["--pairs", "2"],
+    "bench_sketch.py": ["--scan", "48x64", "--detector", "64", "--repeats", "1",
+                        "--outcore-cases", "2x512MiB", "2xauto"],
     "bench_cli.py": ["--cases", "startup", "fit-dipoles", "tomo", "--fit-n", "2000",
                      "--fit-inputs", "npz", "--tomo-n", "64", "--tomo-methods", "fbp"],
 }

@@ -11,7 +11,8 @@ from nbclient import NotebookClient
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 SMALL = {"OUTCORE_NB_CANDIDATES": "1500", "OUTCORE_NB_SCAN": "8x16", "OUTCORE_NB_FRAME": "64",
-         "OUTCORE_NB_TOMO_SIZE": "32", "OUTCORE_NB_PTYCHO_SCAN": "10"}
+         "OUTCORE_NB_TOMO_SIZE": "32", "OUTCORE_NB_PTYCHO_SCAN": "10",
+         "OUTCORE_NB_SKETCH_SCAN": "32x32"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -38,3 +39,10 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
                               r" (\d+)", text).groups()
         assert abs(float(spread) - 1) < 3 / (2 * int(n)) ** 0.5 and int(n) >= 0.8 * total
         assert re.search(r"beyond 4 sigma: 0 of", text)
+    if path.stem == "sketch":  # the components against the simulation's four phases
+        angle = float(re.search(r"components: ([0-9.]+) deg", text).group(1))
+        assert angle < 5  # 2.7 deg at 32 x 32 positions, 1.0 at 96 x 96
+        noisy, denoised = map(float, re.search(r"noisy ([0-9.]+), denoised ([0-9.]+)",
+                                               text).groups())
+        assert denoised < noisy / 4  # 1.56 -> 0.18 counts
+        assert float(re.search(r"factors apart by ([0-9.e+-]+)", text).group(1)) < 1e-9

@@ -174,8 +174,11 @@ def test_the_same_seed_gives_the_same_factors_on_1_and_2_workers_and_two_chunkin
     other = svd(noisy, 10, client=started("threads", 2),
                 chunks={"scan_y": 7, "scan_x": 11}, **options)
     assert (one.attrs["tasks_per_read"], other.attrs["tasks_per_read"]) == (10, 18)
+    held = svd(noisy, 10, client=started("local", 2), hold=True, **options)
     assert _apart(one, two) < 1e-6
     assert _apart(one, other) < 1e-6
+    assert _apart(one, held) < 1e-6
+    assert (one.attrs["store_reads"], held.attrs["store_reads"], held.attrs["passes"]) == (3, 1, 3)
     # another seed: another sketch (at q = 0 the trailing components move visibly)
     a, b = (svd(noisy, 10, oversample=6, power_iterations=0, seed=seed) for seed in (5, 6))
     assert _apart(a, b) > 1e-3
@@ -314,8 +317,13 @@ def test_the_plan_merges_store_chunks_up_to_what_fits():
     roomy = plan_sketch(stack, Resources(2, 1, 8 * 2**30), 20, 10, 2)
     assert roomy.choices == (4000,)  # 62.5 MiB, the largest block within TASK_BYTES
     assert 4000 * 64 * 64 * 4 <= TASK_BYTES < 8000 * 64 * 64 * 4
+    # 1.6 GB decoded: held by 2 x 8 GiB (16 of the 25 blocks a worker at most), not 2 x 1 GiB
+    assert roomy.config["hold"] and roomy.resident_bytes == 16 * 4000 * 64 * 64 * 4
+    assert roomy.fits and roomy.worker_peak_bytes > roomy.resident_bytes
+    middle = plan_sketch(stack, Resources(2, 1, 2**30), 20, 10, 2)
+    assert middle.fits and not middle.config["hold"] and middle.resident_bytes == 0
     tight = plan_sketch(stack, Resources(2, 1, 400 * MiB), 20, 10, 2)
-    assert tight.fits and tight.choices == (500,)
+    assert tight.fits and tight.choices == (500,) and not tight.config["hold"]
     with pytest.raises(PlanError, match="memory-limit"):
         plan_sketch(stack, Resources(2, 1, 340 * MiB), 20, 10, 2)
 
@@ -331,7 +339,9 @@ def test_the_verb_writes_components_figures_and_a_denoised_store(tmp_path):
                  "--name", "run"]) == 0
     run = tmp_path / "run"
     summary = load_summary(run)
-    assert summary["status"] == "success" and summary["metrics"]["store_reads"] == 4
+    # 1.3 MB of stack: the plan holds it in the workers' memory, read once for 4 passes
+    assert summary["status"] == "success" and summary["plan"]["resident_bytes"] > 0
+    assert (summary["metrics"]["store_reads"], summary["metrics"]["passes"]) == (1, 4)
     assert len(summary["metrics"]["read_seconds"]) == 4
     assert {o["name"] for o in summary["outputs"]} == {"components.zarr", "scree.png",
                                                         "components.png", "denoised.zarr"}

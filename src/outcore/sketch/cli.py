@@ -2,10 +2,11 @@
 
 ``sketch svd --input STORE --rank K`` checks its options and the store's metadata, plans the
 blocks against the workers' memory (``outcore.sketch.memory.plan_sketch``) and runs the
-sketch (``outcore.sketch.randomized.svd``): ``power_iterations + 2`` reads of the store. It
+sketch (``outcore.sketch.randomized.svd``): ``power_iterations + 2`` passes over the stack,
+one read of the store when the plan holds it in the workers' memory. It
 writes ``components.zarr``, ``scree.png``, ``components.png`` and, with ``--denoise``,
-``denoised.zarr`` (``outcore.sketch.outputs``); ``summary.json`` records the store reads,
-each read's seconds and the leading singular values. See docs/operators/sketch.md.
+``denoised.zarr`` (``outcore.sketch.outputs``); ``summary.json`` records the passes and store
+reads, each pass's seconds and the leading singular values. See docs/operators/sketch.md.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
 
     def sketch(client: distributed.Client, plan: Plan) -> tuple[xr.Dataset, xr.Dataset]:
         blocks, _ = open_stack(source, stack.chunks(plan.choices))
-        return blocks, svd(blocks, client=client, backend=backend, **options)
+        return blocks, svd(blocks, client=client, backend=backend,
+                           hold=plan.config["hold"], **options)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         with run.timing("sketch"):

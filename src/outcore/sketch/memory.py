@@ -10,6 +10,11 @@ its transpose: the larger of the two is the task's scratch. Terms are added in a
 ``FAN_IN`` at a time. ``--denoise`` writes each block back at rank ``k``. On the cupy
 backend a task's block, panels and slab are device bytes too.
 
+Where the workers' memory has room for the decoded stack besides those tasks, the plan holds
+it there after the first read (``Plan.config["hold"]``): the store is read and decoded once
+instead of ``q + 2`` times, and each worker holds its share of the blocks across tasks
+(``held_bytes``, the plan's ``resident_bytes``).
+
 The client holds the pixel panels (the test matrix, ``V``, the summed term and its QR
 factor, the right factors) and the gathered ``(items, l)`` panel with the left factors:
 ``client_bytes``, named in the plan's notes.
@@ -34,6 +39,9 @@ FAN_IN = 4
 TASK_BYTES = 64 * 2**20
 #: Blocks per worker thread a plan keeps at least, where the stack has that many.
 TASKS_PER_THREAD = 2
+#: A worker's share of the held blocks over an even share: the scheduler places each block
+#: where it was read, so shares differ by a few blocks.
+HELD_IMBALANCE = 1.25
 
 
 def denoised_dtype(dtype: np.dtype) -> np.dtype:
@@ -100,13 +108,24 @@ def client_bytes(stack: Stack, width: int, rank: int) -> int:
     return F64 * (stack.pixels * (4 * width + rank) + stack.items * (width + rank))
 
 
+def held_bytes(stack: Stack, item_chunk: tuple[int, ...], workers: int) -> int:
+    """Bytes of decoded blocks one worker holds when the stack is held in the workers'
+    memory: its even share of the blocks of ``item_chunk`` items, times ``HELD_IMBALANCE``,
+    at most the whole stack."""
+    tasks = stack.tasks(item_chunk)
+    share = min(tasks, math.ceil(HELD_IMBALANCE * tasks / workers))
+    return share * math.prod(item_chunk) * stack.pixels * stack.dtype.itemsize
+
+
 def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
                 power_iterations: int, *, denoise: bool = False) -> Plan:
     """The plan of a sketch on ``resources`` with the largest chunking of
     ``item_chunkings(stack)`` that fits, at most ``TASK_BYTES`` of the stack a block and at
     least ``TASKS_PER_THREAD`` blocks a worker thread where the store's chunks give that
     many; the chunking rides in ``Plan.choices`` (a tuple of items per item dim) and
-    ``Plan.config`` (``task_chunks``). The smallest chunking's PlanError when none fits."""
+    ``Plan.config`` (``task_chunks``, and ``hold``: whether the decoded stack stays in the
+    workers' memory after the first read, where a memory limit is known and that plan fits
+    too). The smallest chunking's PlanError when none fits."""
     chunkings = item_chunkings(stack)
     threads = resources.workers * resources.threads_per_worker
     least = min(TASKS_PER_THREAD * threads, stack.tasks(chunkings[0]))
@@ -114,14 +133,22 @@ def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
                if i == 0 or (math.prod(c) * stack.pixels * stack.dtype.itemsize <= TASK_BYTES
                              and stack.tasks(c) >= least)]
 
-    def plan_for(index: int) -> Plan:
+    def plan_for(index: int, hold: bool = False) -> Plan:
         chunk = chunkings[index]
         stages = memory_model(stack, chunk, width, rank, power_iterations, denoise=denoise,
                               backend=resources.backend)
+        passes = power_iterations + 2
+        reads = (f"the stack read once and held in the workers' memory for {passes} passes"
+                 if hold else f"{passes} reads of the stack")
         note = (f"blocks of {math.prod(chunk)} items ({stack.tasks(chunk)} tasks a read,"
-                f" {power_iterations + 2} reads of the stack); the client holds about"
+                f" {reads}); the client holds about"
                 f" {format_bytes(client_bytes(stack, width, rank))} of panels")
         return Plan.of(stages, resources, notes=[note], choices=chunk,
-                       config={"task_chunks": stack.chunks(chunk)})
+                       resident_bytes=held_bytes(stack, chunk, resources.workers) if hold else 0,
+                       config={"task_chunks": stack.chunks(chunk), "hold": hold})
 
-    return suggest_chunk(plan_for, allowed)[1]
+    index, streaming = suggest_chunk(plan_for, allowed)
+    if resources.memory_limit is None:
+        return streaming
+    held = plan_for(index, hold=True)
+    return held if held.fits else streaming

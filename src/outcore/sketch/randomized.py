@@ -192,7 +192,7 @@ def stack_array(data: xr.DataArray, stack: Stack,
 def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 10,
         power_iterations: int = 2, seed: int = 0, center: bool = False,
         client: distributed.Client | None = None, backend: str = "numpy",
-        chunks: Mapping[str, int] | None = None) -> xr.Dataset:
+        chunks: Mapping[str, int] | None = None, hold: bool = False) -> xr.Dataset:
     """The ``rank`` leading singular triplets of ``ds[var]`` (items by pixels, see
     ``outcore.sketch.stack``) from a randomized sketch of width ``l = rank + oversample``
     with ``power_iterations`` power reads: ``power_iterations + 2`` reads of the stack.
@@ -201,7 +201,9 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
     stack). ``center=True`` decomposes ``A - 1 mean^T`` (PCA). ``client`` (default: the
     active distributed client, else dask's own scheduler) computes the reads; ``backend``
     (``numpy`` or ``cupy``) runs the block products; ``chunks`` maps item dims to the items
-    of a block (default: the array's own chunks; pixel dims are always whole).
+    of a block (default: the array's own chunks; pixel dims are always whole). ``hold=True``
+    keeps the decoded blocks in the workers' memory after the first read, so the store is
+    read once for the ``power_iterations + 2`` passes (``plan_sketch`` says when they fit).
 
     Returns a Dataset in memory: ``singular_values(component)``, ``u(item dims...,
     component)`` (orthonormal left factors), ``v(component, pixel dims...)`` (orthonormal
@@ -209,7 +211,8 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
     ``explained_variance_ratio(component)`` (``s^2`` over the stack's sum of squares,
     centred with ``center``), ``mean(pixel dims...)`` with ``center``, the input's
     coordinates and the variables of ``ds`` that are not stack-sized (positions, angles,
-    ids); attrs: the options, ``store_reads``, ``tasks_per_read``, ``read_seconds``,
+    ids); attrs: the options, ``passes`` (``power_iterations + 2``), ``store_reads`` (1 when
+    held, else the passes), ``tasks_per_read``, ``read_seconds`` (one per pass),
     ``total_sum_of_squares`` and ``residual_fraction`` (``||A - U S V^T||_F^2 /
     ||A||_F^2``, exact for these factors). Bad input raises LayoutError or OutcoreError
     before anything is read; NaN or Inf in the stack a LayoutError after the first read.
@@ -219,6 +222,10 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
     backends.resolve(backend)
     client = _client(client)
     array = stack_array(ds[stack.var], stack, chunks)
+    started = time.perf_counter()
+    if hold:  # read in the first pass, held until the last
+        array = array.persist() if client is None else client.persist(array)
+    held_s = time.perf_counter() - started  # dask's own scheduler reads here, not in a pass
     blocks = list(array.to_delayed(optimize_graph=True).ravel())
     split = len(stack.item_dims)
     n, m = stack.items, stack.pixels
@@ -227,7 +234,7 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
     def read(*objs: Any) -> list[Any]:
         t0 = time.perf_counter()
         out = _compute(client, *objs)
-        seconds.append(round(time.perf_counter() - t0, 6))
+        seconds.append(round(time.perf_counter() - t0 + (0 if seconds else held_s), 6))
         return out
 
     v = _orth(omega(seed, m, width))
@@ -266,7 +273,8 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
     return _result(ds, stack, s, u, right, mean if center else None, total, attrs={
         "source_var": stack.var, "rank": rank, "oversample": oversample, "width": width,
         "power_iterations": power_iterations, "seed": seed, "center": center,
-        "store_reads": power_iterations + 2, "tasks_per_read": len(blocks),
+        "passes": power_iterations + 2, "store_reads": 1 if hold else power_iterations + 2,
+        "tasks_per_read": len(blocks),
         "read_seconds": seconds, "total_sum_of_squares": float(total),
         "residual_fraction": float(max(0.0, 1 - float(s @ s) / total)) if total > 0 else 0.0,
         "item_dims": list(stack.item_dims), "pixel_dims": list(stack.pixel_dims),
