@@ -3,6 +3,7 @@ going past a failed step, and a dry run of its first steps works here (no GPU, n
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -153,12 +154,66 @@ def test_dry_run_of_setup_and_info_uses_this_checkout(tmp_path):
     assert info["outcore_from"] == str(REPO / "src" / "outcore" / "__init__.py")
     # cupy finds CUDA's libraries through site.getsitepackages(): the base's must be there
     assert sysconfig.get_paths()["purelib"] in info["site_packages"]
-    assert os.access(tmp_path / "work" / "venv" / "bin" / "outcore", os.X_OK)
+    script = tmp_path / "work" / "venv" / "bin" / "outcore"
+    assert os.access(script, os.X_OK)
+    # a cluster's worker processes re-run the script as __mp_main__: it must not run a job
+    # then (a local cluster hung on the unguarded script); run as a command, it does
+    spawned = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['outcore',"
+                              f" '--help']; runpy.run_path({str(script)!r},"
+                              " run_name='__mp_main__')"],
+                             capture_output=True, text=True, timeout=60)
+    assert spawned.returncode == 0 and "usage" not in spawned.stdout
+    helped = subprocess.run([str(tmp_path / "work" / "venv" / "bin" / "python"), str(script),
+                             "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "usage" in helped.stdout
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu.jsonl", "info.json", "pytest.log", "steps.json", "steps.log", "table.md"]
     again = subprocess.run([str(GPU / "run.sh"), "--dry-run", "--out", str(out)],
                            capture_output=True, text=True, env=env, timeout=60)
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_the_steps_run_by_value_within_the_budget():
+    names = [step.name for step in runner.STEPS]
+    assert names[:3] == ["setup", "info", "pytest-gpu"]
+    first_bench = min(i for i, name in enumerate(names) if name.startswith("bench-"))
+    assert {"cli-fit", "cli-tomo", "cli-ptycho"} <= set(names[:first_bench])
+    assert all(name.startswith("bench-") for name in names[first_bench:])
+    # everything up to the benchmarks fits the budget, even when each step takes its limit
+    assert sum(step.limit_s for step in runner.STEPS[:first_bench]) <= runner.BUDGET_S
+
+
+class _Parsed(Exception):
+    """Raised once a script's options have parsed: nothing after the parse runs."""
+
+
+def test_the_benchmark_steps_pass_only_options_their_scripts_accept(tmp_path, monkeypatch):
+    """Each benchmark step's arguments, as the GPU run and its dry run pass them, parse (a
+    step with an unknown option ends at once on the device, exit 2: --no-quantem did)."""
+    calls = []
+    monkeypatch.setattr(runner, "bench", lambda ctx, script, *argsets: calls.extend(
+        (script, list(args)) for args in argsets) or "")
+    for dry in (True, False):
+        (tmp_path / str(dry)).mkdir()
+        ctx = _context(tmp_path / str(dry), 100.0)
+        ctx.dry = dry
+        for step in runner.STEPS:
+            if step.name.startswith("bench-"):
+                step.run(ctx)
+    assert {script for script, _ in calls} == {"bench_tomo.py", "bench_ptycho.py",
+                                               "bench_fit.py"}
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        parse(self, args, namespace)  # exits 2 on an option the script does not know
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    for script, args in calls:
+        monkeypatch.setattr(sys, "argv", [script, *args])
+        with pytest.raises(_Parsed):
+            runpy.run_path(str(REPO / "benchmarks" / script), run_name="__main__")
 
 
 def test_the_gpu_test_files_are_those_with_gpu_marks():
@@ -178,3 +233,34 @@ def test_benchmarks_refuse_cupy_without_a_gpu_in_one_line(script, monkeypatch, c
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith(f"{script}: The cupy backend was asked for") and "Fix:" in err
+
+
+cupy_calls = _module("cupy_calls")
+
+
+def test_every_cupy_name_the_gpu_code_calls_was_found_in_the_device_s_cupy():
+    """Names outcore's GPU code calls that were not checked against cupy-cuda13x 14.2 (the
+    device's) fail here: rerun benchmarks/gpu/cupy_calls.py --python VENV/bin/python with
+    that cupy installed (it imports without a GPU) and fix what it reports missing."""
+    unchecked = cupy_calls.calls(cupy_calls.gpu_sources()) - cupy_calls.checked()
+    assert not unchecked, sorted(unchecked)
+    assert "cupyx.scipy.fft.rfft" in cupy_calls.checked()
+    assert "cupy 14.2.0" in cupy_calls.CHECKED.read_text().splitlines()[0]
+
+
+def test_the_cupy_check_finds_a_call_the_package_lacks(tmp_path):
+    """The check itself, on a stand-in cupy: a call chain is collected whole (up to its call)
+    and a name the package lacks is reported."""
+    source = tmp_path / "gpu.py"
+    source.write_text("def f(x):\n    import cupy\n    n = cupy.fft.next_fast_len(8)\n"
+                      "    return cupy.asarray(x).sum() + cupy.fft.rfft(x)[n]\n")
+    names = cupy_calls.calls([source])
+    assert names == {"cupy.fft.next_fast_len", "cupy.asarray", "cupy.fft.rfft"}
+    fake = tmp_path / "site" / "cupy"
+    (fake / "fft").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.0'\nfrom cupy import fft\n"
+                                      "def asarray(x):\n    return x\n")
+    (fake / "fft" / "__init__.py").write_text("def rfft(x):\n    return x\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    version, missing = cupy_calls.resolve(sorted(names), sys.executable, env)
+    assert (version, missing) == ("0.0", ["cupy.fft.next_fast_len"])

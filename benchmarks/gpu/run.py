@@ -86,6 +86,19 @@ except Exception as err:
     facts["cupy_error"] = f"{type(err).__name__}: {err}"
 print(json.dumps(facts))
 """
+#: Imports every module of outcore (printing those that fail, one a line, as JSON), so that
+#: a package the machine lacks is found by name before a step needs it.
+_IMPORTS_SNIPPET = """
+import importlib, json, pkgutil
+import outcore
+failed = {}
+for module in pkgutil.walk_packages(outcore.__path__, "outcore."):
+    try:
+        importlib.import_module(module.name)
+    except Exception as err:
+        failed[module.name] = f"{type(err).__name__}: {err}"
+print(json.dumps(failed))
+"""
 _CATALOG_SNIPPET = """
 import sys
 import outcore
@@ -261,8 +274,9 @@ def setup(ctx: Context) -> str:
         "import site; " + "; ".join([f"site.PREFIXES.insert(0, {p!r})" for p in prefixes]
                                     + [f"site.addsitedir({b!r})" for b in bases]) + "\n")
     script = ctx.venv / "bin" / "outcore"
+    # the guard: worker processes started by spawn re-run this file as __mp_main__
     script.write_text(f"#!{ctx.python}\nimport sys\n\nfrom outcore.cli import main\n\n"
-                      "sys.exit(main())\n")
+                      "if __name__ == \"__main__\":\n    sys.exit(main())\n")
     script.chmod(0o755)
     wheels = sorted(ctx.wheels.glob("*.whl"))
     if not wheels:
@@ -278,8 +292,20 @@ def setup(ctx: Context) -> str:
 
 
 def info(ctx: Context) -> str:
-    """``outcore info``, the versions of the packages outcore runs on, ``nvidia-smi``."""
+    """``outcore info``, the versions of the packages outcore runs on, ``nvidia-smi``; every
+    outcore module imports and pytest collects every test file (a missing package fails
+    here, by name, not halfway through a later step)."""
     found = json.loads(ctx.output([ctx.python, "-m", "outcore.cli", "info"]))
+    broken = json.loads(ctx.output([ctx.python, "-c", _IMPORTS_SNIPPET]))
+    if broken:
+        _fail("outcore modules that do not import: " + "; ".join(
+            f"{name} ({why})" for name, why in sorted(broken.items())))
+    collected = ctx.scratch("collect")
+    if ctx.run([ctx.python, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                "tests"], stdout=collected) != 0:
+        errors = [line for line in collected.read_text(errors="replace").splitlines()
+                  if line.startswith("ERROR")]
+        _fail("pytest --collect-only failed: " + "; ".join(errors[:5] or ["see steps.log"]))
     facts = json.loads(ctx.output([ctx.python, "-c", _FACTS_SNIPPET, *VERSIONED]))
     smi = None
     if shutil.which("nvidia-smi"):  # for the record only: its failure fails nothing
@@ -451,7 +477,9 @@ def cli_ptycho(ctx: Context) -> str:
                ("ptycho-preprocess", ["ptycho", "preprocess", "--input", raw, "--output", pre]),
                ("ptycho-reconstruct", ["ptycho", "reconstruct", "--input", pre, "--iterations",
                                        iterations, "--batch-size", "16" if ctx.dry else "128",
-                                       "--truth", str(ctx.work / "scan.truth.zarr")]))
+                                       "--truth", str(ctx.work / "scan.truth.zarr")]),
+               ("sketch-svd", ["sketch", "svd", "--input", raw, "--rank", "8", "--center",
+                               "--denoise"]))
 
 
 def bench_tomo(ctx: Context) -> str:
@@ -465,7 +493,7 @@ def bench_tomo(ctx: Context) -> str:
 
 
 def bench_ptycho(ctx: Context) -> str:
-    common = ["--workers", "1", "--worker-malloc", "outcore", "--no-quantem"]
+    common = ["--workers", "1", "--worker-malloc", "outcore", "--tools", "outcore"]
     if ctx.dry:
         return bench(ctx, "bench_ptycho.py", [
             "--backend", "numpy", "--scan", "6", "--k", "32", "--batch", "16", "--sub-batch",
@@ -503,25 +531,31 @@ def bench_cpu(ctx: Context) -> str:
                                      "--tools", "kernel", "outcore", "--memory-limit", "4GiB"])
 
 
+#: The steps by value: the GPU twin tests first, then one ``--cluster cuda`` command chain
+#: per family, the MPI ranks on GPUs, then the benchmarks. The limits up to the benchmarks add
+#: up to ``BUDGET_S`` at most (tests/test_gpu_scripts.py checks it), so a run that meets no
+#: hang does all of them, and the rest of a 15-minute lease is left for a rerun of the failed
+#: steps alone (``--steps``); the benchmarks run on whatever the budget has left.
 STEPS: tuple[Step, ...] = (
-    Step("setup", 60, "venv over the machine's python, the .whl wheels installed", setup),
-    Step("info", 45, "outcore info, package versions, nvidia-smi", info),
-    Step("pytest-gpu", 150, "pytest -m gpu: fit, tomo and ptycho kernel twins, cupy projector, "
-         "ptycho engine on cupy", lambda ctx: pytest_gpu(ctx, gpu_test_files(), "gpu", 100)),
-    Step("pytest-mpi-gpu", 90, "pytest -m gpu tests/test_mpi.py: mpirun ranks as dask-cuda "
-         "workers", lambda ctx: pytest_gpu(ctx, ["tests/test_mpi.py"], "mpi", 75)),
-    Step("bench-tomo", 75, "bench_tomo.py --backend cupy: kernels and Projector, 128^3 and "
-         "256^3, 360 views", bench_tomo),
-    Step("bench-ptycho", 75, "bench_ptycho.py --backend cupy: 32x32 of 64^2 (3 residencies), "
-         "64x64 of 128^2", bench_ptycho),
-    Step("bench-fit", 60, "bench_fit.py --backend cupy: 2^17 stamps, chunks 16384 and 65536",
-         bench_fit),
-    Step("cli-tomo", 60, "outcore tomo simulate + reconstruct (SIRT) on --cluster cuda",
+    Step("setup", 45, "venv over the machine's python, the .whl wheels installed", setup),
+    Step("info", 45, "outcore info, package versions, nvidia-smi; every module imports and "
+         "every test file collects", info),
+    Step("pytest-gpu", 130, "pytest -m gpu: every family's kernel twins, cupy projector, "
+         "ptycho engine on cupy", lambda ctx: pytest_gpu(ctx, gpu_test_files(), "gpu", 90)),
+    Step("cli-fit", 35, "outcore fit-dipoles on --cluster cuda, 2^17 stamps", cli_fit),
+    Step("cli-tomo", 45, "outcore tomo simulate + reconstruct (SIRT) on --cluster cuda",
          cli_tomo),
-    Step("cli-ptycho", 75, "outcore ptycho simulate, preprocess, reconstruct on --cluster cuda",
-         cli_ptycho),
-    Step("cli-fit", 60, "outcore fit-dipoles on --cluster cuda, 2^17 stamps", cli_fit),
-    Step("bench-cpu", 75, "the same machine's CPUs: bench_fit and bench_tomo on numpy",
+    Step("cli-ptycho", 70, "outcore ptycho simulate, preprocess, reconstruct and sketch svd of "
+         "the scan on --cluster cuda", cli_ptycho),
+    Step("pytest-mpi-gpu", 60, "pytest -m gpu tests/test_mpi.py: mpirun ranks as dask-cuda "
+         "workers", lambda ctx: pytest_gpu(ctx, ["tests/test_mpi.py"], "mpi", 50)),
+    Step("bench-tomo", 60, "bench_tomo.py --backend cupy: kernels and Projector, 128^3 and "
+         "256^3, 360 views", bench_tomo),
+    Step("bench-fit", 45, "bench_fit.py --backend cupy: 2^17 stamps, chunks 16384 and 65536",
+         bench_fit),
+    Step("bench-ptycho", 60, "bench_ptycho.py --backend cupy: 32x32 of 64^2 (3 residencies), "
+         "64x64 of 128^2", bench_ptycho),
+    Step("bench-cpu", 50, "the same machine's CPUs: bench_fit and bench_tomo on numpy",
          bench_cpu),
 )
 
