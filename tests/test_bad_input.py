@@ -97,6 +97,12 @@ def inputs(tmp_path_factory) -> Path:
         for i, frame in enumerate(frames):
             dtype = np.float32 if name == "series_dtype" and i == 3 else np.uint16
             tifffile.imwrite(d / name / f"frame_{i}.tif", np.zeros(frame, dtype))
+    for name, frames in (("fits_shape", [(8, 12)] * 3 + [(8, 10)]),
+                         ("fits_dtype", [(8, 12)] * 4)):
+        (d / name).mkdir()
+        for i, frame in enumerate(frames, start=1):
+            dtype = np.float64 if name == "fits_dtype" and i == 2 else np.float32
+            fits.PrimaryHDU(np.zeros(frame, dtype)).writeto(d / name / f"e_{i}.fits")
     (d / "empty.npy").write_bytes(b"")
     (d / "frames.raw").write_bytes(bytes(100))
     np.save(d / "angles5.npy", np.linspace(0, np.pi, 5))
@@ -187,6 +193,11 @@ CASES = [
        "{d}/series_shape", "{d}/o.zarr", *VOL),
     _c("convert-tiff-series-dtype", "frame_3.tif' holds 8 x 12 float32 frames", "convert",
        "{d}/series_dtype", "{d}/o.zarr", *VOL),
+    # the same for a sequence of FITS images (a directory, and a glob)
+    _c("convert-fits-series-shape", "e_4.fits' holds a 8 x 10 float32 image", "convert",
+       "{d}/fits_shape", "{d}/o.zarr", *VOL),
+    _c("convert-fits-series-dtype", "e_2.fits' holds a 8 x 12 float64 image", "convert",
+       "{d}/fits_dtype/e_*.fits", "{d}/o.zarr", *VOL),
     _c("convert-npy-empty", "npy file", "convert", "{d}/empty.npy", "{d}/o.zarr", *VOL),
     _c("convert-raw-wrong-size", "has 100 bytes", "convert", "{d}/frames.raw", "{d}/o.zarr",
        *VOL, "--dtype", "uint16", "--shape", "4", "4", "4"),

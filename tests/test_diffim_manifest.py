@@ -161,3 +161,17 @@ def test_one_pair_form_hashes_the_files(written):
     with pytest.raises(OutcoreError, match="--target-psf"):
         one_pair({"reference": str(base / item["reference"]["path"]),
                   "target": str(base / item["target"]["path"]), "target_psf": "nope.npy"})
+
+
+def test_scaled_16_bit_images_read_as_their_counts(tmp_path):
+    """Unsigned 16-bit counts are stored as int16 with BZERO 32768 (a camera's raw frames):
+    a window of such an image reads as the counts astropy gives for the whole image (a
+    memory-mapped read of a scaled image was refused by astropy as a damaged file)."""
+    from outcore.diffim.manifest import ImageFile
+
+    counts = np.random.default_rng(3).integers(0, 65535, (40, 50)).astype(np.uint16)
+    fits.PrimaryHDU(counts).writeto(tmp_path / "raw.fits")
+    with fits.open(tmp_path / "raw.fits") as hdul:
+        assert hdul[0].header["BZERO"] == 32768
+    image = ImageFile(str(tmp_path / "raw.fits"), 0, counts.shape, "")
+    np.testing.assert_array_equal(image.read(5, 25, 10, 45), counts[5:25, 10:45])

@@ -13,7 +13,8 @@ from astropy.io import fits
 
 import outcore
 from outcore.errors import LayoutError, RunExistsError
-from outcore.io import convert, read_fits, read_hdf5, read_npz, read_tiff
+from outcore.io import convert, detect_format, read_fits, read_hdf5, read_npz, read_tiff
+from outcore.io.importers import native
 from outcore.io.importers.hdf5 import HDF5Frames
 from outcore.io.importers.npz import _members
 
@@ -133,6 +134,26 @@ def test_tiff_directory_of_single_pages(tmp_path, pattern):
     out = convert(source, tmp_path / "v.zarr", layout="volume", attrs={"voxel_size": "2e-6"},
                   frames_per_chunk=5)
     np.testing.assert_array_equal(outcore.open(out).volume.values, vol)
+
+
+@pytest.mark.parametrize("pattern", ["{dir}", "{dir}/e_*.fits"])
+def test_fits_directory_or_glob_of_images(tmp_path, pattern):
+    """A night's exposures as one FITS file each (big-endian, scaled ints in an extension):
+    the frames in natural order, BSCALE/BZERO applied, as astropy reads each file."""
+    counts = RNG.integers(0, 60000, (11, 4, 5)).astype(np.uint16)
+    folder = tmp_path / "night"
+    folder.mkdir()
+    for i, frame in enumerate(counts):  # e_2 must come before e_10
+        fits.HDUList([fits.PrimaryHDU(), fits.ImageHDU(frame, name="SCI")]).writeto(
+            folder / f"e_{i}.fits")
+    (folder / "notes.txt").write_text("not an exposure")
+    source = pattern.format(dir=folder)
+    assert detect_format(source) == "fits"
+    read = read_fits(source, layout="volume", frames_per_chunk=4).volume
+    assert read.chunks[0] == (4, 4, 3)
+    np.testing.assert_array_equal(read.values, counts)
+    with fits.open(folder / "e_7.fits") as hdul:
+        assert read.dtype == native(hdul["SCI"].data.dtype) == np.uint16
 
 
 def test_fits_cube_image_and_hdu(tmp_path):

@@ -119,6 +119,40 @@ def test_a_memory_limit_below_a_workers_baseline_is_refused_before_any_cluster(
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_limit_below_the_family_s_own_baseline_is_refused_before_any_cluster(
+        tmp_path, capsys):
+    """A tomography worker holds numba's kernels as well (TOMO_WORKER_BASELINE_BYTES): 400 MiB
+    passes the generic least but not tomography's, and is refused before the cluster, with
+    tomography's least named (it was refused by the plan after the cluster had started)."""
+    from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
+
+    least = least_memory_limit(TOMO_WORKER_BASELINE_BYTES)
+    assert least_memory_limit() < 400 * 2**20 < least
+    line = _refused(capsys, [*SIMULATE, "--output", str(tmp_path / "p.zarr"), "--output-dir",
+                             str(tmp_path / "runs"), "--cluster", "local", "--memory-limit",
+                             "400MiB"], "--memory-limit 400MiB")
+    assert f"{math.ceil(least / 2**20)}MiB or more" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_limit_above_the_machine_s_memory_is_said_and_recorded(tmp_path):
+    """dask caps a worker's limit at the machine's memory; the run says so, and the plan it
+    records is made for the limit the worker got."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    done = subprocess.run([OUTCORE, *SIMULATE, "--output", str(tmp_path / "p.zarr"),
+                           "--output-dir", str(tmp_path / "runs"), "--name", "r", "--cluster",
+                           "threads", "--workers", "1", "--memory-limit", "100000GiB"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "--memory-limit 100000GiB is more than this machine's memory" in done.stdout
+    summary = load_summary(tmp_path / "runs" / "r")
+    assert summary["plan"]["memory_limit_bytes"] == total
+    assert [w["memory_limit_bytes"] for w in summary["cluster"]["workers"]] == [total]
+    assert any("more than this machine's memory" in n for n in summary["plan"]["notes"])
+
+
 def test_tune_refuses_a_memory_limit_below_a_workers_baseline(tmp_path, capsys):
     assert main(["tune", "demo", "--chunk-size", "2", "--workers", "1", "--memory-limit", "1B",
                  "--output-dir", str(tmp_path)]) == 1

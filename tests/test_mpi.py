@@ -89,6 +89,10 @@ def test_mpi_tomo_simulate_and_reconstruct_run_on_every_rank(tmp_path):
     assert codes == {0: 0, 1: 0, 2: 0, 3: 0}
     summary = load_summary(tmp_path / "runs" / "r")
     assert summary["status"] == "success" and summary["cluster"]["kind"] == "mpi"
+    # the limit given is the limit every rank's worker got, and the one planned with
+    assert summary["config"]["cluster"]["memory_limit"] == "1GiB"
+    assert [w["memory_limit_bytes"] for w in summary["cluster"]["workers"]] == [2**30] * 2
+    assert summary["plan"]["memory_limit_bytes"] == 2**30
 
 
 def test_mpi_ptycho_simulate_preprocess_reconstruct_run_on_every_rank(tmp_path):

@@ -359,6 +359,7 @@ class Plan:
             "device_budget_bytes": self.device_budget_bytes,
             "device_peak_bytes": self.device_peak_bytes,
             "fits": self.fits,
+            "notes": list(self.notes),
         }
 
 

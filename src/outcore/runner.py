@@ -57,6 +57,7 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
         cluster.pin_mpi_worker_gpu()
     backend_name = backend.resolve(settings.backend)
     job = job_factory(Resources.of_options(settings.cluster, backend_name))
+    settings.check_memory_limit(job.worker_baseline_bytes)
     job.config["backend_resolved"] = backend_name
     SHOW_PROGRESS.set(settings.progress)
     name = settings.name or default_run_name(job.command)
@@ -73,6 +74,9 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
         resources = Resources.of_client(client, backend_name,
                                         settings.cluster.device_memory_limit)
         plan = job.plan(resources)
+        capped = settings.memory_limit_note(resources)
+        if capped:  # in the table and in the summary's plan
+            plan.notes.append(capped)
         print(plan.table(), flush=True)
         plan.check(job.plan_fixes, job.device_fixes)
         run = Run.create(run_path.parent, run_path.name, job.command,

@@ -201,6 +201,7 @@ def run_tune(args: argparse.Namespace, verb: Verb) -> tuple[xr.Dataset, dict[str
             grid.jobs[chunk] = _build(grid, verb, chunk)
         work = grid.spec.work(args)
         first = next(iter(grid.jobs.values()))
+        settings.check_memory_limit(first.worker_baseline_bytes)
         run = Run.create(run_path.parent, run_path.name, "tune", _config(grid, first))
         try:
             for path in first.inputs:

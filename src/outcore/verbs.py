@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dask.utils import format_bytes
+from dask.utils import format_bytes, parse_bytes
 
 from outcore import backend, cluster
 from outcore.checks import path_component, positive, size, writable_directory
@@ -59,7 +59,9 @@ class Job:
     compute-only round that ``--warmup-rounds`` / ``--measure-rounds`` and ``outcore tune``
     repeat and returns it as a function of no arguments; ``outputs`` are the partial paths
     of what ``execute`` wrote, by name (empty under ``outcore tune``, which runs no
-    ``execute``).
+    ``execute``). ``worker_baseline_bytes`` is what one of its workers holds before any task
+    (the baseline its plans count): a ``--memory-limit`` too small for it is refused before
+    any cluster starts.
     """
 
     command: str
@@ -71,6 +73,7 @@ class Job:
     rounds: Rounds | None = None
     device_fixes: Sequence[str] = ()
     data_bytes: int = 0
+    worker_baseline_bytes: int = WORKER_BASELINE_BYTES
 
 
 @dataclass(frozen=True)
@@ -267,22 +270,37 @@ class RunSettings:
             )
 
 
-    def check_memory_limit(self) -> None:
-        """Refuse a ``--memory-limit`` under ``plan.least_memory_limit`` (what a worker holds
-        before any task, inside its budget), naming the least that works."""
+    def check_memory_limit(self, baseline_bytes: int = WORKER_BASELINE_BYTES) -> None:
+        """Refuse a ``--memory-limit`` under ``plan.least_memory_limit(baseline_bytes)`` (what
+        a worker holds before any task, inside its budget), naming the least that works."""
         given = self.cluster.memory_limit
         if given is None or self.cluster.is_address:
             return
         limit = worker_memory_limit(size(given, "--memory-limit"),
                                     self.cluster.threads_per_worker)
-        least = least_memory_limit()
+        least = least_memory_limit(baseline_bytes)
         if limit is not None and limit < least:
             raise OutcoreError(
                 f"--memory-limit {given} gives each worker {format_bytes(limit)}, less than"
                 f" the {format_bytes(least)} a worker needs before any task (about"
-                f" {format_bytes(WORKER_BASELINE_BYTES)} resident, within the"
+                f" {format_bytes(baseline_bytes)} resident, within the"
                 " 60 % of its limit a plan may use).",
                 f"give --memory-limit {math.ceil(least / 2**20)}MiB or more.")
+
+    def memory_limit_note(self, resources: Resources) -> str | None:
+        """A note when the workers got less memory than the size ``--memory-limit`` asked
+        (dask caps a limit above the machine's memory at that memory); None otherwise."""
+        given = self.cluster.memory_limit
+        if given is None or self.cluster.is_address or resources.memory_limit is None:
+            return None
+        try:
+            asked = float(given)
+        except (TypeError, ValueError):
+            asked = float(parse_bytes(given))
+        if asked <= 1 or resources.memory_limit >= asked:  # a fraction, or what was asked
+            return None
+        return (f"--memory-limit {given} is more than this machine's memory: each worker got"
+                f" {format_bytes(resources.memory_limit)}, and the plan is made for that")
 
 
 def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:

@@ -149,7 +149,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],
                plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES,
-               data_bytes=data_bytes(memory.memory_model(shapes, given, bound, variance)))
+               data_bytes=data_bytes(memory.memory_model(shapes, given, bound, variance)),
+               worker_baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
 
 
 VERBS = [Verb("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score "

@@ -60,7 +60,9 @@ class ImageFile:
         """Pixels ``[y0:y1, x0:x1]`` (inside the image) as float64, scaled by BSCALE/BZERO.
 
         Plain images are sliced from the memory-mapped data (only those pages are read);
-        scaled or tile-compressed ones through astropy's ``section``."""
+        scaled or tile-compressed ones through astropy's ``section`` on a file opened without
+        a memory map (astropy refuses to scale a memory-mapped image: unsigned 16-bit counts,
+        stored with BZERO 32768, would fail)."""
         from astropy.io import fits
 
         with fits.open(self.path, memmap=True, do_not_scale_image_data=True) as hdul:
@@ -69,7 +71,7 @@ class ImageFile:
                      and "BSCALE" not in hdu.header and "BZERO" not in hdu.header)
             if plain:
                 return np.array(hdu.data[y0:y1, x0:x1], dtype=np.float64)
-        with fits.open(self.path, memmap=True) as hdul:
+        with fits.open(self.path, memmap=False) as hdul:
             return np.asarray(hdul[self.hdu].section[y0:y1, x0:x1], dtype=np.float64)
 
 

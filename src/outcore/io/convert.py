@@ -6,7 +6,9 @@ detects one (``detect_format``), refuses the options it does not take and reads 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import glob
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -99,23 +101,32 @@ def read_source(
 
 
 def detect_format(source: str | PathLike[str]) -> str:
-    """The format of ``source`` from its suffix (a glob, or a directory that no importer
-    claims, is a sequence of files: tiff)."""
+    """The format of ``source`` from its suffix; a glob, or a directory that no importer
+    claims, is a sequence of files of the format its files' suffixes name (tiff when they
+    name none)."""
     text = str(source)
-    sequence = next(imp.name for imp in IMPORTERS if imp.sequence)
     if any(char in text for char in "*?["):
-        return sequence
+        return _sequence_format(Path(name).suffix for name in glob.glob(text))
     path = existing_path(text, "input")
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt:
         return fmt
     if path.is_dir():
         return next((imp.name for imp in IMPORTERS if imp.directory and imp.directory(path)),
-                    sequence)
+                    None) or _sequence_format(p.suffix for p in path.iterdir())
     raise LayoutError(
         f"Cannot tell the format of {text!r} from its suffix {path.suffix!r}.",
         f"pass format= one of {FORMATS}, or use a known suffix ({', '.join(SUFFIXES)}).",
     )
+
+
+def _sequence_format(suffixes: Iterable[str]) -> str:
+    """The sequence importer that most of ``suffixes`` name (the first one, tiff, when
+    none does): its reader then names the files that do not fit."""
+    sequences = [imp.name for imp in IMPORTERS if imp.sequence]
+    named = Counter(SUFFIXES.get(suffix.lower()) for suffix in suffixes)
+    counted = [(named[name], -i, name) for i, name in enumerate(sequences)]
+    return max(counted)[2]
 
 
 def _refuse_options(importer: Importer, given: Mapping[str, Any]) -> None:

@@ -13,10 +13,13 @@ attrs to make the dataset of a layout.
 
 from __future__ import annotations
 
+import glob
 import importlib
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,7 +29,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.errors import LayoutError, OutcoreError, reading
+from outcore.errors import InputNotFoundError, LayoutError, OutcoreError, reading
 from outcore.io.layouts import LAYOUTS, Dims, Layout
 from outcore.io.store import frames_per_block
 
@@ -111,6 +114,32 @@ class FrameReader:
         return da.from_array(
             self, chunks=(step, *self.shape[1:]), meta=np.empty((0,) * self.ndim, self.dtype)
         )
+
+
+def sequence_files(path_or_glob: str | PathLike[str], suffixes: Sequence[str],
+                   kind: str) -> list[str]:
+    """The files a path, a directory (its files ending in ``suffixes``) or a glob names, in
+    natural order (``frame_2`` before ``frame_10``); InputNotFoundError when there is none.
+    ``kind`` names the format in the messages (``"TIFF"``)."""
+    text = str(path_or_glob)
+    if any(char in text for char in "*?["):
+        files = glob.glob(text)
+    else:
+        path = existing_path(text, f"{kind} input")
+        if not path.is_dir():
+            return [str(path)]
+        files = [str(p) for p in path.iterdir() if p.suffix.lower() in suffixes]
+    if not files:
+        raise InputNotFoundError(
+            f"No {kind} files match {text!r}.",
+            f"check the directory or glob (files must end in {' or '.join(suffixes)}).",
+        )
+    return sorted(files, key=_natural_key)
+
+
+def _natural_key(name: str) -> list[Any]:
+    """Sorts names with their numbers as numbers: ``f2`` before ``f10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def native(dtype: np.dtype) -> np.dtype:

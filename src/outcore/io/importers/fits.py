@@ -1,4 +1,5 @@
-"""FITS importer: an image cube (or one 2-D image) of one HDU, read with astropy per block."""
+"""FITS importer: an image cube (or one 2-D image) of one HDU, or a sequence of 2-D FITS
+images (a directory or a glob, one frame a file), read with astropy per block."""
 
 from __future__ import annotations
 
@@ -22,15 +23,21 @@ from outcore.io.importers import (
     frames_dataset,
     native,
     require,
+    sequence_files,
 )
+
+SUFFIXES = (".fits", ".fit", ".fts")
 
 
 @dataclass
 class FitsFrames(FrameReader):
     """Frames (the slowest axis in numpy order) of HDU number ``hdu`` of the file ``path``.
 
-    Reads through ``hdu.section`` on a memory-mapped file, so only the frames asked for are
-    read (and scaled by BSCALE/BZERO); tile-compressed HDUs work the same way. A 2-D image
+    Reads through ``hdu.section``, so only the frames asked for are read (and scaled by
+    BSCALE/BZERO); tile-compressed HDUs work the same way. The file is opened without a
+    memory map: astropy refuses to scale a memory-mapped image (16-bit counts are stored as
+    int16 with BZERO 32768, so every unsigned camera frame would fail), and ``section``
+    seeks to the frames either way. A 2-D image
     is one frame.
     """
 
@@ -39,9 +46,29 @@ class FitsFrames(FrameReader):
 
     def read(self, start: int, stop: int) -> np.ndarray:
         fits = require("astropy.io.fits")
-        with fits.open(self.path, memmap=True) as hdul:
+        with fits.open(self.path, memmap=False) as hdul:
             section = hdul[self.hdu].section
             return section[start:stop] if len(hdul[self.hdu].shape) > 2 else section[:, :]
+
+
+@dataclass
+class FitsFiles(FrameReader):
+    """A sequence of 2-D FITS images; file ``i`` (its HDU ``hdus[i]``) is frame ``i``."""
+
+    paths: tuple[str, ...]
+    hdus: tuple[int, ...]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        fits = require("astropy.io.fits")
+        frames = []
+        for path, index in zip(self.paths[start:stop], self.hdus[start:stop], strict=True):
+            with fits.open(path, memmap=False) as hdul:
+                frames.append(hdul[index].section[:, :])
+        return np.stack(frames) if frames else np.empty((0, *self.shape[1:]), self.dtype)
+
+    def source(self, start: int, stop: int) -> str:
+        files = self.paths[start:stop] or self.paths[-1:]
+        return f"the files {files[0]!r} to {files[-1]!r}"
 
 
 def read_fits(
@@ -54,15 +81,22 @@ def read_fits(
     arrays: Arrays | None = None,
     frames_per_chunk: int | None = None,
 ) -> xr.Dataset:
-    """Lazy dataset of ``layout`` over a FITS image HDU.
+    """Lazy dataset of ``layout`` over a FITS image HDU, or over a sequence of 2-D FITS
+    images (``path`` a directory of ``.fits`` files or a glob; natural order, one frame a
+    file, every file checked from its header before anything is read).
 
-    ``hdu`` is an HDU index or EXTNAME; by default the first HDU with 2 or more axes. Blocks
-    hold ``frames_per_chunk`` frames (default: ~64 MiB).
+    ``hdu`` is an HDU index or EXTNAME; by default the first HDU with 2 or more axes (of a
+    sequence: with 2 axes). Blocks hold ``frames_per_chunk`` frames (default: ~64 MiB).
     """
     fits = require("astropy.io.fits")
-    path = existing_path(path, "FITS file")
+    files = sequence_files(path, SUFFIXES, "FITS")
+    if len(files) > 1:
+        reader = fits_series(files, hdu)
+        return frames_dataset(reader.to_dask(frames_per_chunk), layout, str(path), dims=dims,
+                              attrs=attrs, arrays=arrays)
+    path = existing_path(files[0], "FITS file")
     with reading(f"the FITS file {str(path)!r}", REWRITE_FIX), \
-            fits.open(path, memmap=True) as hdul:
+            fits.open(path, memmap=False) as hdul:
         index = hdu_index(hdul, hdu, path)
         _refuse_truncated(hdul[index], index, path, fits)
         shape = tuple(hdul[index].shape)
@@ -76,8 +110,35 @@ def read_fits(
 
 
 #: FITS images in the importers' registry.
-IMPORTER = Importer("fits", (".fits", ".fit", ".fts"),
-                    ("hdu", "dims", "arrays", "frames_per_chunk"), read_fits)
+IMPORTER = Importer("fits", SUFFIXES, ("hdu", "dims", "arrays", "frames_per_chunk"), read_fits,
+                    sequence=True)
+
+
+def fits_series(files: Sequence[str], hdu: int | str | None) -> FitsFiles:
+    """The reader of a sequence of 2-D FITS images, once every file's image HDU has the
+    first file's shape and dtype; LayoutError naming the first file that differs. Reads each
+    file's header (and one row, for the dtype astropy gives after BSCALE/BZERO)."""
+    fits = require("astropy.io.fits")
+    found = []
+    for path in files:
+        with reading(f"the FITS file {path!r}", REWRITE_FIX), \
+                fits.open(path, memmap=False) as hdul:
+            index = hdu_index(hdul, hdu, path, axes=2)
+            _refuse_truncated(hdul[index], index, path, fits)
+            image = hdul[index]
+            found.append((index, tuple(image.shape), native(image.section[0:1, :].dtype)))
+    _, shape, dtype = found[0]
+    for path, (_, other, other_dtype) in zip(files, found, strict=True):
+        if other != shape or other_dtype != dtype:
+            raise LayoutError(
+                f"The FITS file {path!r} holds a {' x '.join(map(str, other))} {other_dtype}"
+                f" image, the sequence's first file {files[0]!r} a"
+                f" {' x '.join(map(str, shape))} {dtype} one: every file of a sequence must"
+                " hold one image of the same shape and dtype.",
+                "remove that file from the sequence (or re-export it like the others), or"
+                " give a glob that matches only the sequence's images.")
+    return FitsFiles((len(files), *shape), dtype, tuple(files),
+                     tuple(index for index, _, _ in found))
 
 
 def _refuse_truncated(hdu: Any, index: int, path: Any, fits: Any) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,8 +12,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from outcore.checks import existing_path
-from outcore.errors import InputDamagedError, InputNotFoundError, LayoutError, reading
+from outcore.errors import InputDamagedError, LayoutError, reading
 from outcore.io.importers import (
     REWRITE_FIX,
     Arrays,
@@ -23,6 +21,7 @@ from outcore.io.importers import (
     frames_dataset,
     native,
     require,
+    sequence_files,
 )
 
 SUFFIXES = (".tif", ".tiff")
@@ -146,18 +145,4 @@ def _logged_errors() -> Iterator[list[str]]:
 
 def tiff_files(path_or_glob: str | PathLike[str]) -> list[str]:
     """The TIFF files named by a path, a directory or a glob, in natural order."""
-    tifffile = require("tifffile")
-    text = str(path_or_glob)
-    if any(char in text for char in "*?["):
-        files = glob.glob(text)
-    else:
-        path = existing_path(text, "TIFF input")
-        if not path.is_dir():
-            return [str(path)]
-        files = [str(p) for p in path.iterdir() if p.suffix.lower() in SUFFIXES]
-    if not files:
-        raise InputNotFoundError(
-            f"No TIFF files match {text!r}.",
-            "check the directory or glob (files must end in .tif or .tiff).",
-        )
-    return list(tifffile.natural_sorted(files))
+    return sequence_files(path_or_glob, SUFFIXES, "TIFF")

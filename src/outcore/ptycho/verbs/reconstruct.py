@@ -23,6 +23,7 @@ import distributed
 from outcore.checks import at_least
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources
+from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES
 from outcore.ptycho.reconstruct import planning
 from outcore.ptycho.reconstruct.checkpoints import earlier_checkpoint
 from outcore.ptycho.reconstruct.engine import Result
@@ -152,6 +153,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         inputs=[args.input],
         rounds=rounds,
         data_bytes=int(ds["amplitudes"].nbytes),
+        worker_baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES,
     )
 
 

@@ -119,4 +119,5 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                    bytes=int(sim.stack["data"].nbytes))
 
     return Job("ptycho simulate", config, plan, execute,
-               plan_fixes=["pass a smaller --chunk-positions"], data_bytes=data_bytes(stages))
+               plan_fixes=["pass a smaller --chunk-positions"], data_bytes=data_bytes(stages),
+               worker_baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)

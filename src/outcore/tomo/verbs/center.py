@@ -78,4 +78,5 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
 
     return Job("tomo center", config, plan, execute, inputs=[source],
                plan_fixes=["raise --memory-limit (a task searches one whole sinogram, all views by "
-                           "all columns, in float64)"], data_bytes=data_bytes(stages))
+                           "all columns, in float64)"], data_bytes=data_bytes(stages),
+               worker_baseline_bytes=TOMO_WORKER_BASELINE_BYTES)

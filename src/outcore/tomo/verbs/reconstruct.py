@@ -32,6 +32,7 @@ from outcore.tomo.center.axis import refuse_cone, with_center
 from outcore.tomo.corrections import steps
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import default_volume_shape
+from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
 from outcore.tomo.raw.source import projections_input
 from outcore.tomo.reconstruct import planning
@@ -178,4 +179,5 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
                rounds=rounds if method == "fbp" else None,
                device_fixes=["pass a smaller --slab / --views-per-block"],
-               data_bytes=int(stored.nbytes) + math.prod(shape) * stored.dtype.itemsize)
+               data_bytes=int(stored.nbytes) + math.prod(shape) * stored.dtype.itemsize,
+               worker_baseline_bytes=TOMO_WORKER_BASELINE_BYTES)

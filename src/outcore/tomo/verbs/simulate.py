@@ -23,7 +23,7 @@ from outcore.errors import refuse_existing
 from outcore.plan import Plan, Resources
 from outcore.runs import Run
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, scan_for
-from outcore.tomo.memory import method_plan
+from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, method_plan
 from outcore.tomo.phantom import PHANTOMS
 from outcore.tomo.reconstruct.projector import PARTITIONS, blocks_config, fitting_projector
 from outcore.tomo.simulate import simulate_in_run
@@ -72,4 +72,5 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     return Job("tomo simulate", config, plan, execute,
                plan_fixes=["raise --memory-limit, or pass a smaller --slab / --views-per-block"],
                device_fixes=["pass a smaller --slab / --views-per-block"],
-               data_bytes=math.prod(geometry.projection_shape) * np.dtype(np.float32).itemsize)
+               data_bytes=math.prod(geometry.projection_shape) * np.dtype(np.float32).itemsize,
+               worker_baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
