@@ -153,6 +153,23 @@ def test_a_limit_above_the_machine_s_memory_is_said_and_recorded(tmp_path):
     assert any("more than this machine's memory" in n for n in summary["plan"]["notes"])
 
 
+@pytest.mark.parametrize(("given", "got", "noted"), [
+    ("100000GiB", 2**34, True), ("16GiB", 2**34, False), ("auto", 2**34, False),
+    ("0.5", 2**33, False), (str(2**35), 2**34, True), (2**30, 2**30, False)])
+def test_the_note_on_a_capped_limit_compares_sizes_only(given, got, noted):
+    """Only a size above what the workers got is noted: ``auto`` and fractions of the
+    machine's memory are dask's own reading (``auto`` once ended a sketch in an internal
+    error here)."""
+    from outcore.cluster import ClusterOptions
+    from outcore.plan import Resources
+    from outcore.verbs import RunSettings
+
+    settings = RunSettings(ClusterOptions(kind="local", memory_limit=given))
+    note = settings.memory_limit_note(Resources(2, 1, got))
+    assert (note is not None) == noted
+    assert note is None or f"--memory-limit {given} is more than" in note
+
+
 def test_tune_refuses_a_memory_limit_below_a_workers_baseline(tmp_path, capsys):
     assert main(["tune", "demo", "--chunk-size", "2", "--workers", "1", "--memory-limit", "1B",
                  "--output-dir", str(tmp_path)]) == 1

@@ -291,7 +291,8 @@ class RunSettings:
         """A note when the workers got less memory than the size ``--memory-limit`` asked
         (dask caps a limit above the machine's memory at that memory); None otherwise."""
         given = self.cluster.memory_limit
-        if given is None or self.cluster.is_address or resources.memory_limit is None:
+        if (given in (None, "auto") or self.cluster.is_address
+                or resources.memory_limit is None):
             return None
         try:
             asked = float(given)
