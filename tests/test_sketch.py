@@ -6,6 +6,7 @@ any compute; the verb's run directory."""
 from __future__ import annotations
 
 import math
+import re
 
 import dask
 import dask.array as da
@@ -259,16 +260,19 @@ def stores(tmp_path_factory, exact):
 
 
 @pytest.mark.parametrize(("store", "options", "says"), [
-    ("exact", ["--rank", "0"], "--rank 0 must be at least 1."),
+    ("exact", ["--rank", "0"], "--rank 0 must be at least 1"),
     ("exact", ["--rank", "181"], "--rank 181 is above the stack's smaller side: 500 items by"
                                  " 180 pixels"),
     ("exact", ["--rank", "3", "--var", "intensity"], "The dataset has no variable 'intensity'"),
     ("exact", ["--rank", "3", "--power-iterations", "-1"],
-     "--power-iterations -1 must be at least 0."),
-    ("exact", ["--rank", "3", "--oversample", "-2"], "--oversample -2 must be at least 0."),
-    ("exact", ["--rank", "3", "--seed", "-1"], "--seed -1 must be at least 0."),
-    ("complex", ["--rank", "2"], "The variable 'data' is complex (complex64)"),
-    ("coarse", ["--rank", "3", "--memory-limit", "360MiB"], "The plan does not fit"),
+     "--power-iterations -1 must be at least 0"),
+    ("exact", ["--rank", "3", "--oversample", "-2"], "--oversample -2 must be at least 0"),
+    ("exact", ["--rank", "3", "--seed", "-1"], "--seed -1 must be at least 0"),
+    ("complex", ["--rank", "2"], r"The variable 'data' is complex \(complex64\)"),
+    # the store's blocks are the least a task reads: the fix is a re-chunked store (the
+    # plan named "a smaller chunk size", an option the verb does not have)
+    ("coarse", ["--rank", "3", "--memory-limit", "360MiB"],
+     "The plan does not fit.* re-chunk the store into smaller blocks along its items"),
 ], ids=["rank-0", "rank-above", "missing-var", "negative-q", "negative-p", "negative-seed",
         "complex", "plan"])
 def test_bad_options_are_refused_in_one_line_before_compute(stores, tmp_path, capsys, store,
@@ -277,7 +281,7 @@ def test_bad_options_are_refused_in_one_line_before_compute(stores, tmp_path, ca
                  *THREADS, "--output-dir", str(tmp_path / "runs")])
     err = capsys.readouterr().err.strip()
     assert code == 1
-    assert len(err.splitlines()) == 1 and says in err and "Fix:" in err, err
+    assert len(err.splitlines()) == 1 and re.search(says, err) and "Fix:" in err, err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 

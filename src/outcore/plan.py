@@ -364,12 +364,13 @@ class Plan:
 
 
 def suggest_chunk(
-    plan_for: Callable[[int], Plan], candidates: Sequence[int]
+    plan_for: Callable[[int], Plan], candidates: Sequence[int], fixes: Sequence[str] = ()
 ) -> tuple[int, Plan]:
     """The largest chunk size among ``candidates`` whose plan fits, and that plan.
 
     ``plan_for(chunk)`` builds the plan for one chunk size. Raises ``PlanError`` when even
-    the smallest candidate does not fit, with that plan's own explanation.
+    the smallest candidate does not fit, with that plan's own explanation and ``fixes`` (the
+    job's own ways to shrink it).
     """
     ordered = sorted(set(candidates))
     best: tuple[int, Plan] | None = None
@@ -379,6 +380,6 @@ def suggest_chunk(
             break
         best = (chunk, plan)
     if best is None:
-        plan_for(ordered[0]).check()
+        plan_for(ordered[0]).check(fixes)
         raise AssertionError("unreachable: the smallest plan fits after all")
     return best

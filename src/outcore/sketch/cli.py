@@ -25,7 +25,7 @@ from outcore.io.store import open_unchecked
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
 from outcore.sketch import outputs
-from outcore.sketch.memory import memory_model, plan_sketch
+from outcore.sketch.memory import memory_model, plan_fixes, plan_sketch
 from outcore.sketch.randomized import svd
 from outcore.sketch.stack import check_options, describe
 from outcore.verbs import Job, Verb
@@ -99,9 +99,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         plan=plan,
         execute=execute,
         inputs=[source],
-        plan_fixes=["re-chunk the store into smaller blocks along its items (outcore convert"
-                    f" STORE NEW --chunk {stack.item_dims[0]}=N)",
-                    "use a smaller --rank or --oversample (the pixel panels of every task)"],
+        plan_fixes=plan_fixes(stack),
         rounds=rounds,
         data_bytes=data_bytes(stages),
     )

@@ -117,6 +117,14 @@ def held_bytes(stack: Stack, item_chunk: tuple[int, ...], workers: int) -> int:
     return share * math.prod(item_chunk) * stack.pixels * stack.dtype.itemsize
 
 
+def plan_fixes(stack: Stack) -> list[str]:
+    """What shrinks a sketch's tasks, named when no plan fits: the store's blocks are the
+    smallest a task can read, so smaller ones are a re-chunked store."""
+    return [f"re-chunk the store into smaller blocks along its items (outcore convert STORE"
+            f" NEW --chunk {stack.item_dims[0]}=N)",
+            "use a smaller --rank or --oversample (the pixel panels of every task)"]
+
+
 def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
                 power_iterations: int, *, denoise: bool = False) -> Plan:
     """The plan of a sketch on ``resources`` with the largest chunking of
@@ -147,7 +155,7 @@ def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
                        resident_bytes=held_bytes(stack, chunk, resources.workers) if hold else 0,
                        config={"task_chunks": stack.chunks(chunk), "hold": hold})
 
-    index, streaming = suggest_chunk(plan_for, allowed)
+    index, streaming = suggest_chunk(plan_for, allowed, plan_fixes(stack))
     if resources.memory_limit is None:
         return streaming
     held = plan_for(index, hold=True)
