@@ -1,7 +1,9 @@
-"""Shared test settings: GPU and MPI tests skip cleanly where the machine has neither."""
+"""Shared test settings: GPU and MPI tests skip cleanly where the machine has neither, and
+real-data tests where ``../shared/real`` (or ``$OUTCORE_REAL_DATA``) is absent."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -11,13 +13,20 @@ import pytest
 
 from outcore import backend, cluster
 
+#: The measured data sets (never committed): the shared folder beside the checkout.
+REAL_DATA = Path(os.environ.get("OUTCORE_REAL_DATA",
+                                Path(__file__).resolve().parents[2] / "shared" / "real"))
 MPIRUN = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (cupy.cuda.is_available() is False)")
     no_mpi = pytest.mark.skip(reason="needs mpirun and mpi4py (pip install 'outcore[mpi]')")
+    no_data = pytest.mark.skip(reason=f"needs the measured data sets at {REAL_DATA} (the shared"
+                               " folder beside the checkout, or $OUTCORE_REAL_DATA)")
     for item in items:
+        if item.get_closest_marker("realdata") and not REAL_DATA.is_dir():
+            item.add_marker(no_data)
         if item.get_closest_marker("gpu") and not backend.gpu_available():
             item.add_marker(no_gpu)
         if item.get_closest_marker("mpi") and MPIRUN is None:
@@ -49,3 +58,9 @@ def shared_cluster():
         cluster.stop(client)
     # later modules must not find the closed clients' "dask.distributed" as their scheduler
     dask.config.set(scheduler=scheduler)
+
+
+@pytest.fixture
+def real_data() -> Path:
+    """The folder of the measured data sets (tests using it carry the ``realdata`` mark)."""
+    return REAL_DATA

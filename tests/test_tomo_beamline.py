@@ -84,3 +84,35 @@ def test_clear_errors(tmp_path):
         read_beamline_hdf5(path, detector_pixel_size=1.0)
     with pytest.raises(LayoutError, match="pixel size"):
         read_beamline_hdf5(path)
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".csv", ".npy"])
+def test_angles_from_a_file_of_their_own(tmp_path, suffix):
+    """--angles names a text or .npy file beside the scan: its values replace the file's
+    /exchange/theta (here 1-degree steps against a stored 180/12)."""
+    path = tmp_path / "scan.h5"
+    _scan(path)
+    degrees = np.arange(VIEWS, dtype=np.float64) * 15.0
+    angles = tmp_path / f"angles{suffix}"
+    if suffix == ".npy":
+        np.save(angles, degrees)
+    else:
+        np.savetxt(angles, degrees[None] if suffix == ".csv" else degrees,
+                   delimiter="," if suffix == ".csv" else " ")
+    ds = read_beamline_hdf5(path, angles=str(angles), detector_pixel_size=1e-6)
+    np.testing.assert_allclose(ds["angles"].values, np.deg2rad(degrees))
+
+
+def test_an_angles_file_that_is_missing_empty_or_short_is_named(tmp_path):
+    from outcore.errors import InputNotFoundError
+
+    path = tmp_path / "scan.h5"
+    _scan(path)
+    with pytest.raises(InputNotFoundError, match="--angles 'nope.txt': no such file"):
+        read_beamline_hdf5(path, angles="nope.txt", detector_pixel_size=1e-6)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(LayoutError, match="holds no angles"):
+        read_beamline_hdf5(path, angles=str(tmp_path / "empty.txt"), detector_pixel_size=1e-6)
+    np.savetxt(tmp_path / "short.txt", np.arange(5.0))
+    with pytest.raises(LayoutError, match=r"short.txt' holds 5 angles but .* holds 12 frames"):
+        read_beamline_hdf5(path, angles=str(tmp_path / "short.txt"), detector_pixel_size=1e-6)

@@ -32,6 +32,7 @@ from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.importers import native, require
 from outcore.io.importers.hdf5 import HDF5Frames, _dataset
+from outcore.tomo.raw import angles as angle_file
 from outcore.tomo.raw import nxtomo
 from outcore.tomo.raw.normalise import EPS, normalised
 
@@ -91,8 +92,9 @@ def read_beamline_hdf5(
         flat = _average(f, flats, "flats", frame, path, h5py)
         dark = (np.zeros(frame, np.float64) if darks is None
                 else _average(f, darks, "darks", frame, path, h5py))
-        theta = np.asarray(_named(f, angles, "angles", path, h5py)[()],
-                           dtype=np.float64).reshape(-1)
+        theta = (angle_file.read_file(angles) if angle_file.is_file_name(angles) else
+                 np.asarray(_named(f, angles, "angles", path, h5py)[()],
+                            dtype=np.float64).reshape(-1))
     n_views = reader.shape[0]
     if theta.size != n_views:
         raise LayoutError(

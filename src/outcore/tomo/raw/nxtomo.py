@@ -26,6 +26,7 @@ import numpy as np
 from outcore.errors import LayoutError
 from outcore.io.importers import require
 from outcore.io.importers.hdf5 import HDF5Frames
+from outcore.tomo.raw import angles as angle_file
 
 PROJECTION, FLAT, DARK, INVALID = 0, 1, 2, 3
 #: How the flats (and darks) of several groups become the flat of one projection.
@@ -346,23 +347,28 @@ def _angles(f: Any, entry: Entry, angles: str | None, angles_unit: str | None, f
     """The rotation angle of each projection and its unit (``--angles-unit``, else the
     dataset's ``units``, else degree)."""
     name = angles or entry.angles
-    node = f.get(name) if name else None
-    if not isinstance(node, h5py.Dataset):
-        raise LayoutError(f"The NXtomo entry {entry.entry!r} has no rotation angles at "
-                          f"{name or ' or '.join(ANGLE_PATHS)}.",
-                          "pass --angles the internal path of the rotation angle per frame.")
-    values = np.asarray(node[()], np.float64).reshape(-1)
+    if angle_file.is_file_name(name):
+        values, where, unit = angle_file.read_file(name), repr(name), "degree"
+    else:
+        node = f.get(name) if name else None
+        if not isinstance(node, h5py.Dataset):
+            raise LayoutError(f"The NXtomo entry {entry.entry!r} has no rotation angles at "
+                              f"{name or ' or '.join(ANGLE_PATHS)}.",
+                              "pass --angles the internal path of the rotation angle per frame,"
+                              " or a text or .npy file of them.")
+        values, where = np.asarray(node[()], np.float64).reshape(-1), repr(node.name)
+        unit = angle_unit(node)
     n = frames.projections.size
     if values.size == n_frames:
         values = values[frames.projections]
     elif values.size != n:
-        raise LayoutError(f"{node.name!r} holds {values.size} angles; the scan has {n_frames} "
+        raise LayoutError(f"{where} holds {values.size} angles; the scan has {n_frames} "
                           f"frames of which {n} are projections.",
                           "pass --angles a dataset with one angle per frame or per projection.")
     if not np.isfinite(values).all():
-        raise LayoutError(f"{node.name!r} holds non-finite angles of projections.",
+        raise LayoutError(f"{where} holds non-finite angles of projections.",
                           "repair the angles or pass --angles another dataset.")
-    return values, ANGLE_UNITS[angles_unit] if angles_unit else angle_unit(node)
+    return values, ANGLE_UNITS[angles_unit] if angles_unit else unit
 
 
 def _geometry(f: Any, entry: str, h5py: Any) -> dict[str, Any]:

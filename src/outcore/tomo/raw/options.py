@@ -43,8 +43,9 @@ def add_arguments(group: argparse._ArgumentGroup, *, source_options: bool) -> No
                        help="Data Exchange: HDF5 path of the dark frames (default "
                             "/exchange/data_dark); 'none' for a scan without darks (dark = 0)")
     group.add_argument("--angles", default=argparse.SUPPRESS, metavar="PATH",
-                       help="HDF5 path of the rotation angles (default /exchange/theta, or "
-                            "the NXtomo entry's sample/rotation_angle)")
+                       help="the rotation angles: an HDF5 path in the scan (default "
+                            "/exchange/theta, or the NXtomo entry's sample/rotation_angle), or "
+                            "a .txt/.dat/.csv/.npy file of one angle per frame or projection")
     group.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
                        help="unit of --angles (default deg, or NXtomo's units attr)")
     group.add_argument("--flat-mode", default=argparse.SUPPRESS, choices=nxtomo.FLAT_MODES,
