@@ -82,8 +82,13 @@ def test_clear_errors(tmp_path):
             del f["/exchange/data_white"]
             f["/exchange/data_white"] = np.full((2, NV, NU + 1), 5000.0)
         read_beamline_hdf5(path, detector_pixel_size=1.0)
-    with pytest.raises(LayoutError, match="pixel size"):
-        read_beamline_hdf5(path)
+    # no pixel size anywhere: a parallel beam is measured in pixels, a cone is refused
+    _scan(path)
+    unsized = read_beamline_hdf5(path)
+    assert unsized.attrs["detector_pixel_size"] == 1.0
+    assert unsized.attrs["length_unit"] == "pixel"
+    with pytest.raises(LayoutError, match="cone-beam scan needs the detector pixel size"):
+        read_beamline_hdf5(path, geometry="cone", source_distance=1.0, detector_distance=1.0)
 
 
 @pytest.mark.parametrize("suffix", [".txt", ".csv", ".npy"])
@@ -116,3 +121,19 @@ def test_an_angles_file_that_is_missing_empty_or_short_is_named(tmp_path):
     np.savetxt(tmp_path / "short.txt", np.arange(5.0))
     with pytest.raises(LayoutError, match=r"short.txt' holds 5 angles but .* holds 12 frames"):
         read_beamline_hdf5(path, angles=str(tmp_path / "short.txt"), detector_pixel_size=1e-6)
+
+
+def test_phase_retrieval_of_a_scan_in_pixels_asks_for_the_pixel_size(tmp_path, capsys):
+    """A scan measured in pixels reconstructs, but Paganin's filter is a length: refused in
+    one line before anything starts, naming the option."""
+    from outcore.cli import main
+
+    path = tmp_path / "scan.h5"
+    _scan(path)
+    assert main(["tomo", "reconstruct", "--input", str(path), "--paganin", "100", "--energy",
+                 "20", "--propagation-distance", "0.1", "--cluster", "threads",
+                 "--output-dir", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--paganin needs the pixel size in metres" in err[0]
+    assert "--attr detector_pixel_size=M" in err[0]
+    assert not (tmp_path / "runs").exists()

@@ -147,7 +147,8 @@ def _edit(path: Path, name: str, value: np.ndarray) -> None:
 
 
 @pytest.mark.parametrize(("options", "edit", "message"), [
-    ([], None, "detector pixel size"),
+    (["--attr", "geometry=cone", "--attr", "source_distance=1", "--attr",
+      "detector_distance=1"], None, "cone-beam scan needs the detector pixel size"),
     (["--attr", "detector_pixel_size=1e-3", "--flats", "/exchange/white"], None,
      "The flats of the scan: .* has no dataset '/exchange/white'.*--flats PATH"),
     (["--attr", "detector_pixel_size=1e-3", "--dataset", "/entry/data"], None,

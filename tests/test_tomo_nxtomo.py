@@ -234,7 +234,7 @@ def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
     _write_nxtomo(no_pixel, scan["frames"].astype(np.float32), KEYS, np.zeros(KEYS.size),
                   pixel_mm=None)
     err = _refused(capsys, "tomo", "convert", str(no_pixel), str(tmp_path / "b.zarr"),
-                   *runs_dir)
+                   "--attr", "geometry=cone", "--attr", "source_distance=1", *runs_dir)
     assert "detector pixel size" in err
     dx = tmp_path / "dx.h5"
     with h5py.File(dx, "w") as f:

@@ -13,11 +13,19 @@ from outcore.checks import shape as shape_of
 from outcore.io.layouts import FLOAT, Attr, Layout, Need, Var, register
 from outcore.tomo.geometry import Geometry
 
+#: ``length_unit`` of a scan whose pixel size nobody gave: its lengths (the detector pixel,
+#: the voxel) are detector pixels, and the volume's values attenuation per pixel.
+PIXEL_UNIT = "pixel"
+#: The attr that says so (absent: lengths in metres).
+LENGTH_UNIT = Attr("length_unit", "", "unit of the lengths: m (absent), or pixel when the"
+                   " scan gave no pixel size", choices={"m": (), PIXEL_UNIT: ()})
+
 VOLUME = register(Layout(
     "volume",
     "a 3-D volume",
     Var("volume", (("z", "y", "x"),), FLOAT, "voxel values", finite=True),
-    attrs=(Attr("voxel_size", "m", "voxel edge, scalar or [z, y, x]", sizes=(1, 3)),),
+    attrs=(Attr("voxel_size", "m", "voxel edge, scalar or [z, y, x]", sizes=(1, 3)),
+           LENGTH_UNIT),
     needs=(Need((("voxel_size",),)),),
 ))
 
@@ -34,6 +42,7 @@ PROJECTIONS = register(Layout(
         Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [v, u]", sizes=(1, 2)),
         Attr("source_distance", "m", "source to rotation axis (cone)"),
         Attr("detector_distance", "m", "rotation axis to detector (cone)"),
+        LENGTH_UNIT,
     ),
     needs=(Need((("geometry",),)), Need((("detector_pixel_size",),))),
 ))

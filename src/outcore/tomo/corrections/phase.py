@@ -308,6 +308,13 @@ def configure(args: argparse.Namespace, ds: xr.Dataset, resources: Resources) ->
     distance = _value(args.propagation_distance, ds, "propagation_distance",
                       "--propagation-distance", "M, e.g. --propagation-distance 0.1")
     from outcore.tomo.geometry import Geometry
+    from outcore.tomo.layouts import PIXEL_UNIT
+
+    if ds.attrs.get("length_unit") == PIXEL_UNIT:
+        raise OutcoreError(
+            "--paganin needs the pixel size in metres (its filter is a length), which the scan"
+            " does not give.", "pass --attr detector_pixel_size=M, the pixel at the sample in"
+            " metres (e.g. 6.5e-7).")
 
     pixel = Geometry.from_attrs(ds).detector_pixel_size
     return Paganin(float(delta_beta), energy, distance, pixel)

@@ -32,6 +32,7 @@ from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.importers import native, require
 from outcore.io.importers.hdf5 import HDF5Frames, _dataset
+from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.raw import angles as angle_file
 from outcore.tomo.raw import nxtomo
 from outcore.tomo.raw.normalise import EPS, normalised
@@ -113,18 +114,22 @@ def read_beamline_hdf5(
 
 def _layout_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
                   detector_distance: Any, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The layout's attrs of a raw scan, refusing a missing pixel size, a cone without its
-    distances and distances that are not numbers."""
-    if detector_pixel_size is None:
+    """The layout's attrs of a raw scan, refusing a cone without its pixel size and
+    distances, and distances that are not numbers. A parallel-beam scan that gives no pixel
+    size is measured in pixels (``length_unit: pixel``, a pixel of 1): its centre and
+    reconstruction need no length, and what does (phase retrieval) asks for the size."""
+    if detector_pixel_size is None and geometry == "cone":
         raise LayoutError(
-            "The projections layout needs the detector pixel size, which this raw scan "
-            "does not give.",
-            "pass detector_pixel_size= the pixel pitch at the sample in metres (the camera "
-            "pixel divided by the optical magnification, e.g. 6.5e-6 / 10), one number or "
-            "[dv, du] (CLI: --attr detector_pixel_size=6.5e-7).",
+            "A cone-beam scan needs the detector pixel size (its distances are lengths), "
+            "which this raw scan does not give.",
+            "pass detector_pixel_size= the pixel pitch in metres, one number or [dv, du] "
+            "(CLI: --attr detector_pixel_size=7.5e-5).",
         )
-    layout_attrs: dict[str, Any] = {"geometry": geometry,
-                                    "detector_pixel_size": _pixel(detector_pixel_size)}
+    layout_attrs: dict[str, Any] = {"geometry": geometry}
+    if detector_pixel_size is None:
+        layout_attrs.update(detector_pixel_size=1.0, length_unit=PIXEL_UNIT)
+    else:
+        layout_attrs["detector_pixel_size"] = _pixel(detector_pixel_size)
     distances = {"source_distance": source_distance, "detector_distance": detector_distance}
     missing = [key for key, value in distances.items() if value is None]
     if geometry == "cone" and missing:

@@ -27,6 +27,7 @@ from outcore.io.convert import SUFFIXES, detect_format
 from outcore.io.importers import REWRITE_FIX, parse_attrs, require
 from outcore.io.layouts import validate
 from outcore.plan import Resources, TaskMemory
+from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.memory import raw_frames_per_block
 from outcore.tomo.raw import beamline, normalise, nxtomo, options
 
@@ -62,7 +63,8 @@ def read_beamline_source(
     (:data:`outcore.tomo.raw.beamline.DXCHANGE`; ``darks="none"``: no darks).
     ``angles_unit`` is ``deg`` or ``rad``; ``flat_mode`` ``mean`` (default), ``nearest`` or
     ``linear`` (NXtomo only). ``attrs`` (strings parsed as by ``--attr``) give or override
-    the geometry: ``detector_pixel_size`` (required unless the file has it), ``geometry``
+    the geometry: ``detector_pixel_size`` (without it and without one in the file, a
+    parallel-beam scan is measured in pixels: ``length_unit`` ``pixel``), ``geometry``
     (default ``parallel``), ``source_distance`` and ``detector_distance`` (cone), and any
     other attr.
     ``refused`` holds the options of other formats (``hdu``, ``dims``, ``arrays``, ``dtype``,
@@ -122,6 +124,10 @@ def read_beamline_source(
             darks=None if no_darks else darks or dx["darks"], angles=angles or dx["angles"],
             angles_unit=unit or "degree", attrs=extra, frames_per_chunk=frames_per_chunk,
             **geometry)
+    if ds.attrs.get("length_unit") == PIXEL_UNIT:
+        print(f"note: {str(source)!r} gives no pixel size: lengths are in detector pixels (the"
+              " volume in attenuation per pixel); --attr detector_pixel_size=M gives metres",
+              flush=True)
     return ds, validate(ds, "projections")
 
 

@@ -74,7 +74,8 @@ def reconstruct_in_run(run: Run, client: distributed.Client, request: Request,
                                 source=str(request.source), window=request.window,
                                 detector_offset=list(offset),
                                 center=axis_column(projector.geometry),
-                                iterations=request.iterations if method in ITERATIVE else None)
+                                iterations=request.iterations if method in ITERATIVE else None,
+                                length_unit=request.ds.attrs.get("length_unit"))
         io.save(ds_out, out, layout="volume")
     seconds = run.record["timings_s"]["reconstruct"]
     passes = found.pop("projector_passes")

@@ -1,6 +1,7 @@
-"""``outcore tomo center``: the rotation centre of a parallel-beam projections store.
+"""``outcore tomo center``: the rotation centre of a parallel-beam scan.
 
-``tomo center --input PROJ.zarr`` finds the centre on a few sinograms on the cluster
+``tomo center --input PROJ.zarr`` (or a raw HDF5 scan, normalised on the way in as by
+``tomo reconstruct``) finds the centre on a few sinograms on the cluster
 (``outcore.tomo.center.search.find_center``) and writes ``center.json`` into its run
 directory (``outcore.tomo.center.run.search_in_run``); it prints the centre. See
 docs/operators/tomography-center.md.
@@ -13,7 +14,6 @@ from typing import Any
 
 import distributed
 
-from outcore import io
 from outcore.checks import choice, existing_path, positive
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources, data_bytes
@@ -23,13 +23,16 @@ from outcore.tomo.center.axis import refuse_cone
 from outcore.tomo.center.run import center_stages, search_in_run
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
+from outcore.tomo.raw import options as raw_options
+from outcore.tomo.raw.source import projections_input
 from outcore.verbs import Job
 
 AUTO = "auto"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", required=True, help="projections store (.zarr)")
+    p.add_argument("--input", required=True,
+                   help="projections store (.zarr), or a raw HDF5 scan (Data Exchange, NXtomo)")
     p.add_argument("--rows", type=int, nargs="+", default=None, metavar="ROW",
                    help=f"detector rows whose sinograms are searched (default "
                         f"{search.DEFAULT_ROWS} spread along v)")
@@ -39,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--search-radius", type=float, default=None, metavar="PX",
                    help="vo: pixels either side of the detector centre searched (default a "
                         "quarter of the width)")
+    raw_options.add_arguments(p.add_argument_group(
+        "raw HDF5 scans as --input", "normalised block by block, as by tomo convert"),
+        source_options=True)
 
 
 def _check_rows(rows: list[int] | None, nv: int) -> list[int] | None:
@@ -51,7 +57,8 @@ def _check_rows(rows: list[int] | None, nv: int) -> list[int] | None:
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     method = choice(args.center_method, search.METHODS, "--center-method")
     source = existing_path(args.input, "input").resolve()
-    ds = io.open(source, layout="projections")
+    ds, read_stages, _ = projections_input(
+        source, raw_options.given(args, source_options=True), resources)
     geometry = Geometry.from_attrs(ds)
     refuse_cone(geometry)
     nv, nu = geometry.detector_shape
@@ -66,7 +73,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     config: dict[str, Any] = {"input": str(source), "rows": rows, "center_method": method,
                               "search_radius": radius}
     count = len(set(rows)) if rows else len(search.sample_rows(nv))
-    stages = center_stages(ds, count)
+    stages = [*read_stages, *center_stages(ds, count)]
 
     def plan(resources: Resources) -> Plan:
         return Plan.of(stages, resources, baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
