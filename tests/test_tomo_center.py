@@ -152,6 +152,30 @@ def test_a_tilted_axis_is_fitted_along_v():
         assert abs(r.center - truth[r.row]) < 0.1, rows
 
 
+def test_a_row_that_disagrees_is_left_out_not_fitted_as_a_tilt():
+    """One row's sinogram has its axis 18 px away (a spurious minimum, as a real scan's
+    stray row gave): it is named and left out, and the others give the centre with no
+    tilt; fitted with the others, it made a "significant" tilt 18 px off at the edge."""
+    angles = np.arange(180) * np.pi / 180
+    nv, spurious = 9, 6
+    truth = np.full(nv, 63.5 + OFF)
+    shifted = truth.copy()
+    shifted[spurious] += 18.0
+    stack = np.stack([disc_sinogram(angles, 128, c) for c in shifted], axis=1)
+    result = centre.find_center(da.from_array(stack, chunks=(60, 3, -1)), angles)
+    assert result.center == pytest.approx(63.5 + OFF, abs=0.05)
+    assert result.tilt is not None and not result.tilt.significant
+    odd = [r for r in result.rows if not r.used]
+    assert [r.row for r in odd] == [spurious] and "disagrees with the other rows" in \
+        odd[0].problem
+    from outcore.tomo.center.run import describe
+
+    assert f"rows disagree: row {spurious} at" in describe(result)
+    # the rows of a real tilt all lie on its line: none is left out
+    assert centre.disagreeing([centre.RowCenter(r, 60.0 + 0.5 * r, 1.0) for r in range(9)]) \
+        == set()
+
+
 def test_tomo_center_writes_center_json(scan, tmp_path):
     store, _ = scan
     assert main(["tomo", "center", "--input", str(store), *COMMON, "--output-dir",

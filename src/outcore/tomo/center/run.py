@@ -83,15 +83,19 @@ def center_metrics(found: search.Center, geometry: Geometry) -> dict[str, Any]:
     return {"center": round(found.center, 4), "center_method": found.method,
             "detector_offset": search.offset_of(found.center, nu,
                                                 geometry.detector_pixel_size[1]),
-            "center_rows": [r.row for r in found.rows if r.center is not None],
+            "center_rows": [r.row for r in found.rows if r.used],
             "tilt_px_per_row": None if found.tilt is None else found.tilt.slope}
 
 
 def describe(found: search.Center) -> str:
-    """One line: the centre, the method and the tilt."""
-    used = [r for r in found.rows if r.center is not None]
+    """One line: the centre, the method, the rows left out as disagreeing and the tilt."""
+    used = [r for r in found.rows if r.used]
     line = (f"centre: {found.center:.3f} px ({found.method}, {len(used)} of "
             f"{len(found.rows)} rows)")
+    odd = [r for r in found.rows if r.center is not None and not r.used]
+    if odd:
+        line += ("; rows disagree: " + ", ".join(f"row {r.row} at {r.center:.2f} px"
+                                                 for r in odd) + " left out")
     if found.tilt is not None and found.tilt.significant:
         line += (f"; tilted {found.tilt.slope:+.5f} px per row ({found.tilt.angle_deg:+.4f} "
                  "deg): reconstructed with the centre at the middle row")
