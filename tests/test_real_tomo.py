@@ -16,7 +16,7 @@ COMMON = ["--cluster", "threads", "--no-progress"]
 TOOTH_CENTRE = 295.5
 
 
-def test_the_tooth_s_axis_with_its_angles_from_a_text_file(real_data, tmp_path):
+def test_the_tooth_s_axis_with_its_angles_from_a_text_file(real_data, tmp_path, capsys):
     """The stored theta steps by 180/181 degrees, the projections by 1 degree (README): a
     text file of the right angles, given by --angles, puts the axis within 0.2 px of the
     mirror's column (the stored angles move it by a third of a pixel)."""
@@ -30,18 +30,27 @@ def test_the_tooth_s_axis_with_its_angles_from_a_text_file(real_data, tmp_path):
                  *COMMON, *runs]) == 0
     centre = load_summary(tmp_path / "runs" / "c")["metrics"]["center"]
     assert abs(centre - TOOTH_CENTRE) < 0.2, centre
+    assert "warning:" not in capsys.readouterr().out  # the mirror agrees with these angles
 
 
-def test_tomo_center_reads_the_raw_scan_itself(real_data, tmp_path):
+def test_tomo_center_reads_the_raw_scan_itself(real_data, tmp_path, capsys):
     """``tomo center --input tooth.h5``: the raw frames normalised on the way in, with no
     store written first and no option (the file gives no pixel size, and the centre needs
-    none); the stored angles (180/181-degree steps) put the axis at 295.84."""
+    none); the stored angles (180/181-degree steps) put the axis at 295.84, and a warning
+    says that the projections disagree with them."""
     tooth = real_data / "tomo" / "aps_tooth" / "tooth.h5"
     assert main(["tomo", "center", "--input", str(tooth), "--name", "c", "--output-dir",
                  str(tmp_path / "runs"), *COMMON]) == 0
     summary = load_summary(tmp_path / "runs" / "c")
     assert abs(summary["metrics"]["center"] - TOOTH_CENTRE) < 0.5
     assert [i["path"] for i in summary["inputs"]] == [str(tooth)]
+    # the stored angles put the mirror of view 0 a view past the last, the projections at
+    # view 180: the warning names the step they imply and the option that sets the angles
+    warning = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("warning:")]
+    assert len(warning) == 1 and "the projections at view 179.9" in warning[0], warning
+    assert "1.000" in warning[0] and "the file says 0.9945" in warning[0]
+    assert "--angles FILE" in warning[0]
 
 
 def _fbp(sinogram: np.ndarray, theta: np.ndarray, centre: float, n: int) -> np.ndarray:

@@ -176,6 +176,33 @@ def test_a_row_that_disagrees_is_left_out_not_fitted_as_a_tilt():
         == set()
 
 
+@pytest.mark.parametrize("span", [np.pi, 2 * np.pi])
+def test_stored_angles_that_disagree_with_the_mirror_are_warned_about(span):
+    """Views 1 degree apart (181 of them over 0..180, or 361 over a full turn) whose stored
+    angles step by 180/181 degrees: the mirror of the first view is at view 180 by the
+    projections, at 181 (past the last view) by the stored angles, and the warning says so
+    with the step the projections imply; with the true angles there is no warning."""
+    views = int(round(np.degrees(span))) + 1
+    true = np.radians(np.arange(views, dtype=np.float64))
+    # discs far from the axis, as a real sample's edges are: they move between views
+    u = np.arange(128)[None, :] - 63.5
+    stack = np.zeros((views, 1, 128))
+    for x, y, r in ((30.0, 0.0, 6.0), (-20.0, 15.0, 4.0), (5.0, -25.0, 5.0)):
+        u0 = (x * np.cos(true) + y * np.sin(true))[:, None]
+        stack[:, 0] += 2 * np.sqrt(np.clip(r * r - (u - u0) ** 2, 0, None))
+    stored = true * 180 / 181
+    for angles, warned in ((stored, True), (true, False)):
+        result = centre.find_center(da.from_array(stack), angles, rows=[0])
+        assert (result.angles_warning is not None) == warned, result.angles_warning
+        found, predicted = result.rows[0].mirror
+        assert found == pytest.approx(180.0, abs=0.1)
+        assert predicted == pytest.approx(181.0 if warned else 180.0, abs=1e-6)
+    assert "1.0000-degree steps, the file says 0.9945" in centre.find_center(
+        da.from_array(stack), stored, rows=[0]).angles_warning
+    # a scan short of half a turn has no mirror to look at
+    assert centre.mirror_view(stack[:150, 0], true[:150], 63.5) is None
+
+
 def test_tomo_center_writes_center_json(scan, tmp_path):
     store, _ = scan
     assert main(["tomo", "center", "--input", str(store), *COMMON, "--output-dir",

@@ -41,6 +41,8 @@ def search_in_run(run: Run, client: distributed.Client, projections: Any, geomet
     out.write_text(json.dumps(center_record(found, geometry, str(source)), indent=2))
     run.metric(**center_metrics(found, geometry))
     print(describe(found), flush=True)
+    if found.angles_warning:
+        print(f"warning: {found.angles_warning}", flush=True)
     return found
 
 

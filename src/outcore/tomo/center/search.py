@@ -77,6 +77,11 @@ TILT_PIXELS = 0.25
 #: turned the volume against the truth (r -0.46).
 OUTLIER_PIXELS = 1.0
 FIX = "pass the centre yourself: --center VALUE (the axis column in pixels)"
+#: The mirror check: views looked at either side of where the stored angles put the mirror
+#: of the first view, and the difference (in views) between that place and the projections'
+#: own that makes a warning (the APS tooth's stored theta is off by one view at the end).
+MIRROR_VIEWS = 3
+MIRROR_WARN_VIEWS = 0.5
 
 
 # --- conventions ------------------------------------------------------------------------------
@@ -226,6 +231,68 @@ def half_turn(sinogram: np.ndarray, angles: np.ndarray) -> np.ndarray:
     return sinogram[order[ordered < ordered[0] + np.pi - 0.5 * step]]
 
 
+# --- the stored angles against the projections ----------------------------------------------
+
+
+def mirror_view(sinogram: np.ndarray, angles: np.ndarray, center: float
+                ) -> tuple[float, float] | None:
+    """Where the first view's mirror lies among the views, as a fractional view index: as
+    the projections say and as the stored ``angles`` (radians) say (past the last view, at
+    the last step). The projections' place: the mirror (about each centre within 2 px of
+    ``center``, 0.05 px apart) is fitted as ``(1 - t) v[k-1] + t v[k]`` for each pair of
+    neighbouring views near the predicted place (``t`` from -1 to 2, so up to a view past
+    either), and the best fit gives ``k - 1 + t``. None when the scan ends more than two
+    steps short of half a turn from its first view, or no pair explains the mirror clearly
+    (the best fit leaves more than half the mismatch of the mirror with the least like of
+    the views looked at: the mirror is not among them)."""
+    order = np.argsort(angles)
+    ordered, views = np.asarray(angles, np.float64)[order], sinogram[order]
+    n, nu = views.shape
+    step = float(np.median(np.diff(ordered))) if n > 1 else 0.0
+    target = ordered[0] + np.pi
+    if n < 4 or step <= 0 or target > ordered[-1] + 2 * step:
+        return None
+    predicted = (float(np.interp(target, ordered, np.arange(n))) if target <= ordered[-1]
+                 else (n - 1) + (target - ordered[-1]) / step)
+    columns = np.arange(nu)
+    mirrors = np.stack([np.interp(2 * c - columns, columns, views[0])
+                        for c in center + np.linspace(-2, 2, 81)])
+    best: tuple[float, float] | None = None  # residual, place
+    worst = 0.0  # the largest mismatch of the mirror with a view looked at
+    for k in range(max(1, math.floor(predicted) - MIRROR_VIEWS),
+                   min(n, math.ceil(predicted) + MIRROR_VIEWS + 1)):
+        before, change = views[k - 1], views[k] - views[k - 1]
+        worst = max(worst, float(((mirrors - before) ** 2).sum(axis=1).min()))
+        scale = float((change ** 2).sum())
+        if scale <= 0:
+            continue
+        t = np.clip(((mirrors - before) * change).sum(axis=1) / scale, -1.0, 2.0)
+        residual = ((mirrors - before - t[:, None] * change) ** 2).sum(axis=1)
+        i = int(np.argmin(residual))
+        if best is None or residual[i] < best[0]:
+            best = (float(residual[i]), k - 1 + float(t[i]))
+    if best is None or best[0] > 0.5 * worst:
+        return None
+    return best[1], predicted
+
+
+def angles_warning(mirrors: list[tuple[float, float]], angles: np.ndarray) -> str | None:
+    """A warning when the projections put the first view's mirror ``MIRROR_WARN_VIEWS`` or
+    more from where the stored angles put it (the median over the rows' ``mirror_view``),
+    with the step the projections imply; None when they agree."""
+    if not mirrors:
+        return None
+    found, predicted = (float(np.median([m[i] for m in mirrors])) for i in (0, 1))
+    if abs(found - predicted) < MIRROR_WARN_VIEWS or found <= 0:
+        return None
+    ordered = np.sort(np.degrees(np.asarray(angles, np.float64)))
+    stored = float(np.median(np.diff(ordered)))
+    return (f"the stored angles put the mirror of the first view at view {predicted:.2f}, the"
+            f" projections at view {found:.2f}: the scan looks like {180 / found:.4f}-degree"
+            f" steps, the file says {stored:.4f}. If the projections are right, give their"
+            " angles with --angles FILE (a text or .npy file, one angle a view)")
+
+
 # --- registration of opposite projections (full turn) -----------------------------------------
 
 
@@ -283,12 +350,15 @@ def center_opposite(sinogram: np.ndarray, angles: np.ndarray) -> tuple[float, fl
 @dataclass(frozen=True)
 class RowCenter:
     """The centre found on one sinogram: ``center`` in pixels (None when not found),
-    ``quality`` (Vo: contrast; opposite: match) and why it was not found or not used."""
+    ``quality`` (Vo: contrast; opposite: match), why it was not found or not used, and
+    ``mirror``: where the first view's mirror lies, by the projections and by the stored
+    angles (``mirror_view``)."""
 
     row: int
     center: float | None
     quality: float
     problem: str | None = None
+    mirror: tuple[float, float] | None = None
 
     @property
     def used(self) -> bool:
@@ -314,7 +384,7 @@ def row_center(sinogram: np.ndarray, angles: np.ndarray, row: int, method: Metho
     if not clear:
         return RowCenter(row, None, quality, "no clear minimum" if method == "vo"
                          else "no clear correlation peak")
-    return RowCenter(row, center, quality)
+    return RowCenter(row, center, quality, mirror=mirror_view(sinogram, angles, center))
 
 
 def _block_center(block: np.ndarray, angles: np.ndarray, row: int, method: Method,
@@ -337,7 +407,8 @@ class Tilt:
 @dataclass(frozen=True)
 class Center:
     """What :func:`find_center` found: the centre at the detector's middle row (from the
-    tilt fit when there are two rows or more), the method, the rows and the fit."""
+    tilt fit when there are two rows or more), the method, the rows and the fit, and a
+    warning when the projections disagree with the stored angles (``angles_warning``)."""
 
     center: float
     method: Method
@@ -346,6 +417,7 @@ class Center:
     tilt: Tilt | None
     detector_rows: int
     detector_columns: int
+    angles_warning: str | None = None
 
     def record(self) -> dict[str, Any]:
         """``center.json``: the centre, the method, per slice range and the tilt."""
@@ -356,6 +428,7 @@ class Center:
             "ranges": [{"rows": list(span), **asdict(found[row])}
                        for row, span in zip(sorted(found), self.ranges, strict=True)],
             "tilt": None if self.tilt is None else asdict(self.tilt),
+            "angles_warning": self.angles_warning,
         }
 
 
@@ -445,7 +518,8 @@ def find_center(projections: Any, angles: np.ndarray, client: Any = None,
                     [r.quality for r in good])
     middle = (nv - 1) / 2
     center = good[0].center if tilt is None else tilt.intercept + tilt.slope * middle
-    return Center(float(center), chosen, found, _ranges(rows, nv), tilt, nv, nu)
+    warning = angles_warning([r.mirror for r in good if r.mirror is not None], angles)
+    return Center(float(center), chosen, found, _ranges(rows, nv), tilt, nv, nu, warning)
 
 
 def memory(n_views: int, nu: int, rows: int = DEFAULT_ROWS) -> TaskMemory:
