@@ -113,7 +113,10 @@ def test_refusals_before_the_cluster_starts(tmp_path, manifest, capsys):
     assert "--stamp 20 must be odd" in capsys.readouterr().err
     assert _run(runs, "x", "--manifest", str(manifest), "--reference", "a.fits") == 1
     assert "not both" in capsys.readouterr().err
-    assert _run(runs, "x", "--manifest", str(manifest), "--memory-limit", "400MiB",
+    # under a difference-imaging worker's own baseline (300 MiB): refused as such
+    assert _run(runs, "x", "--manifest", str(manifest), "--memory-limit", "400MiB") == 1
+    assert "--memory-limit 500MiB or more" in capsys.readouterr().err
+    assert _run(runs, "x", "--manifest", str(manifest), "--memory-limit", "500MiB",
                 "--tile", "4096") == 1
     assert "does not fit" in capsys.readouterr().err
     record = json.loads(manifest.read_text())

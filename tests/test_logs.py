@@ -69,6 +69,7 @@ def test_the_comms_size_probe_of_a_deep_message_is_quiet_and_other_failures_are_
     give up; distributed's comm asks with a default of -1 only to pick a thread, which the
     demo used to print as a warning. Other failed estimates still warn."""
     import logging
+    import sys
 
     from distributed.sizeof import safe_sizeof
 
@@ -76,7 +77,9 @@ def test_the_comms_size_probe_of_a_deep_message_is_quiet_and_other_failures_are_
 
     deep: dict = {}
     node = deep
-    for _ in range(500):  # deeper than dask's sizeof recursion gives up at
+    # deeper than the interpreter's recursion limit, where dask's sizeof gives up (a fixed
+    # 500 was not, after test_layers had raised the limit in the same process)
+    for _ in range(sys.getrecursionlimit() + 100):
         node["child"] = {}
         node = node["child"]
     quiet_size_probes()
