@@ -134,6 +134,10 @@ def test_tiff_directory_of_single_pages(tmp_path, pattern):
     out = convert(source, tmp_path / "v.zarr", layout="volume", attrs={"voxel_size": "2e-6"},
                   frames_per_chunk=5)
     np.testing.assert_array_equal(outcore.open(out).volume.values, vol)
+    # one frame by its index, as xarray asks for it (dask hands the reader an int)
+    lazy = read_tiff(source, layout="volume", frames_per_chunk=5).volume
+    np.testing.assert_array_equal(lazy[7].values, vol[7])
+    np.testing.assert_array_equal(lazy[-1, 1].values, vol[-1, 1])
 
 
 @pytest.mark.parametrize("pattern", ["{dir}", "{dir}/e_*.fits"])
@@ -152,6 +156,7 @@ def test_fits_directory_or_glob_of_images(tmp_path, pattern):
     read = read_fits(source, layout="volume", frames_per_chunk=4).volume
     assert read.chunks[0] == (4, 4, 3)
     np.testing.assert_array_equal(read.values, counts)
+    np.testing.assert_array_equal(read[10].values, counts[10])
     with fits.open(folder / "e_7.fits") as hdul:
         assert read.dtype == native(hdul["SCI"].data.dtype) == np.uint16
 

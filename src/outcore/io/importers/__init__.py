@@ -94,9 +94,15 @@ class FrameReader:
         """Frames ``start:stop``, shape ``(stop - start, *shape[1:])``."""
         raise NotImplementedError
 
-    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
-        """A block as dask asks for it: contiguous frames, any slices of each frame."""
+    def __getitem__(self, key: tuple[slice | int, ...]) -> np.ndarray:
+        """A block as dask asks for it: contiguous frames (or one frame, by its index, which
+        dask passes down for ``stack[3]``), any slices of each frame."""
         key = key if isinstance(key, tuple) else (key,)
+        if key and isinstance(key[0], int | np.integer):
+            index = int(key[0]) + (self.shape[0] if key[0] < 0 else 0)
+            if not 0 <= index < self.shape[0]:
+                raise IndexError(f"frame {key[0]} of {self.shape[0]}")
+            return self[(slice(index, index + 1), *key[1:])][0]
         start, stop, step = (key[0] if key else slice(None)).indices(self.shape[0])
         if step != 1:
             raise IndexError(f"{type(self).__name__} reads contiguous frames only (step 1).")
