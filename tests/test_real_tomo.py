@@ -97,3 +97,31 @@ def test_the_tooth_reconstructed_from_its_raw_file_matches_an_independent_fbp(
         ours = volume[row]
         theirs = _fbp(line_integrals[:, row], theta, centre, ours.shape[0])
         assert np.corrcoef(ours.ravel(), theirs.ravel())[0, 1] >= 0.97
+
+
+def test_the_diad_nxtomo_file_with_its_external_links(real_data, tmp_path):
+    """Diamond DIAD: the frames an external link into the detector's file, the keys in the
+    master file, the encoder's angles an external link into another file, two links that
+    dangle. Its projections equal -log((raw - dark) / (flat - dark)) written here from the
+    detector's own file (the mean of the flats before and after, and of the darks) to 1e-3,
+    at the encoder's angles."""
+    h5py = pytest.importorskip("h5py")
+    folder = real_data / "tomo" / "diamond_diad_k11_18014"
+    out = tmp_path / "diad.zarr"
+    assert main(["tomo", "convert", str(folder / "k11-18014.nxs"), str(out), "--dataset",
+                 "/entry/imaging/data", "--image-key", "/entry/instrument/imaging/image_key",
+                 "--angles", "/entry/imaging_sum/gts_theta_value", "--output-dir",
+                 str(tmp_path / "runs"), *COMMON]) == 0
+    with h5py.File(folder / "k11-18014.nxs", "r") as f:
+        keys = f["/entry/instrument/imaging/image_key"][()]
+    with h5py.File(folder / "k11-18014" / "k11-18014-imaging.h5", "r") as f:
+        raw = f["/entry/detector/detector"][()].astype(np.float64)
+    with h5py.File(folder / "k11-18014" / "k11-18014-pcompPanda.h5", "r") as f:
+        degrees = f["/entry/gts_theta.value/gts_theta.value"][()]
+    flat, dark = raw[keys == 1].mean(axis=0), raw[keys == 2].mean(axis=0)
+    expected = -np.log((raw[keys == 0] - dark) / (flat - dark))
+    stored = xr.open_zarr(out, consolidated=False)
+    assert stored["projections"].shape == (3001, 22, 26)
+    np.testing.assert_allclose(stored["projections"].values, expected, rtol=0, atol=1e-3)
+    np.testing.assert_allclose(np.degrees(stored["angles"].values), degrees[keys == 0])
+    assert np.degrees(stored["angles"].values[[0, -1]]).round(2).tolist() == [90.0, 269.99]

@@ -254,3 +254,49 @@ def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
                        *runs_dir)
         assert f"{flag} applies to raw beamline scans only" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_frames_behind_an_external_link_with_keys_in_the_master_file(scan, tmp_path, capsys,
+                                                                    monkeypatch):
+    """A DIAD-like master file: the frames an external link into the detector's own file in
+    a folder beside it, the keys in the master file beside the link (not beside the link's
+    target), the angles an external link into another file, and a third link whose file is
+    not there. The link resolves from the master's folder whatever the working folder, the
+    dangling one is ignored, and a dangling link asked for is named in one line."""
+    frames, degrees = scan["frames"].astype(np.float32), np.linspace(0, 180, KEYS.size)
+    (tmp_path / "scan").mkdir()
+    with h5py.File(tmp_path / "scan" / "scan-imaging.h5", "w") as f:
+        f["/entry/detector/detector"] = frames
+    with h5py.File(tmp_path / "scan" / "scan-panda.h5", "w") as f:
+        f["/entry/theta/value"] = degrees
+    with h5py.File(tmp_path / "scan.nxs", "w") as f:
+        f["/entry/instrument/imaging/data"] = h5py.ExternalLink(
+            "scan/scan-imaging.h5", "/entry/detector/detector")
+        f["/entry/instrument/imaging/image_key"] = KEYS
+        f["/entry/imaging/data"] = h5py.ExternalLink("scan/scan-imaging.h5",
+                                                     "/entry/detector/detector")
+        f["/entry/imaging/theta"] = h5py.ExternalLink("scan/scan-panda.h5",
+                                                      "/entry/theta/value")
+        f["/entry/imaging/theta_set"] = h5py.ExternalLink("scan/missing.h5", "/entry/set")
+    runs = ["--output-dir", str(tmp_path / "runs"), "--cluster", "threads", "--no-progress"]
+    beside = ["--angles", "/entry/imaging/theta", "--attr", f"detector_pixel_size={VOXEL}",
+              "--flat-mode", "linear"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the links resolve from the master file's folder
+    for name, args in (("beside", ["--dataset", "/entry/instrument/imaging/data"]),
+                       ("named", ["--dataset", "/entry/imaging/data", "--image-key",
+                                  "/entry/instrument/imaging/image_key"])):
+        out = tmp_path / f"{name}.zarr"
+        assert main(["tomo", "convert", str(tmp_path / "scan.nxs"), str(out), *args, *beside,
+                     *runs]) == 0
+        ds = outcore.open(out)
+        np.testing.assert_allclose(np.degrees(ds["angles"].values), degrees[PROJ])
+        np.testing.assert_allclose(ds["projections"].values, scan["p"], rtol=1e-3, atol=1e-3)
+    capsys.readouterr()
+    assert main(["tomo", "convert", str(tmp_path / "scan.nxs"), str(tmp_path / "x.zarr"),
+                 "--dataset", "/entry/instrument/imaging/data", "--angles",
+                 "/entry/imaging/theta_set", *runs]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'/entry/imaging/theta_set' is an external link to" in err[0]
+    assert "'scan/missing.h5', which cannot be opened" in err[0]

@@ -79,6 +79,25 @@ IMPORTER = Importer("hdf5", (".h5", ".hdf5", ".hdf", ".nxs", ".nx5"),
                     ("dataset", "dims", "arrays", "frames_per_chunk"), read_hdf5)
 
 
+#: The fix of an external link whose file is not there.
+DANGLING_FIX = ("copy the linked file beside the master file, where the link's relative path"
+                " points, or pass another dataset.")
+
+
+def dangling_link(f: Any, name: str, h5py: Any) -> str | None:
+    """Words naming the external link at ``name`` when its target cannot be opened (a
+    master file copied without its detector files), else None. h5py resolves a link's file
+    relative to the master file's folder first."""
+    try:
+        link = f.get(name, getlink=True)
+    except (KeyError, ValueError):
+        return None
+    if not isinstance(link, h5py.ExternalLink):
+        return None
+    return (f"{name!r} is an external link to {link.path!r} in {link.filename!r}, which cannot"
+            " be opened (no such file beside the master file, or no such dataset in it)")
+
+
 def _dataset(f: Any, dataset: str | None, path: Any, h5py: Any) -> Any:
     """The h5py Dataset asked for, or LayoutError listing the datasets the file has."""
     found: list[Any] = []
@@ -92,6 +111,9 @@ def _dataset(f: Any, dataset: str | None, path: Any, h5py: Any) -> Any:
         node = f.get(dataset)
         if isinstance(node, h5py.Dataset):
             return node
+        dangling = dangling_link(f, dataset, h5py)
+        if dangling:
+            raise LayoutError(f"{str(path)!r}: {dangling}.", DANGLING_FIX)
         problem = f"{str(path)!r} has no dataset {dataset!r}."
     listing = ", ".join(f"{node.name} {node.shape} {node.dtype}" for node in found[:30])
     more = f" and {len(found) - 30} more" if len(found) > 30 else ""

@@ -31,7 +31,7 @@ import xarray as xr
 from outcore.checks import existing_path
 from outcore.errors import LayoutError
 from outcore.io.importers import native, require
-from outcore.io.importers.hdf5 import HDF5Frames, _dataset
+from outcore.io.importers.hdf5 import DANGLING_FIX, HDF5Frames, _dataset
 from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.raw import angles as angle_file
 from outcore.tomo.raw import nxtomo
@@ -155,6 +155,7 @@ def read_nxtomo(
     dataset: str | None = None,
     angles: str | None = None,
     angles_unit: Literal["degree", "radian"] | None = None,
+    image_key: str | None = None,
     darks: bool = True,
     flat_mode: str = "mean",
     geometry: str = "parallel",
@@ -173,7 +174,8 @@ def read_nxtomo(
     skipped. ``flat_mode`` (``mean``, ``nearest``, ``linear``) says how the groups make the
     flat and dark of each projection (``linear``: interpolated in time, by frame index,
     between the groups around it). ``dataset`` picks the frames when the file holds several
-    entries; ``angles`` another angle dataset (per frame or per projection); ``darks=False``
+    entries; ``angles`` another angle dataset (per frame or per projection), or a file of
+    them; ``image_key`` the keys' path where the entry does not hold them; ``darks=False``
     takes the dark as zero. The pixel size, the detector's distance (``propagation_distance``
     for parallel beam, ``detector_distance`` for cone) and the energy (``energy_kev``) come
     from the file unless given here or in ``attrs``. Raises ``LayoutError`` naming the fix.
@@ -184,7 +186,7 @@ def read_nxtomo(
         raise LayoutError(f"flat_mode={flat_mode!r} is not one of {nxtomo.FLAT_MODES}.",
                           "pass --flat-mode mean, nearest or linear.")
     scan = nxtomo.read_scan(path, dataset=dataset, angles=angles, angles_unit=angles_unit,
-                            darks=darks, flat_mode=flat_mode)
+                            darks=darks, flat_mode=flat_mode, image_key=image_key)
     found = dict(scan.found)
     given = dict(attrs or {})
     distance = found.pop("detector_distance", None)
@@ -224,6 +226,7 @@ def _named(f: Any, name: str, role: str, path: Any, h5py: Any) -> Any:
         flag = "--dataset" if role == "data" else f"--{role}"
         raise LayoutError(
             f"The {role} of the scan: {err.problem}",
+            err.fix if err.fix == DANGLING_FIX else
             f"pass {role}= one of those internal paths (outcore tomo convert: "
             f"{flag} PATH)" + (", or darks=None (--darks none) for a scan without darks."
                                if role == "darks" else "."),

@@ -18,6 +18,7 @@ block only its own frames. ``outcore.tomo.raw.beamline`` turns the result into t
 from __future__ import annotations
 
 import math
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from outcore.errors import LayoutError
 from outcore.io.importers import require
-from outcore.io.importers.hdf5 import HDF5Frames
+from outcore.io.importers.hdf5 import DANGLING_FIX, HDF5Frames, dangling_link
 from outcore.tomo.raw import angles as angle_file
 
 PROJECTION, FLAT, DARK, INVALID = 0, 1, 2, 3
@@ -187,24 +188,30 @@ class Entry:
     angles: str | None
 
 
-def find_entry(f: Any, dataset: str | None, h5py: Any) -> Entry | None:
+def find_entry(f: Any, dataset: str | None, h5py: Any,
+               image_key: str | None = None) -> Entry | None:
     """The NXtomo scan of the file (the one whose frames are ``dataset`` when given), or None
     when the file has none (then it is read as Data Exchange). Refuses a file with several
-    NXtomo entries and no ``dataset`` to choose."""
+    NXtomo entries and no ``dataset`` to choose.
+
+    Paths are the master file's own: frames behind an external link (a detector's file
+    beside the master) are found by the link's path, and their ``image_key`` beside the link,
+    in the master file, not beside the link's target; ``image_key`` names it outright."""
     entries: list[Any] = []
     f.visititems(lambda _, obj: entries.append(obj)
                  if isinstance(obj, h5py.Group) and is_nxtomo(obj, h5py) else None)
     if dataset is not None:
-        node = f.get(dataset)
-        if not isinstance(node, h5py.Dataset):
+        path = "/" + dataset.strip("/")
+        if not isinstance(f.get(path), h5py.Dataset):
             return None
-        around = [g for g in entries if node.name.startswith(g.name.rstrip("/") + "/")]
-        entry = around[-1] if around else node.parent
-        key = node.parent.get("image_key")
-        key_path = key.name if isinstance(key, h5py.Dataset) else _first(entry, KEY_PATHS, h5py)
+        parent = f[posixpath.dirname(path)]
+        around = [g for g in entries if path.startswith(g.name.rstrip("/") + "/")]
+        entry = around[-1] if around else parent
+        key_path = (image_key or _first(parent, ("image_key",), h5py)
+                    or _first(entry, KEY_PATHS, h5py))
         if key_path is None:
             return None
-        return Entry(entry.name, node.name, key_path, _first(entry, ANGLE_PATHS, h5py))
+        return Entry(entry.name, path, key_path, _first(entry, ANGLE_PATHS, h5py))
     if not entries:
         return None
     if len(entries) > 1:
@@ -217,15 +224,17 @@ def find_entry(f: Any, dataset: str | None, h5py: Any) -> Entry | None:
     if data is None:
         raise LayoutError(f"The NXtomo entry {entry.name!r} has no frames at "
                           f"{' or '.join(DATA_PATHS)}.", "pass --dataset the frames' path.")
-    return Entry(entry.name, data, _first(entry, KEY_PATHS, h5py) or "",
+    return Entry(entry.name, data, image_key or _first(entry, KEY_PATHS, h5py) or "",
                  _first(entry, ANGLE_PATHS, h5py))
 
 
 def _first(group: Any, paths: tuple[str, ...], h5py: Any) -> str | None:
+    """The master file's path of the first of ``paths`` under ``group`` that is a dataset
+    (through an external link too: the link's path, never its target's); a link that does
+    not resolve (its file is not there) is passed over."""
     for p in paths:
-        node = group.get(p)
-        if isinstance(node, h5py.Dataset):
-            return node.name
+        if isinstance(group.get(p), h5py.Dataset):
+            return f"{group.name.rstrip('/')}/{p}"
     return None
 
 
@@ -283,16 +292,21 @@ class Scan:
 
 
 def read_scan(path: Any, *, dataset: str | None, angles: str | None, angles_unit: str | None,
-              darks: bool, flat_mode: str) -> Scan:
+              darks: bool, flat_mode: str, image_key: str | None = None) -> Scan:
     """Read an NXtomo file's keys, angles, flats, darks and geometry (never its projections).
 
     ``darks=False`` takes the dark as zero (the file's dark frames, if any, are not used).
+    ``image_key``: the keys' path, where the entry does not keep them at the usual places.
     Raises ``LayoutError`` naming the fix for a file without an NXtomo entry, bad keys, no
     projections, no flats, no darks (unless ``darks=False``) or mismatched angles.
     """
     h5py = require("h5py")
     with h5py.File(path, "r") as f:
-        entry = find_entry(f, dataset, h5py)
+        if image_key is not None and not isinstance(f.get(image_key), h5py.Dataset):
+            raise LayoutError(f"--image-key {image_key!r} is not a dataset of {str(path)!r}.",
+                              "pass --image-key the path of the frames' keys (0 projection, 1 "
+                              "flat, 2 dark), e.g. /entry/instrument/detector/image_key.")
+        entry = find_entry(f, dataset, h5py, image_key)
         if entry is None or not entry.image_key:
             raise LayoutError(f"{str(path)!r} has no NXtomo entry with an image_key.",
                               "pass --dataset the frames of an NXtomo entry, or the Data "
@@ -320,7 +334,7 @@ def read_scan(path: Any, *, dataset: str | None, angles: str | None, angles_unit
         theta, unit = _angles(f, entry, angles, angles_unit, frames, node.shape[0], h5py)
         found = _geometry(f, entry.entry, h5py)
         reader = SelectedFrames((frames.projections.size, *node.shape[1:]),
-                                np.dtype(node.dtype).newbyteorder("="), str(path), node.name,
+                                np.dtype(node.dtype).newbyteorder("="), str(path), entry.data,
                                 runs(frames.projections))
     flat_groups = frames.flats
     dark_groups = frames.darks if darks else [frames.projections]
@@ -351,6 +365,9 @@ def _angles(f: Any, entry: Entry, angles: str | None, angles_unit: str | None, f
         values, where, unit = angle_file.read_file(name), repr(name), "degree"
     else:
         node = f.get(name) if name else None
+        dangling = dangling_link(f, name, h5py) if name and node is None else None
+        if dangling:
+            raise LayoutError(f"The angles: {dangling}.", DANGLING_FIX)
         if not isinstance(node, h5py.Dataset):
             raise LayoutError(f"The NXtomo entry {entry.entry!r} has no rotation angles at "
                               f"{name or ' or '.join(ANGLE_PATHS)}.",

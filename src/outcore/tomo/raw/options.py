@@ -16,7 +16,8 @@ from outcore.tomo.raw import nxtomo
 
 #: The options of a raw scan both verbs share (argparse destination -> flag).
 SHARED = {"flats": "--flats", "darks": "--darks", "angles": "--angles",
-          "angles_unit": "--angles-unit", "flat_mode": "--flat-mode"}
+          "angles_unit": "--angles-unit", "flat_mode": "--flat-mode",
+          "image_key": "--image-key"}
 #: Those ``tomo reconstruct`` adds (``tomo convert`` has its own).
 SOURCE = {"dataset": "--dataset", "attr": "--attr", "frames_per_chunk": "--frames-per-chunk"}
 
@@ -48,6 +49,9 @@ def add_arguments(group: argparse._ArgumentGroup, *, source_options: bool) -> No
                             "a .txt/.dat/.csv/.npy file of one angle per frame or projection")
     group.add_argument("--angles-unit", default=argparse.SUPPRESS, choices=("deg", "rad"),
                        help="unit of --angles (default deg, or NXtomo's units attr)")
+    group.add_argument("--image-key", default=argparse.SUPPRESS, metavar="PATH",
+                       help="NXtomo: HDF5 path of the frames' keys (0 projection, 1 flat, 2 "
+                            "dark), where the entry does not keep them beside the frames")
     group.add_argument("--flat-mode", default=argparse.SUPPRESS, choices=nxtomo.FLAT_MODES,
                        help="NXtomo: the flat and dark of a projection from groups taken "
                             "before and after: mean of all, the nearest group in time, or "

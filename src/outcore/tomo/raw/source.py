@@ -51,6 +51,7 @@ def read_beamline_source(
     angles: str | None = None,
     angles_unit: str | None = None,
     flat_mode: str | None = None,
+    image_key: str | None = None,
     attrs: Mapping[str, Any] | None = None,
     frames_per_chunk: int | None = None,
     **refused: Any,
@@ -62,8 +63,9 @@ def read_beamline_source(
     ``image_key``; Data Exchange otherwise, with its paths by default
     (:data:`outcore.tomo.raw.beamline.DXCHANGE`; ``darks="none"``: no darks).
     ``angles_unit`` is ``deg`` or ``rad``; ``flat_mode`` ``mean`` (default), ``nearest`` or
-    ``linear`` (NXtomo only). ``attrs`` (strings parsed as by ``--attr``) give or override
-    the geometry: ``detector_pixel_size`` (without it and without one in the file, a
+    ``linear`` (NXtomo only); ``image_key`` the NXtomo keys' path where the entry does not
+    hold them (it makes the file NXtomo). ``attrs`` (strings parsed as by ``--attr``) give or
+    override the geometry: ``detector_pixel_size`` (without it and without one in the file, a
     parallel-beam scan is measured in pixels: ``length_unit`` ``pixel``), ``geometry``
     (default ``parallel``), ``source_distance`` and ``detector_distance`` (cone), and any
     other attr.
@@ -98,7 +100,7 @@ def read_beamline_source(
     geometry = {key: extra.pop(key) for key in beamline.GEOMETRY_ATTRS if key in extra}
     geometry.setdefault("geometry", "parallel")
     no_darks = darks is not None and darks.lower() == "none"
-    if _is_nxtomo(source, dataset):
+    if image_key is not None or _is_nxtomo(source, dataset):
         for value, flag in ((flats, "--flats"), (None if no_darks else darks, "--darks")):
             if value is not None:
                 raise LayoutError(
@@ -106,8 +108,9 @@ def read_beamline_source(
                     "NXtomo: its flats and darks are the frames with image_key 1 and 2.",
                     f"drop {flag} (--darks none still takes the dark as zero).")
         ds = beamline.read_nxtomo(source, dataset=dataset, angles=angles, angles_unit=unit,
-                                  darks=not no_darks, flat_mode=flat_mode or "mean",
-                                  attrs=extra, frames_per_chunk=frames_per_chunk, **geometry)
+                                  image_key=image_key, darks=not no_darks,
+                                  flat_mode=flat_mode or "mean", attrs=extra,
+                                  frames_per_chunk=frames_per_chunk, **geometry)
         invalid = ds["projections"].attrs["frames"]["invalid"]
         if invalid:
             print(f"note: {invalid} frames of {str(source)!r} have image_key 3 (invalid) "
