@@ -78,7 +78,7 @@ def read_beamline_hdf5(
     if angles_unit not in ("degree", "radian"):
         raise LayoutError(f"angles_unit={angles_unit!r} is not a unit of angle.",
                           "pass angles_unit='degree' or angles_unit='radian'.")
-    layout_attrs = _layout_attrs(geometry, detector_pixel_size, source_distance,
+    layout_attrs = scan_attrs(geometry, detector_pixel_size, source_distance,
                                  detector_distance, attrs)
     with h5py.File(path, "r") as f:
         node = _named(f, data, "data", path, h5py)
@@ -112,7 +112,7 @@ def read_beamline_hdf5(
                        eps=eps, frames_per_chunk=frames_per_chunk, flat_mode="mean")
 
 
-def _layout_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
+def scan_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
                   detector_distance: Any, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The layout's attrs of a raw scan, refusing a cone without its pixel size and
     distances, and distances that are not numbers. A parallel-beam scan that gives no pixel
@@ -201,7 +201,7 @@ def read_nxtomo(
         given.setdefault("energy_kev", found.pop("energy_kev"))
     pixel = detector_pixel_size if detector_pixel_size is not None else found.get(
         "detector_pixel_size")
-    layout_attrs = _layout_attrs(geometry, pixel, source_distance, detector_distance, given)
+    layout_attrs = scan_attrs(geometry, pixel, source_distance, detector_distance, given)
     radians = np.deg2rad(scan.angles) if scan.angle_unit == "degree" else scan.angles
     return normalised(scan.reader, scan.flats, scan.flat_weights, scan.darks,
                        scan.dark_weights, radians, layout_attrs, eps=eps,

@@ -21,8 +21,7 @@ import xarray as xr
 
 from outcore.backend import array_namespace
 from outcore.errors import LayoutError
-from outcore.io.importers import frames_dataset
-from outcore.io.importers.hdf5 import HDF5Frames
+from outcore.io.importers import FrameReader, frames_dataset
 from outcore.plan import TaskMemory
 
 #: Smallest transmission kept before the log (a dead or saturated pixel gives -log(eps)).
@@ -73,14 +72,16 @@ def normalise_block(raw: Any, flat_weights: Any, flats: Any, dark_weights: Any, 
                      eps=eps)
 
 
-def normalised(reader: HDF5Frames, flats: np.ndarray, flat_weights: np.ndarray,
+def normalised(reader: FrameReader, flats: np.ndarray, flat_weights: np.ndarray,
                darks: np.ndarray, dark_weights: np.ndarray, radians: np.ndarray,
                layout_attrs: dict[str, Any], *, eps: float, frames_per_chunk: int | None,
-               flat_mode: str, counts: dict[str, int] | None = None) -> xr.Dataset:
+               flat_mode: str, counts: dict[str, int] | None = None,
+               source: str | None = None) -> xr.Dataset:
     """The lazy ``projections`` dataset: each block of ``reader``'s frames normalised by
     :func:`normalise_block` in the task that reads it. ``flats`` ``(K, v, u)`` and ``darks``
     are the group frames, ``flat_weights`` ``(n, K)`` (and ``dark_weights``) each frame's
-    weights; ``radians`` the angle of each frame; ``counts`` the frames of each kind."""
+    weights; ``radians`` the angle of each frame; ``counts`` the frames of each kind;
+    ``source`` names the frames in messages (default: the HDF5 file and dataset)."""
     if not any((flat - dark > 0).any() for flat in flats for dark in darks):
         raise LayoutError(
             "The flats minus the darks are zero or negative at every pixel, so no "
@@ -100,7 +101,8 @@ def normalised(reader: HDF5Frames, flats: np.ndarray, flat_weights: np.ndarray,
     projections = da.blockwise(normalise_block, "ijk", raw, "ijk", flat_w, "ig", flat_d, "gjk",
                                dark_w, "ih", dark_d, "hjk", concatenate=True, eps=eps,
                                dtype=np.float32, meta=np.empty((0, 0, 0), np.float32))
-    ds = frames_dataset(projections, "projections", f"{reader.path}:{reader.dataset}",
+    name = source or f"{reader.path}:{reader.dataset}"
+    ds = frames_dataset(projections, "projections", name,
                         dims=("view", "v", "u"), attrs=layout_attrs,
                         arrays={"angles": radians})
     ds["projections"].attrs.update(

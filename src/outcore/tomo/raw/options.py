@@ -38,11 +38,13 @@ def add_arguments(group: argparse._ArgumentGroup, *, source_options: bool) -> No
                            metavar="N", help="raw frames read per task (default: as many as "
                                              "the worker memory limit leaves room for)")
     group.add_argument("--flats", default=argparse.SUPPRESS, metavar="PATH",
-                       help="Data Exchange: HDF5 path of the flat (open-beam) frames "
-                            "(default /exchange/data_white)")
+                       help="the flat (open-beam) frames: Data Exchange, an HDF5 path "
+                            "(default /exchange/data_white); a TIFF scan, a file, folder or "
+                            "glob of TIFFs")
     group.add_argument("--darks", default=argparse.SUPPRESS, metavar="PATH",
-                       help="Data Exchange: HDF5 path of the dark frames (default "
-                            "/exchange/data_dark); 'none' for a scan without darks (dark = 0)")
+                       help="the dark frames: Data Exchange, an HDF5 path (default "
+                            "/exchange/data_dark); a TIFF scan, TIFF files as --flats; 'none' "
+                            "for a scan without darks (dark = 0)")
     group.add_argument("--angles", default=argparse.SUPPRESS, metavar="PATH",
                        help="the rotation angles: an HDF5 path in the scan (default "
                             "/exchange/theta, or the NXtomo entry's sample/rotation_angle), or "

@@ -21,23 +21,43 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
-from outcore.checks import key_values
+from outcore.checks import existing_path, key_values
 from outcore.errors import LayoutError, reading
 from outcore.io.convert import SUFFIXES, detect_format
 from outcore.io.importers import REWRITE_FIX, parse_attrs, require
+from outcore.io.importers.tiff import tiff_files
 from outcore.io.layouts import validate
 from outcore.plan import Resources, TaskMemory
 from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.memory import raw_frames_per_block
-from outcore.tomo.raw import beamline, normalise, nxtomo, options
+from outcore.tomo.raw import beamline, normalise, nxtomo, options, tiffscan
 
 UNITS = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
 
 
+def is_glob(source: str | PathLike[str]) -> bool:
+    """Whether ``source`` is a glob (of TIFF frames) rather than a path."""
+    return any(char in str(source) for char in "*?[")
+
+
+def scan_source(text: str | PathLike[str]) -> Path:
+    """A verb's ``--input``: an existing path, made absolute, or a glob of TIFF frames kept
+    as written once it matches a file (InputNotFoundError otherwise)."""
+    if is_glob(text):
+        tiff_files(text)
+        return Path(text)
+    return existing_path(text, "input").resolve()
+
+
 def is_raw_scan(path: str | PathLike[str]) -> bool:
-    """Whether ``path`` is a file with an HDF5 suffix (a raw scan, not a store)."""
+    """Whether ``path`` is a raw scan rather than a store: an HDF5 or TIFF file, a glob of
+    TIFF frames, or a folder of them."""
+    if is_glob(path):
+        return True
     path = Path(path)
-    return path.is_file() and SUFFIXES.get(path.suffix.lower()) == "hdf5"
+    if path.is_dir():
+        return detect_format(path) == "tiff"
+    return path.is_file() and SUFFIXES.get(path.suffix.lower()) in ("hdf5", "tiff")
 
 
 def read_beamline_source(
@@ -74,10 +94,10 @@ def read_beamline_source(
     never the projections.
     """
     fmt = detect_format(source) if format == "auto" else format
-    if fmt != "hdf5":
-        raise LayoutError(f"tomo convert reads HDF5 files; {str(source)!r} is read as {fmt}.",
-                          "point at the scan's HDF5 file, or pass --format hdf5 if its suffix "
-                          "is not .h5, .hdf5, .hdf, .nxs or .nx5.")
+    if fmt not in ("hdf5", "tiff"):
+        raise LayoutError(f"tomo convert reads HDF5 and TIFF scans; {str(source)!r} is read as"
+                          f" {fmt}.", "point at the scan's HDF5 file or TIFF frames, or pass "
+                          "--format hdf5 if its suffix is not .h5, .hdf5, .hdf, .nxs or .nx5.")
     if layout not in (None, "projections"):
         raise LayoutError(f"tomo convert makes the projections layout, not {layout!r}.",
                           "drop --layout (or pass --layout projections).")
@@ -100,7 +120,20 @@ def read_beamline_source(
     geometry = {key: extra.pop(key) for key in beamline.GEOMETRY_ATTRS if key in extra}
     geometry.setdefault("geometry", "parallel")
     no_darks = darks is not None and darks.lower() == "none"
-    if image_key is not None or _is_nxtomo(source, dataset):
+    if fmt == "tiff":
+        for value, flag in ((dataset, "--dataset"), (image_key, "--image-key"),
+                            (None if flat_mode in (None, "mean") else flat_mode, "--flat-mode")):
+            if value is not None:
+                raise LayoutError(f"{flag} applies to HDF5 scans; {str(source)!r} is TIFF.",
+                                  f"drop {flag}.")
+        if darks is None:
+            raise LayoutError(f"A TIFF scan's darks are files of their own; none given for"
+                              f" {str(source)!r}.", "pass --darks the dark frames (a file, a "
+                              "folder or a glob), or --darks none for a scan without them.")
+        ds = tiffscan.read_tiff_scan(source, flats=flats, darks=None if no_darks else darks,
+                                     angles=angles, angles_unit=unit or "degree", attrs=extra,
+                                     frames_per_chunk=frames_per_chunk, **geometry)
+    elif image_key is not None or _is_nxtomo(source, dataset):
         for value, flag in ((flats, "--flats"), (None if no_darks else darks, "--darks")):
             if value is not None:
                 raise LayoutError(

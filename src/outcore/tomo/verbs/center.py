@@ -14,7 +14,7 @@ from typing import Any
 
 import distributed
 
-from outcore.checks import choice, existing_path, positive
+from outcore.checks import choice, positive
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
@@ -24,7 +24,7 @@ from outcore.tomo.center.run import center_stages, search_in_run
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import projections_input
+from outcore.tomo.raw.source import is_glob, projections_input, scan_source
 from outcore.verbs import Job
 
 AUTO = "auto"
@@ -56,7 +56,7 @@ def _check_rows(rows: list[int] | None, nv: int) -> list[int] | None:
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     method = choice(args.center_method, search.METHODS, "--center-method")
-    source = existing_path(args.input, "input").resolve()
+    source = scan_source(args.input)
     ds, read_stages, _ = projections_input(
         source, raw_options.given(args, source_options=True), resources)
     geometry = Geometry.from_attrs(ds)
@@ -83,7 +83,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                       radius)
         run.metric(seconds=run.record["timings_s"]["center"])
 
-    return Job("tomo center", config, plan, execute, inputs=[source],
+    return Job("tomo center", config, plan, execute, inputs=[] if is_glob(source) else [source],
                plan_fixes=["raise --memory-limit (a task searches one whole sinogram, all views by "
                            "all columns, in float64)"], data_bytes=data_bytes(stages),
                worker_baseline_bytes=TOMO_WORKER_BASELINE_BYTES)

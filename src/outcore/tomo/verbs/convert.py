@@ -30,7 +30,9 @@ from outcore.verbs import Job
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="the raw HDF5 scan (Data Exchange or NXtomo)")
+    p.add_argument("source", help="the raw scan: an HDF5 file (Data Exchange or NXtomo), or "
+                                  "TIFF frames (a folder, a glob such as 'scan/proj_*.tif', or "
+                                  "a multi-page file) with --flats, --darks and --angles FILE")
     p.add_argument("output", help="the new projections store (.zarr); refused if it exists")
     p.add_argument("--format", default="auto", choices=("auto", *FORMATS),
                    help="hdf5 for a scan whose suffix is not .h5, .hdf5, .hdf, .nxs or .nx5")
@@ -45,10 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     b = p.add_argument_group(
         "the raw scan",
         "HDF5 frames, flats, darks and angles (Data Exchange paths, or an NXtomo entry whose "
-        "image_key tells them apart) become the projections layout: "
+        "image_key tells them apart), or TIFF frames with TIFF flats and darks and an angles "
+        "file, become the projections layout: "
         "-log((raw - dark) / (flat - dark)), streamed block by block. "
-        "Give the geometry with --attr: detector_pixel_size (m at the sample; required "
-        "unless the NXtomo file records x_pixel_size), "
+        "Give the geometry with --attr: detector_pixel_size (m at the sample; without it, "
+        "and without one in an NXtomo file, a parallel-beam scan is measured in pixels), "
         "geometry (default parallel), source_distance and detector_distance (cone), "
         "detector_offset [v, u] (m; the rotation axis off the detector centre).")
     b.add_argument("--dataset", default=None, metavar="PATH",

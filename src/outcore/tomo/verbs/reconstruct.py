@@ -22,7 +22,7 @@ from typing import Any
 
 import distributed
 
-from outcore.checks import at_least, choice, existing_path
+from outcore.checks import at_least, choice
 from outcore.checks import shape as shape_of
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources
@@ -34,7 +34,7 @@ from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import default_volume_shape
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import projections_input
+from outcore.tomo.raw.source import is_glob, projections_input, scan_source
 from outcore.tomo.reconstruct import planning
 from outcore.tomo.reconstruct.projector import PARTITIONS
 from outcore.tomo.reconstruct.resume import check_corrections, earlier_run, same
@@ -123,7 +123,7 @@ def _wanted_center(text: str | None, geometry: Geometry) -> str | float | None:
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     method, window, iterations = _check_options(args)
-    source = existing_path(args.input, "input").resolve()
+    source = scan_source(args.input)
     raw, read_stages, scan = projections_input(
         source, raw_options.given(args, source_options=True), resources)
     corrections = steps.configure(args, raw, steps.RECONSTRUCT, resources)
@@ -173,7 +173,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                outputs: Mapping[str, Path]) -> Callable[[], None]:
         return fbp_round(client, request, plan.choices.projector)
 
-    return Job("tomo reconstruct", config, plan, execute, inputs=[source],
+    return Job("tomo reconstruct", config, plan, execute,
+               inputs=[] if is_glob(source) else [source],
                plan_fixes=["raise --memory-limit, or pass a smaller --slab / --views-per-block",
                            "if read-projections is too big, re-chunk the store: outcore "
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
