@@ -289,7 +289,7 @@ def test_frames_behind_an_external_link_with_keys_in_the_master_file(scan, tmp_p
                                   "/entry/instrument/imaging/image_key"])):
         out = tmp_path / f"{name}.zarr"
         assert main(["tomo", "convert", str(tmp_path / "scan.nxs"), str(out), *args, *beside,
-                     *runs]) == 0
+                     "--name", name, *runs]) == 0
         ds = outcore.open(out)
         np.testing.assert_allclose(np.degrees(ds["angles"].values), degrees[PROJ])
         np.testing.assert_allclose(ds["projections"].values, scan["p"], rtol=1e-3, atol=1e-3)
