@@ -17,10 +17,17 @@ SMALL = {"OUTCORE_NB_CANDIDATES": "1500", "OUTCORE_NB_SCAN": "8x16", "OUTCORE_NB
          "OUTCORE_NB_SKETCH_SCAN": "32x32"}
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path, monkeypatch):
+#: Notebooks that read the measured data sets: skipped, with the reason, without them.
+REAL = {"real-data"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.realdata)
+                                  if p.stem in REAL else p for p in NOTEBOOKS],
+                         ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path, monkeypatch, real_data):
     for key, value in SMALL.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("OUTCORE_REAL_DATA", str(real_data))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=300, kernel_name="python3",
