@@ -320,3 +320,66 @@ def test_gaussian_dipole_model_finds_the_lobes(bright_pair):
     # Gaussian lobes are not the PSF, so only near the truth, not within its errors
     assert abs(row["x_pos"] - mv["x_new"][0]) < 0.3 and abs(row["y_neg"] - mv["y"][0]) < 0.3
     assert row["flux_pos"] == pytest.approx(mv["flux"][0], rel=0.15)
+
+
+def test_magnitudes_follow_the_zeropoint_and_keep_the_sign():
+    from outcore.diffim.measure import magnitudes
+
+    mag, err = magnitudes(np.array([1000.0, -1000.0, 0.0, np.nan]),
+                          np.array([10.0, 10.0, 1.0, 1.0]), 25.0)
+    np.testing.assert_allclose(mag[:2], 17.5)
+    np.testing.assert_allclose(err[:2], 2.5 / math.log(10) * 0.01)
+    assert np.isnan(mag[2:]).all() and np.isnan(err[2:]).all()
+    assert np.isnan(magnitudes(np.array([5.0]), np.array([1.0]), math.nan)[0]).all()
+
+
+def test_transients_have_magnitudes_and_a_faded_source_stays_negative(tmp_path):
+    """Transients of known flux (reference units) with a zeropoint: their magnitudes are
+    ``25 - 2.5 log10(true flux)`` within 3 of their errors. The same pair the other way round
+    (the sources in the reference only: a fading) gives them negative fluxes, kept, with the
+    magnitude of the light lost, the target's zeropoint moved by the flux ratio when only its
+    header has one."""
+    from astropy.io import fits
+
+    sim = simulate_pair((384, 384), seed=7, stars=30, transient_snr=[30, 40, 60, 80],
+                        psf_reference=G3, psf_target=G4)
+    item = write_pair(sim, tmp_path, "p")
+    item["zeropoint"] = 25.0
+    pairs, _ = read_manifest(write_manifest([item], tmp_path / "pairs.json"))
+    assert pairs[0].zeropoint == 25.0 and pairs[0].zeropoint_source == "given"
+    models, table = catalog(pairs, INJECTED)
+    truth = sim.transients
+    j = _match(table, truth["x"], truth["y"])
+    assert (j >= 0).all()
+    got = table.iloc[j]
+    expected = 25.0 - 2.5 * np.log10(truth["flux"])
+    assert (np.abs(got["mag"].values - expected) < 3 * got["mag_err"].values).all()
+    np.testing.assert_allclose(got["mag"], 25.0 - 2.5 * np.log10(got["flux"]))
+    # the other way round: the target's header gives its zeropoint, 25 in its own units
+    swapped = dict(item, reference=item["target"], target=item["reference"])
+    swapped.pop("zeropoint")
+    for key in ("reference_psf", "target_psf"):
+        swapped.pop(key, None)
+    with fits.open(tmp_path / item["reference"]["path"], mode="update") as hdul:
+        hdul[0].header["MAGZP"] = 25.0
+    swapped["target"] = dict(swapped["target"], sha256=_sha256(tmp_path / item["reference"]
+                                                                ["path"]))
+    pairs, _ = read_manifest(write_manifest([swapped], tmp_path / "swapped.json"))
+    assert pairs[0].zeropoint_source == "target MAGZP"
+    models, table = catalog(pairs, INJECTED)
+    j = _match(table, truth["x"], truth["y"])
+    assert (j >= 0).all()
+    got = table.iloc[j]
+    assert (got["flux"] < 0).all()  # faded: negative, never clipped or dropped
+    ratio = models[0].flux_ratio   # the old reference over the old target, measured
+    assert models[0].zeropoint == pytest.approx(25.0 - 2.5 * math.log10(ratio))
+    # the light lost, in the (new) reference's units, is the old target's flux of each
+    lost = truth["flux"] * sim.flux_ratio
+    expected = 25.0 - 2.5 * math.log10(ratio) - 2.5 * np.log10(lost)
+    assert (np.abs(got["mag"].values - expected) < 3 * got["mag_err"].values + 0.02).all()
+
+
+def _sha256(path) -> str:
+    from outcore.diffim.manifest import sha256_file
+
+    return sha256_file(path)

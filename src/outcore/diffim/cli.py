@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "FITS, nonzero = bad" if key == "mask" else "FITS variance"))
     g.add_argument("--flux-ratio", type=float, default=None,
                    help="target's flux scale over the reference's (default: measured)")
+    g.add_argument("--zeropoint", type=float, default=None, metavar="MAG",
+                   help="the reference's zeropoint, the magnitude of one unit of its flux, "
+                        "for the mag column (default: a MAGZP, MAGZERO, ZEROPT, MAGZPT, "
+                        "PHOTZP or ZP header keyword of the reference, else of the target)")
     g.add_argument("--item-id", default="pair", help="item_id of the pair")
     p.add_argument("--threshold", type=float, default=5.0, help="detection threshold on "
                    "|S_corr|")
@@ -81,6 +85,10 @@ def check_options(args: argparse.Namespace) -> None:
     else:
         need(args.flux_ratio is None, "--flux-ratio applies to the one-pair form only.",
              'put "flux_ratio" in the manifest item instead.')
+        need(args.zeropoint is None, "--zeropoint applies to the one-pair form only.",
+             'put "zeropoint" in the manifest item instead.')
+    need(args.zeropoint is None or math.isfinite(args.zeropoint),
+         f"--zeropoint {args.zeropoint} is not a number.", "e.g. --zeropoint 27.5.")
     positive(args.threshold, "--threshold", "the detection threshold, e.g. --threshold 5")
     need(math.isfinite(args.threshold), f"--threshold {args.threshold} is not finite.",
          "e.g. --threshold 5.")
@@ -109,7 +117,7 @@ class Choice:
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     check_options(args)
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
-                              args.flux_ratio, args.item_id)
+                              args.flux_ratio, args.item_id, args.zeropoint)
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
                     psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
@@ -145,7 +153,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
               "star_snr": args.star_snr}
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
-            "flux_ratio": args.flux_ratio, "item_id": args.item_id})
+            "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint,
+            "item_id": args.item_id})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],
                plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES,

@@ -7,14 +7,17 @@ A manifest is JSON::
                 "reference": {"path": "ref.fits", "sha256": "...", "hdu": 0},
                 "target": {"path": "new.fits", "sha256": "..."},
                 "reference_variance": {...}, "target_variance": {...}, "mask": {...},
-                "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0}]}
+                "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0,
+                "zeropoint": 27.5}]}
 
 Paths are relative to the manifest's folder. Images, variances and the mask (nonzero = bad)
 are FITS image HDUs (``hdu``: index or EXTNAME, default the first 2-D image); PSF stamps are
 FITS or ``.npy``. ``flux_ratio`` is the target's flux scale over the reference's (measured
-from matched stars when absent). ``read_manifest`` checks everything that can be checked
-without reading pixels, and every file's SHA-256, before anything is computed; each problem
-is one ``OutcoreError`` naming the item, the file and the fix.
+from matched stars when absent); ``zeropoint`` the reference's (the magnitude of one unit of
+its flux; else from a header keyword, ``ZEROPOINT_KEYS``). ``read_manifest`` checks
+everything that can be checked without reading pixels, and every file's SHA-256, before
+anything is computed; each problem is one ``OutcoreError`` naming the item, the file and the
+fix.
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ FILE_KEYS = ("reference", "target", "reference_variance", "target_variance", "ma
              "reference_psf", "target_psf")
 IMAGE_KEYS = FILE_KEYS[:5]
 PSF_KEYS = FILE_KEYS[5:]
-ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio")
+ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint")
+#: Header keywords that give an image's zeropoint (the magnitude of one unit of its flux),
+#: the first found: ZTF's, SDSS's and others', UKIRT/VISTA's, ESO's.
+ZEROPOINT_KEYS = ("MAGZP", "MAGZERO", "ZEROPT", "MAGZPT", "PHOTZP", "ZP")
 ITEM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FITS_SUFFIXES = (".fits", ".fit", ".fts", ".fits.gz", ".fz")
 #: Smallest image edge (pixels) a pair may have.
@@ -81,6 +87,9 @@ class Pair:
 
     ``shape`` is the common ``(ny, nx)`` of every image; ``wcs_header`` the reference's
     celestial WCS as a header string (None without one); PSFs are unit-sum float64 stamps.
+    ``zeropoint`` is the magnitude of one unit of flux of the image it comes from, named by
+    ``zeropoint_source`` (``given``: of the reference; ``REF KEY`` or ``TARGET KEY``: that
+    image's header keyword), None when nothing gives one.
     """
 
     item_id: str
@@ -94,6 +103,8 @@ class Pair:
     target_psf: np.ndarray | None = None
     flux_ratio: float | None = None
     wcs_header: str | None = None
+    zeropoint: float | None = None
+    zeropoint_source: str = ""
 
 
 def _fail(where: str, problem: str, fix: str, cls: type[OutcoreError] = LayoutError) -> None:
@@ -184,11 +195,36 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
         _fail(where, f"flux_ratio {ratio!r} is not a positive number.",
               "give the target's flux scale over the reference's, e.g. 1.0, or leave it out "
               "to measure it from stars.")
+    zeropoint, zeropoint_source = _zeropoint(item.get("zeropoint"), images, where)
     pair = Pair(item_id, images["reference"], images["target"], shape,
                 images.get("reference_variance"), images.get("target_variance"),
                 images.get("mask"), psfs.get("reference_psf"), psfs.get("target_psf"),
-                None if ratio is None else float(ratio), header)
+                None if ratio is None else float(ratio), header, zeropoint, zeropoint_source)
     return pair, files
+
+
+def _zeropoint(given: Any, images: dict[str, ImageFile], where: str
+               ) -> tuple[float | None, str]:
+    """The item's zeropoint and where it comes from: ``given`` (the reference's), else the
+    first of ``ZEROPOINT_KEYS`` in the reference's header, else in the target's."""
+    if given is not None:
+        if isinstance(given, bool) or not isinstance(given, int | float) \
+                or not math.isfinite(given):
+            _fail(where, f"zeropoint {given!r} is not a number.",
+                  "give the reference's zeropoint, the magnitude of one unit of its flux, "
+                  "e.g. 27.5, or leave it out.")
+        return float(given), "given"
+    from astropy.io import fits
+
+    for role in ("reference", "target"):
+        with fits.open(images[role].path) as hdul:
+            header = hdul[images[role].hdu].header
+            for key in ZEROPOINT_KEYS:
+                value = header.get(key)
+                if isinstance(value, int | float) and not isinstance(value, bool) \
+                        and math.isfinite(value):
+                    return float(value), f"{role} {key}"
+    return None, ""
 
 
 def _file_entry(entry: Any, where: str, base: Path) -> dict[str, Any]:
@@ -300,7 +336,7 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
 
 
 def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
-             item_id: str = "pair") -> tuple[list[Pair], list]:
+             item_id: str = "pair", zeropoint: float | None = None) -> tuple[list[Pair], list]:
     """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
     file keys to paths (None: not given); each file is hashed here and checked as in a
     manifest."""
@@ -316,6 +352,8 @@ def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
         item[key] = {"path": str(path), "sha256": sha256_file(path)}
     if flux_ratio is not None:
         item["flux_ratio"] = flux_ratio
+    if zeropoint is not None:
+        item["zeropoint"] = zeropoint
     pair, found = _read_item(item, 0, Path.cwd())
     return [pair], found
 
@@ -342,9 +380,10 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
 
 
 def read_pairs(manifest: str | None, files: dict[str, str | None],
-               flux_ratio: float | None = None, item_id: str = "pair") -> tuple[list[Pair], list]:
+               flux_ratio: float | None = None, item_id: str = "pair",
+               zeropoint: float | None = None) -> tuple[list[Pair], list]:
     """The checked pairs and their files: those of the ``manifest`` when one is given, else
     the one pair of ``files`` (``one_pair``)."""
     if manifest:
         return read_manifest(manifest)
-    return one_pair(files, flux_ratio, item_id)
+    return one_pair(files, flux_ratio, item_id, zeropoint)

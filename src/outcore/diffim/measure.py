@@ -61,3 +61,17 @@ def fit_dipoles(images: np.ndarray, variance: np.ndarray, mask: np.ndarray, mode
     for name in ("flux_pos", "flux_neg", "flux_pos_err", "flux_neg_err"):
         out[name] = out[name] / f_d
     return out
+
+
+def magnitudes(flux: np.ndarray, flux_err: np.ndarray, zeropoint: float
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Magnitudes of ``|flux|`` at ``zeropoint`` (``zeropoint - 2.5 log10 |flux|``) and their
+    errors (``2.5 / ln 10 * flux_err / |flux|``); NaN where the flux is 0 or not finite, or
+    the zeropoint is NaN. The sign stays with the flux: a negative difference (a source that
+    faded) is not clipped, its magnitude is that of the light it lost."""
+    size = np.abs(np.asarray(flux, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ok = size > 0
+        mag = np.where(ok, zeropoint - 2.5 * np.log10(np.where(ok, size, 1.0)), np.nan)
+        err = np.where(ok, 2.5 / np.log(10) * np.asarray(flux_err, np.float64) / size, np.nan)
+    return mag, err

@@ -119,6 +119,8 @@ class PairModel:
     sigma: tuple[float, float] = (math.nan, math.nan)
     flux_ratio: float = math.nan
     flux_ratio_source: str = ""
+    zeropoint: float = math.nan
+    zeropoint_source: str = ""
     psf: tuple[np.ndarray, np.ndarray] | None = None
     psf_source: tuple[str, str] = ("", "")
     stars: tuple[int, int] = (0, 0)
@@ -141,6 +143,8 @@ class PairModel:
                 "sigma_target": round(self.sigma[1], 6),
                 "flux_ratio": round(self.flux_ratio, 6),
                 "flux_ratio_source": self.flux_ratio_source,
+                "zeropoint": None if math.isnan(self.zeropoint) else round(self.zeropoint, 6),
+                "zeropoint_source": self.zeropoint_source,
                 "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
                 "matched_stars": self.matched_stars,
                 "kernel_half_width": self.kernels.half_width if self.kernels else None,
@@ -233,7 +237,20 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
     # whole cutout around a dipole's midpoint (within a radius of its owner peak)
     margin = max(math.ceil(2 * dipole_radius) + peak_radius,
                  math.ceil(dipole_radius) + options.stamp // 2) + 1
+    zeropoint = reference_zeropoint(pair, ratio)
     return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
+                     zeropoint, pair.zeropoint_source if math.isfinite(zeropoint) else "",
                      (psf[0], psf[1]), (source[0], source[1]),
                      (stars[0]["x"].size, stars[1]["x"].size), matched, kernels, fwhm_d,
                      peak_radius, dipole_radius, margin)
+
+
+def reference_zeropoint(pair: Pair, flux_ratio: float) -> float:
+    """The zeropoint of the reference's flux units, which the fluxes are measured in: the
+    pair's, or the target's moved by the flux ratio (a source of flux ``a`` in the reference
+    has ``F_n a`` in the target, so ``zp_ref = zp_target - 2.5 log10 F_n``); NaN without one."""
+    if pair.zeropoint is None:
+        return math.nan
+    if pair.zeropoint_source.startswith("target"):
+        return pair.zeropoint - 2.5 * math.log10(flux_ratio)
+    return pair.zeropoint

@@ -28,7 +28,8 @@ COLUMNS = (
     "item_index", "source_id", "x", "y", "ra", "dec", "snr", "flux", "flux_err", "is_dipole",
     "x_pos", "y_pos", "x_neg", "y_neg", "flux_pos", "flux_neg", "x_pos_err", "y_pos_err",
     "x_neg_err", "y_neg_err", "flux_pos_err", "flux_neg_err", "snr_pos", "snr_neg", "chi2",
-    "dof", "fit_status", "score", "flags", "score_version", "center_x", "center_y",
+    "dof", "fit_status", "score", "flags", "score_version", "center_x", "center_y", "mag",
+    "mag_err",
 )
 INTEGER_COLUMNS = ("item_index", "source_id", "dof", "fit_status", "flags", "score_version",
                    "center_x", "center_y")
@@ -204,6 +205,8 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
     col["center_x"][:] = centre_x + ox
     col["center_y"][:] = centre_y + oy
     col["ra"], col["dec"] = _sky(pair.wcs_header, col["x"], col["y"])
+    col["mag"], col["mag_err"] = measure.magnitudes(col["flux"], col["flux_err"],
+                                                    model.zeropoint)
     converged = np.isin(col["fit_status"], [STATUS["converged_f_tol"], STATUS["converged_x_tol"],
                                             STATUS["converged_g_tol"]])
     with np.errstate(all="ignore"):
