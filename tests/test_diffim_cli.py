@@ -113,6 +113,8 @@ def test_refusals_before_the_cluster_starts(tmp_path, manifest, capsys):
     assert "--stamp 20 must be odd" in capsys.readouterr().err
     assert _run(runs, "x", "--manifest", str(manifest), "--reference", "a.fits") == 1
     assert "not both" in capsys.readouterr().err
+    assert _run(runs, "x", "--manifest", str(manifest), "--zeropoint", "25") == 1
+    assert "--zeropoint applies to the one-pair form only" in capsys.readouterr().err
     # under a difference-imaging worker's own baseline (300 MiB): refused as such
     assert _run(runs, "x", "--manifest", str(manifest), "--memory-limit", "400MiB") == 1
     assert "--memory-limit 500MiB or more" in capsys.readouterr().err
