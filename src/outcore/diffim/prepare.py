@@ -200,8 +200,9 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
     for name, given, found in zip(IMAGES, (pair.reference_psf, pair.target_psf), stars,
                                   strict=True):
         if given is not None:
-            psf.append(given)
-            source.append("given")
+            psf.append(psfs.cut_psf(given, options.psf_size))
+            source.append("given" if max(given.shape) <= options.psf_size
+                          else f"given, cut to {options.psf_size} px")
             continue
         count = found["x"].size
         if count < psfs.MIN_PSF_STARS:

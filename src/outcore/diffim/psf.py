@@ -87,6 +87,17 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
     return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps)}
 
 
+def cut_psf(psf: np.ndarray, size: int) -> np.ndarray:
+    """``psf`` cut to its centred ``size x size`` square (odd ``size``; as it is when not
+    larger), renormalised to unit sum: the side measured PSFs have (``--psf-size``). A PSF
+    model given on a large grid (205 px) would otherwise widen the ZOGY kernels, and with
+    them the excluded border, until only the middle of the image is searched."""
+    ny, nx = psf.shape
+    hy, hx = min(ny, size) // 2, min(nx, size) // 2
+    square = psf[ny // 2 - hy: ny // 2 + hy + 1, nx // 2 - hx: nx // 2 + hx + 1]
+    return square / square.sum()
+
+
 def stack_psf(stars: dict[str, np.ndarray]) -> np.ndarray:
     """The PSF of an image from its star stamps: the median of the stamps, each moved so that
     its centroid falls on the middle pixel (cubic spline) and scaled to unit sum, then an
