@@ -413,3 +413,36 @@ def test_a_psf_model_on_a_large_grid_is_cut_to_the_psf_size(tmp_path):
     found = np.hypot(table["x"][None] - sim.transients["x"][:, None],
                      table["y"][None] - sim.transients["y"][:, None]).min(axis=1)
     assert (found < 1.5).all()
+
+
+def test_noise_maps_give_what_their_variances_give(tmp_path):
+    """``reference_noise`` / ``target_noise`` (sigma maps, as surveys write them) are read as
+    their square: the catalog equals the one from the variance maps; both for one image is
+    refused naming the item."""
+    from astropy.io import fits
+
+    from outcore.diffim.manifest import sha256_file
+    from outcore.errors import OutcoreError
+
+    sim = simulate_pair((256, 256), seed=13, stars=25, transient_snr=[30, 50],
+                        psf_reference=G3, psf_target=G4)
+    item = write_pair(sim, tmp_path, "p", variance=True)
+    noisy = dict(item)
+    for which in ("reference", "target"):
+        entry = noisy.pop(f"{which}_variance")
+        with fits.open(tmp_path / entry["path"]) as hdul:
+            sigma = np.sqrt(hdul[0].data.astype(np.float64))
+        path = tmp_path / f"{which}-noise.fits"
+        fits.PrimaryHDU(sigma).writeto(path)
+        noisy[f"{which}_noise"] = {"path": path.name, "sha256": sha256_file(path)}
+    tables = []
+    for name, entry in (("variance", item), ("noise", noisy)):
+        pairs, _ = read_manifest(write_manifest([entry], tmp_path / f"{name}.json"))
+        tables.append(catalog(pairs, INJECTED)[1].sort_values("source_id"))
+    assert len(tables[0]) == len(tables[1]) > 0
+    for column in ("x", "y", "flux", "flux_err", "snr"):
+        np.testing.assert_allclose(tables[1][column], tables[0][column], rtol=1e-6)
+    both = dict(noisy, reference_variance=item["reference_variance"])
+    with pytest.raises(OutcoreError, match="has both 'reference_variance' and "
+                                           "'reference_noise'"):
+        read_manifest(write_manifest([both], tmp_path / "both.json"))

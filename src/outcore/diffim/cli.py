@@ -32,7 +32,7 @@ from outcore.verbs import DemoStage, Job, Verb
 
 FIT_MODELS = ("psf", "gaussian")
 ONE_PAIR = ("reference", "target", "reference_variance", "target_variance", "mask",
-            "reference_psf", "target_psf")
+            "reference_noise", "target_noise", "reference_psf", "target_psf")
 PLAN_FIXES = ["use a smaller --tile"]
 
 
@@ -45,7 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         g.add_argument("--" + key.replace("_", "-"), default=None, metavar="FILE",
                        help=("FITS image" if key in ("reference", "target") else
                              "FITS or .npy PSF stamp" if key in PSF_KEYS else
-                             "FITS, nonzero = bad" if key == "mask" else "FITS variance"))
+                             "FITS, nonzero = bad" if key == "mask" else
+                             "FITS noise map (sigma; instead of the variance)"
+                             if key.endswith("_noise") else "FITS variance"))
     g.add_argument("--flux-ratio", type=float, default=None,
                    help="target's flux scale over the reference's (default: measured)")
     g.add_argument("--zeropoint", type=float, default=None, metavar="MAG",

@@ -7,17 +7,18 @@ A manifest is JSON::
                 "reference": {"path": "ref.fits", "sha256": "...", "hdu": 0},
                 "target": {"path": "new.fits", "sha256": "..."},
                 "reference_variance": {...}, "target_variance": {...}, "mask": {...},
+                "reference_noise": {...}, "target_noise": {...},
                 "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0,
                 "zeropoint": 27.5}]}
 
-Paths are relative to the manifest's folder. Images, variances and the mask (nonzero = bad)
-are FITS image HDUs (``hdu``: index or EXTNAME, default the first 2-D image); PSF stamps are
-FITS or ``.npy``. ``flux_ratio`` is the target's flux scale over the reference's (measured
-from matched stars when absent); ``zeropoint`` the reference's (the magnitude of one unit of
-its flux; else from a header keyword, ``ZEROPOINT_KEYS``). ``read_manifest`` checks
-everything that can be checked without reading pixels, and every file's SHA-256, before
-anything is computed; each problem is one ``OutcoreError`` naming the item, the file and the
-fix.
+Paths are relative to the manifest's folder. Images, variances (or noise maps: sigma, read
+as its square) and the mask (nonzero = bad) are FITS image HDUs (``hdu``: index or EXTNAME,
+default the first 2-D image); PSF stamps are FITS or ``.npy``. ``flux_ratio`` is the
+target's flux scale over the reference's (measured from matched stars when absent);
+``zeropoint`` the reference's (the magnitude of one unit of its flux; else from a header
+keyword, ``ZEROPOINT_KEYS``). ``read_manifest`` checks everything that can be checked without
+reading pixels, and every file's SHA-256, before anything is computed; each problem is one
+``OutcoreError`` naming the item, the file and the fix.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import math
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,11 @@ from outcore.io.importers.fits import hdu_index
 
 SCHEMA = "outcore.diffim-manifest/v1"
 FILE_KEYS = ("reference", "target", "reference_variance", "target_variance", "mask",
-             "reference_psf", "target_psf")
-IMAGE_KEYS = FILE_KEYS[:5]
-PSF_KEYS = FILE_KEYS[5:]
+             "reference_noise", "target_noise", "reference_psf", "target_psf")
+IMAGE_KEYS = FILE_KEYS[:7]
+PSF_KEYS = FILE_KEYS[7:]
+#: Noise (sigma) maps, read as their square: the variance of the same image.
+NOISE_KEYS = {"reference_noise": "reference_variance", "target_noise": "target_variance"}
 ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint")
 #: Header keywords that give an image's zeropoint (the magnitude of one unit of its flux),
 #: the first found: ZTF's, SDSS's and others', UKIRT/VISTA's, ESO's.
@@ -61,8 +64,15 @@ class ImageFile:
     hdu: int
     shape: tuple[int, int]
     sha256: str
+    squared: bool = False
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
+        """Pixels ``[y0:y1, x0:x1]`` as float64 (``_read``), squared for a noise map given
+        where a variance is wanted (``squared``)."""
+        pixels = self._read(y0, y1, x0, x1)
+        return pixels * pixels if self.squared else pixels
+
+    def _read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels ``[y0:y1, x0:x1]`` (inside the image) as float64, scaled by BSCALE/BZERO.
 
         Plain images are sliced from the memory-mapped data (only those pages are read);
@@ -166,10 +176,18 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
             _fail(where, f"has no {key!r}.", f'add "{key}": {{"path": ..., "sha256": ...}}.')
     files = []
     images: dict[str, ImageFile] = {}
+    for noise, variance in NOISE_KEYS.items():
+        if noise in item and variance in item:
+            _fail(where, f"has both {variance!r} and {noise!r}.",
+                  f"give one: {variance!r} (sigma squared) or {noise!r} (sigma).")
     for key in IMAGE_KEYS:
         if key in item:
             ref = _file_entry(item[key], f"{where} {key}", base)
-            images[key] = _image_file(ref, f"{where} {key}")
+            image = _image_file(ref, f"{where} {key}")
+            if key in NOISE_KEYS:
+                images[NOISE_KEYS[key]] = replace(image, squared=True)
+            else:
+                images[key] = image
             files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
     psfs: dict[str, np.ndarray] = {}
     for key in PSF_KEYS:
