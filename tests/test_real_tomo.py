@@ -71,7 +71,7 @@ def _fbp(sinogram: np.ndarray, theta: np.ndarray, centre: float, n: int) -> np.n
 
 
 def test_the_tooth_reconstructed_from_its_raw_file_matches_an_independent_fbp(
-        real_data, tmp_path):
+        real_data, tmp_path, capsys):
     """``tomo reconstruct --input tooth.h5 --center auto``, as a user types it (the file has
     no pixel size: the volume is in pixels, and says so): the axis within 0.5 px of 295.5, and
     each slice correlated >= 0.97 with an FBP of the same raw frames written in this test
@@ -81,6 +81,7 @@ def test_the_tooth_reconstructed_from_its_raw_file_matches_an_independent_fbp(
     tooth = real_data / "tomo" / "aps_tooth" / "tooth.h5"
     assert main(["tomo", "reconstruct", "--input", str(tooth), "--center", "auto", "--method",
                  "fbp", "--name", "r", "--output-dir", str(tmp_path / "runs"), *COMMON]) == 0
+    assert capsys.readouterr().out.count("gives no pixel size") == 1  # said once
     run = tmp_path / "runs" / "r"
     centre = load_summary(run)["metrics"]["center"]
     assert abs(centre - TOOTH_CENTRE) < 0.5, centre

@@ -74,6 +74,7 @@ def read_beamline_source(
     image_key: str | None = None,
     attrs: Mapping[str, Any] | None = None,
     frames_per_chunk: int | None = None,
+    notes: bool = True,
     **refused: Any,
 ) -> tuple[xr.Dataset, str]:
     """``source`` (a raw HDF5 scan, Data Exchange or NXtomo) as a validated, lazy
@@ -89,6 +90,7 @@ def read_beamline_source(
     parallel-beam scan is measured in pixels: ``length_unit`` ``pixel``), ``geometry``
     (default ``parallel``), ``source_distance`` and ``detector_distance`` (cone), and any
     other attr.
+    ``notes``: print what the reader assumed (lengths in pixels, frames skipped).
     ``refused`` holds the options of other formats (``hdu``, ``dims``, ``arrays``, ``dtype``,
     ``shape``): any given raises ``LayoutError``. Reads metadata, keys, angles, flats and darks,
     never the projections.
@@ -145,7 +147,7 @@ def read_beamline_source(
                                   flat_mode=flat_mode or "mean", attrs=extra,
                                   frames_per_chunk=frames_per_chunk, **geometry)
         invalid = ds["projections"].attrs["frames"]["invalid"]
-        if invalid:
+        if invalid and notes:
             print(f"note: {invalid} frames of {str(source)!r} have image_key 3 (invalid) "
                   "and are skipped", file=sys.stderr)
     else:
@@ -160,7 +162,7 @@ def read_beamline_source(
             darks=None if no_darks else darks or dx["darks"], angles=angles or dx["angles"],
             angles_unit=unit or "degree", attrs=extra, frames_per_chunk=frames_per_chunk,
             **geometry)
-    if ds.attrs.get("length_unit") == PIXEL_UNIT:
+    if ds.attrs.get("length_unit") == PIXEL_UNIT and notes:
         print(f"note: {str(source)!r} gives no pixel size: lengths are in detector pixels (the"
               " volume in attenuation per pixel); --attr detector_pixel_size=M gives metres",
               flush=True)
@@ -196,5 +198,6 @@ def projections_input(source: Path, given: Mapping[str, Any], resources: Resourc
         frames = raw_frames_per_block(resources, data.shape[1] * data.shape[2],
                                       np.dtype(data.attrs.get("raw_dtype", "float32")).itemsize)
         if frames < max(data.chunks[0]):
-            ds, _ = read_beamline_source(source, **read, frames_per_chunk=frames)
+            ds, _ = read_beamline_source(source, **read, frames_per_chunk=frames,
+                                         notes=False)  # said on the first read
     return ds, normalise.memory_model(ds), dict(given)
