@@ -189,3 +189,29 @@ def test_mpi_ranks_with_a_gpu_run_dask_cuda_workers(monkeypatch):
     monkeypatch.setattr(backend, "devices", lambda: [])
     plain = cluster.ClusterOptions(kind="mpi")
     assert cluster.mpi_worker_class(plain) == ("distributed.Worker", {})
+
+
+def test_an_mpi_rank_whose_dask_cuda_does_not_import_says_why(monkeypatch, caplog):
+    """A rank that sees a GPU but cannot import dask-cuda (a CUDA library it needs is
+    missing) runs a plain worker and logs the import's own error, rather than trying
+    CUDAWorker on the strength of the package being installed; with the import working it
+    runs CUDAWorker with the device memory limit."""
+    import logging
+
+    from outcore.cluster import ClusterOptions, cuda, mpi
+
+    class Rank:
+        def Get_rank(self) -> int:  # noqa: N802 (mpi4py's name)
+            return 3
+
+    monkeypatch.setattr(mpi, "_mpi_comm", lambda: Rank())
+    monkeypatch.setattr(mpi.backend, "devices", lambda: [{"name": "GPU"}])
+    monkeypatch.setattr(cuda, "import_failure", lambda: "ImportError: libcudart.so.13")
+    opts = ClusterOptions(kind="mpi", device_memory_limit="4GiB")
+    with caplog.at_level(logging.WARNING, logger="outcore.cluster.mpi"):
+        assert mpi.mpi_worker_class(opts) == ("distributed.Worker", {})
+    assert "rank 3 sees a GPU but dask-cuda does not import (ImportError: libcudart.so.13)" \
+        in caplog.text
+    monkeypatch.setattr(cuda, "import_failure", lambda: None)
+    assert mpi.mpi_worker_class(opts) == ("dask_cuda.CUDAWorker",
+                                          {"device_memory_limit": "4GiB"})

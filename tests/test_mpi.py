@@ -18,16 +18,24 @@ OUTCORE = str(Path(sys.executable).parent / "outcore")
 
 
 def _mpirun(tmp_path: Path, args: list[str], timeout: float) -> tuple[dict[int, int], float]:
-    """Run outcore on 4 ranks; return each rank's exit code and the wall time."""
+    """Run outcore on 4 ranks; return each rank's exit code and the wall time. Each rank's
+    output goes to ``rank-N.log``; a rank that failed has its log's tail printed, which
+    pytest shows with the failure (on the GPU machine, the only account of it)."""
     codes = tmp_path / "codes"
-    command = " ".join([OUTCORE, *args]) + f' >/dev/null 2>&1; echo "$PMI_RANK $?" >> {codes}'
+    command = (" ".join([OUTCORE, *args]) + ' >"rank-$PMI_RANK.log" 2>&1; '
+               f'echo "$PMI_RANK $?" >> {codes}')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     subprocess.run([MPIRUN, "-n", "4", "sh", "-c", command], timeout=timeout, env=env,
                    check=False, cwd=tmp_path)
     wall = time.perf_counter() - t0
     lines = codes.read_text().split()
-    return {int(r): int(c) for r, c in zip(lines[::2], lines[1::2], strict=True)}, wall
+    found = {int(r): int(c) for r, c in zip(lines[::2], lines[1::2], strict=True)}
+    for rank, code in sorted(found.items()):
+        if code != 0:
+            log = (tmp_path / f"rank-{rank}.log").read_text(errors="replace")
+            print(f"--- rank {rank} exited {code}; its output ends:\n{log[-3000:]}")
+    return found, wall
 
 
 def test_mpi_demo_runs_and_every_rank_exits_zero(tmp_path):

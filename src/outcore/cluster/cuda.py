@@ -1,9 +1,8 @@
 """The ``cuda`` engine: dask-cuda's ``LocalCUDACluster``, one worker process per GPU of this
-machine. The only module that probes dask-cuda (``import_failure``, ``installed``)."""
+machine. The only module that probes dask-cuda (``import_failure``)."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING, Any
 
 import dask
@@ -25,11 +24,6 @@ def import_failure() -> str | None:
     except Exception as err:
         return f"{type(err).__name__}: {err}"
     return None
-
-
-def installed() -> bool:
-    """Whether dask-cuda is installed, without importing it (an MPI rank's worker class)."""
-    return importlib.util.find_spec("dask_cuda") is not None
 
 
 def check_usable() -> None:

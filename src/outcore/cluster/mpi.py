@@ -120,12 +120,19 @@ def start(opts: ClusterOptions) -> distributed.Client:
 
 def mpi_worker_class(opts: ClusterOptions) -> tuple[str, dict[str, Any]]:
     """The worker class of this MPI rank and its options: dask-cuda's ``CUDAWorker`` (one per
-    GPU, with ``--device-memory-limit``) when the rank sees a GPU and dask-cuda imports,
-    else a plain ``distributed.Worker``. Call it after the GPU pinning."""
-    if backend.devices() and cuda.installed():
-        options = {"device_memory_limit": opts.device_memory_limit} \
-            if opts.device_memory_limit is not None else {}
-        return "dask_cuda.CUDAWorker", options
+    GPU, with ``--device-memory-limit``) when the rank sees a GPU and dask-cuda imports (the
+    reason it does not is logged), else a plain ``distributed.Worker``. Call it after the GPU
+    pinning."""
+    if backend.devices():
+        failure = cuda.import_failure()
+        if failure is None:
+            options = {"device_memory_limit": opts.device_memory_limit} \
+                if opts.device_memory_limit is not None else {}
+            return "dask_cuda.CUDAWorker", options
+        # said, not swallowed: the rank's log is where the job's stderr goes
+        log.warning("MPI rank %d sees a GPU but dask-cuda does not import (%s): it runs a "
+                    "plain worker, with no device memory management", _mpi_comm().Get_rank(),
+                    failure)
     if opts.device_memory_limit is not None and _mpi_comm().Get_rank() > MPI_CLIENT_RANK:
         log.warning("--device-memory-limit is ignored on MPI rank %d: it sees no GPU (or "
                     "dask-cuda is not installed)", _mpi_comm().Get_rank())
