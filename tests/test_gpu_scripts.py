@@ -175,7 +175,7 @@ def test_dry_run_of_setup_and_info_uses_this_checkout(tmp_path):
 
 def test_the_steps_run_by_value_within_the_budget():
     names = [step.name for step in runner.STEPS]
-    assert names[:3] == ["setup", "info", "pytest-gpu"]
+    assert names[:4] == ["setup", "info", "warm", "pytest-gpu"]
     first_bench = min(i for i, name in enumerate(names) if name.startswith("bench-"))
     assert {"cli-fit", "cli-tomo", "cli-ptycho"} <= set(names[:first_bench])
     assert all(name.startswith("bench-") for name in names[first_bench:])
