@@ -29,7 +29,7 @@ from outcore.runs import Run, check_png, link_tree
 from outcore.tomo.center.axis import axis_column
 from outcore.tomo.center.run import find_in_run
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.layouts import volume_dataset
+from outcore.tomo.layouts import PIXEL_UNIT, volume_dataset
 from outcore.tomo.reconstruct.planning import ITERATIVE, Solve
 from outcore.tomo.reconstruct.projector import Projector
 from outcore.tomo.reconstruct.resume import WORK, Earlier
@@ -121,20 +121,30 @@ def _report(iteration: int, residual: float) -> None:
     print(f"iteration {iteration}: residual {residual:.6g}", flush=True)
 
 
+#: A volume with fewer planes than this is shown by its central z slice alone: its y and x
+#: cuts would be lines a few pixels high.
+MIN_SECTION_PLANES = 8
+
+
 def write_slices(run: Run, volume_path: Path, title: str) -> None:
     """``slices.png``: the central z, y and x slices of the stored volume (the three read
-    together, so a chunk that holds several is read once), in grey from the 0.5th to the
-    99.5th percentile of the z slice (``outcore.figures``)."""
-    volume = io.open(volume_path, layout="volume")["volume"]
+    together, so a chunk that holds several is read once; the z slice alone for a volume of
+    fewer than ``MIN_SECTION_PLANES`` planes), in grey from the 0.5th to the 99.5th
+    percentile of the z slice (``outcore.figures``), in 1/m, or 1/pixel for a scan measured
+    in pixels."""
+    stored = io.open(volume_path, layout="volume")
+    volume = stored["volume"]
     nz, ny, nx = volume.shape
     cuts = [(f"z = {nz // 2} (x right, y up)", volume[nz // 2]),
             (f"y = {ny // 2} (x right, z up)", volume[:, ny // 2]),
             (f"x = {nx // 2} (y right, z up)", volume[:, :, nx // 2])]
+    cuts = cuts if nz >= MIN_SECTION_PLANES else cuts[:1]
     images = dask.compute(*(cut.data for _, cut in cuts))  # each chunk read once
     lo, hi = np.percentile(images[0], [0.5, 99.5])
+    unit = "1/pixel" if stored.attrs.get("length_unit") == PIXEL_UNIT else "1/m"
     figures.panels(run.add_output(SLICES, verify=check_png),
                    [(name, image) for (name, _), image in zip(cuts, images, strict=True)],
-                   title, float(lo), float(hi), "1/m")
+                   title, float(lo), float(hi), unit)
 
 
 def fbp_round(client: distributed.Client, request: Request, projector: Projector
