@@ -403,3 +403,25 @@ def test_aperture_probe_guess_is_a_disc_with_the_data_power(scans):
     power = _frames(scans["grid"].stack).mean(axis=0).sum()
     assert (pupil**2).sum() == pytest.approx(power, rel=1e-4)
     assert pre.attrs["preprocess"]["probe"] == "aperture"
+
+
+def test_patterns_stored_fft_shifted_are_warned_about_and_read_with_centre_0_0(scans):
+    """Frames stored in numpy's FFT order (zero frequency at pixel 0, 0), as some detectors'
+    software writes them: the automatic centre warns, naming --centre 0 0, which gives the
+    amplitudes of the frames stored the usual way."""
+    from outcore.ptycho.preprocessing.pipeline import ShiftedPatternsWarning
+
+    stack = scans["list"].stack
+    base = preprocess(stack, centre=(K // 2, K // 2))
+    shifted = stack.copy()
+    shifted["data"] = stack["data"].copy(data=stack["data"].data.map_blocks(
+        np.fft.ifftshift, axes=(-2, -1), dtype=stack["data"].dtype))
+    with pytest.warns(ShiftedPatternsWarning, match="--centre 0 0"):
+        preprocess(shifted)
+    fixed = preprocess(shifted, centre=(0, 0))
+    np.testing.assert_array_equal(fixed["amplitudes"].values, base["amplitudes"].values)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShiftedPatternsWarning)
+        preprocess(stack)  # the usual order: no warning

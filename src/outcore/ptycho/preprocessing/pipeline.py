@@ -17,6 +17,7 @@ Conventions are those of ``outcore.ptycho.kernels``:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from os import PathLike
 from typing import Any
@@ -50,6 +51,33 @@ def mean_pattern(ds: xr.Dataset, mask: np.ndarray | None = None) -> np.ndarray:
     return mean if mask is None else np.where(mask, 0.0, mean)
 
 
+class ShiftedPatternsWarning(UserWarning):
+    """The mean pattern's power sits in its corners: the frames look stored FFT-shifted."""
+
+
+#: A mean pattern whose four corner boxes (each an eighth of a side) hold this many times the
+#: power of its central box looks stored FFT-shifted (zero frequency at pixel 0, 0).
+CORNER_POWER = 2.0
+
+
+def check_unshifted(mean: np.ndarray) -> None:
+    """Warn ``ShiftedPatternsWarning`` when ``mean``'s power sits in its corners rather than
+    its middle, as in patterns stored with the zero frequency at pixel (0, 0) (numpy's FFT
+    order), naming ``--centre 0 0``."""
+    ky, kx = mean.shape
+    by, bx = max(1, ky // 8), max(1, kx // 8)
+    power = np.maximum(mean, 0)
+    corners = sum(float(power[r, c].sum()) for r in (np.s_[:by], np.s_[-by:])
+                  for c in (np.s_[:bx], np.s_[-bx:]))
+    middle = float(power[ky // 2 - by: ky // 2 + by, kx // 2 - bx: kx // 2 + bx].sum())
+    if corners > CORNER_POWER * middle:
+        warnings.warn(
+            f"The mean pattern's power sits in its corners ({corners:.3g} in the four corner "
+            f"boxes against {middle:.3g} in the middle): the patterns look stored FFT-shifted, "
+            "zero frequency at pixel (0, 0). If so, pass --centre 0 0 (centre=(0, 0)), which "
+            "rolls it to the middle.", ShiftedPatternsWarning, stacklevel=3)
+
+
 def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
     """The integer roll (rows, cols) that puts the zero frequency at ``source_shape // 2``:
     from the mean pattern's centre of mass (``auto``), the given centre, or none."""
@@ -57,6 +85,7 @@ def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
         return (0, 0)
     if setup.centre == "auto":
         _finite_mean(mean)
+        check_unshifted(mean)
         weights = np.maximum(mean, 0)
         total = weights.sum()
         if not total > 0:
