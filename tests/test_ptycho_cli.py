@@ -230,3 +230,31 @@ def test_bad_options_fail_before_compute(prepared, args, message, capsys):
     assert _refused(prepared, "bad", "--cluster", "threads", *args) == 1
     assert message in capsys.readouterr().err
     assert not (prepared / "runs" / "bad").exists()
+
+
+def test_a_stack_of_integer_counts_is_reconstructed_with_the_poisson_loss(prepared, tmp_path):
+    """A counting detector's frames (integers, many zeros): preprocessing records that they
+    are counts, and the reconstruction's loss is then Poisson unless --noise says otherwise;
+    float frames keep the amplitude loss."""
+    import outcore
+    from outcore.io.store import write_new
+
+    stack = outcore.open(prepared / "s.zarr")
+    counts = stack.copy()
+    scale = 0.5 / float(stack["data"].mean())  # half a count a pixel on average
+    counts["data"] = np.round(stack["data"] * scale).astype(np.uint16)
+    assert (counts["data"].values == 0).mean() > 0.3
+    write_new(counts, tmp_path / "counts.zarr")
+    runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
+    assert main(["ptycho", "preprocess", "--input", str(tmp_path / "counts.zarr"), "--output",
+                 str(tmp_path / "c.zarr"), "--name", "pre", *runs]) == 0
+    assert xr.open_zarr(tmp_path / "c.zarr", consolidated=False).attrs["preprocess"]["counts"]
+    for name, extra, noise in (("auto", [], "poisson"),
+                               ("given", ["--noise", "amplitude"], "amplitude")):
+        assert main(["ptycho", "reconstruct", "--input", str(tmp_path / "c.zarr"),
+                     "--iterations", "1", "--batch-size", "32", "--name", name, *extra,
+                     *runs]) == 0
+        settings = load_summary(tmp_path / "runs" / name)["config"]["settings"]
+        assert settings["noise"] == noise
+    assert _reconstruct(prepared, "floats", "--iterations", "1")["config"]["settings"][
+        "noise"] == "amplitude"

@@ -201,6 +201,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "centre_shift": list(shift), "crop": found.crop, "bin": found.bin,
         "crop_start": list(start), "defocus": found.defocus, "probe": found.probe_source,
         "probe_border_energy": share,
+        "counts": bool(np.issubdtype(ds["data"].dtype, np.integer)),
     }
     attrs = {
         io.LAYOUT_ATTR: LAYOUT, "wavelength": found.wavelength,

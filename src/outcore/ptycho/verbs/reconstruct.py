@@ -55,9 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(streamed to the device per sub-batch) or the store on disk")
     p.add_argument("--sub-batch", type=int, default=defaults.sub_batch,
                    help="positions a worker computes at once (memory, not results)")
-    p.add_argument("--noise", default=defaults.noise, metavar="{amplitude,poisson}",
+    p.add_argument("--noise", default=None, metavar="{amplitude,poisson}",
                    help="the loss: amplitude least squares, or the Poisson likelihood of "
-                        "counting detectors")
+                        "counting detectors (default: poisson for a stack of integer counts, "
+                        "else amplitude)")
     p.add_argument("--probe-modes", type=int, default=defaults.probe_modes,
                    help="incoherent probe modes (mixed-state probe)")
     p.add_argument("--step-object", type=float, default=defaults.step_object)
@@ -98,14 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="truth store of ptycho simulate: the summary gets the object error")
 
 
-def settings_of(args: argparse.Namespace, n_positions: int) -> Settings:
-    """The ``Settings`` the options give for a store of ``n_positions``."""
+def settings_of(args: argparse.Namespace, n_positions: int, counts: bool = False
+                ) -> Settings:
+    """The ``Settings`` the options give for a store of ``n_positions``, preprocessed from
+    a stack of integer ``counts`` or not (the default loss: Poisson for counts)."""
+    noise = args.noise or ("poisson" if counts else Settings.noise)
     return Settings(
         iterations=args.iterations, tolerance=args.tolerance,
         max_iterations=args.max_iterations,
         batch_size=args.batch_size if args.batch_size is not None else default_batch(
             n_positions),
-        residency=args.residency, sub_batch=args.sub_batch, noise=args.noise,
+        residency=args.residency, sub_batch=args.sub_batch, noise=noise,
         probe_modes=args.probe_modes, step_object=args.step_object,
         step_probe=args.step_probe, probe_start=args.probe_start, alpha=args.alpha,
         seed=args.seed, refine_positions=args.refine_positions, refine_from=args.refine_from,
@@ -120,7 +124,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     """The job of ``ptycho reconstruct``: the store opened and checked with the settings,
     the checkpoint to resume from and the truth store, nothing computed."""
     ds = open_input(args.input)
-    settings = settings_of(args, ds.sizes["position"])
+    settings = settings_of(args, ds.sizes["position"],
+                           bool(ds.attrs.get("preprocess", {}).get("counts", False)))
     settings.validate(ds.sizes["position"])
     at_least(args.checkpoint_every, "--checkpoint-every",
              what="the iterations between checkpoints")
