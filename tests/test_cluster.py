@@ -172,18 +172,15 @@ def test_joining_a_scheduler_without_workers_is_a_clear_error(monkeypatch):
 
 
 def test_mpi_ranks_with_a_gpu_run_dask_cuda_workers(monkeypatch):
-    """A rank that sees a GPU (and has dask-cuda) starts a CUDAWorker carrying the device
+    """A rank that sees a GPU (and imports dask-cuda) starts a CUDAWorker carrying the device
     limit; a rank without one starts a plain Worker."""
-    import importlib.util
-
     from outcore import backend
+    from outcore.cluster import cuda
 
     options = cluster.ClusterOptions(kind="mpi", device_memory_limit="30GiB")
     options.validate()  # accepted for mpi now (GPU ranks use it)
-    real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(backend, "devices", lambda: [{"index": 0, "name": "H200"}])
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name: object() if name == "dask_cuda" else real_find_spec(name))
+    monkeypatch.setattr(cuda, "import_failure", lambda: None)
     assert cluster.mpi_worker_class(options) == ("dask_cuda.CUDAWorker",
                                                  {"device_memory_limit": "30GiB"})
     monkeypatch.setattr(backend, "devices", lambda: [])
