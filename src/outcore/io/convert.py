@@ -17,7 +17,7 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, refuse_existing
-from outcore.io.importers import OPTIONS, Arrays, Importer
+from outcore.io.importers import OPTIONS, Arrays, Importer, is_glob
 from outcore.io.importers.registry import IMPORTERS
 from outcore.io.layouts import LAYOUTS, validate
 from outcore.io.store import save
@@ -105,7 +105,7 @@ def detect_format(source: str | PathLike[str]) -> str:
     claims, is a sequence of files of the format its files' suffixes name (tiff when they
     name none)."""
     text = str(source)
-    if any(char in text for char in "*?["):
+    if is_glob(text):
         return _sequence_format(Path(name).suffix for name in glob.glob(text))
     path = existing_path(text, "input")
     fmt = SUFFIXES.get(path.suffix.lower())

@@ -122,13 +122,18 @@ class FrameReader:
         )
 
 
+def is_glob(source: str | PathLike[str]) -> bool:
+    """Whether ``source`` is a glob (a sequence of files) rather than a path."""
+    return any(char in str(source) for char in "*?[")
+
+
 def sequence_files(path_or_glob: str | PathLike[str], suffixes: Sequence[str],
                    kind: str) -> list[str]:
     """The files a path, a directory (its files ending in ``suffixes``) or a glob names, in
     natural order (``frame_2`` before ``frame_10``); InputNotFoundError when there is none.
     ``kind`` names the format in the messages (``"TIFF"``)."""
     text = str(path_or_glob)
-    if any(char in text for char in "*?["):
+    if is_glob(text):
         files = glob.glob(text)
     else:
         path = existing_path(text, f"{kind} input")

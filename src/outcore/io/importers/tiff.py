@@ -70,6 +70,17 @@ def read_tiff(
     order (``frame_2`` before ``frame_10``), one frame each. Blocks hold
     ``frames_per_chunk`` frames (default: ~64 MiB).
     """
+    reader = tiff_reader(path_or_glob)
+    return frames_dataset(
+        reader.to_dask(frames_per_chunk), layout, str(path_or_glob),
+        dims=dims, attrs=attrs, arrays=arrays,
+    )
+
+
+def tiff_reader(path_or_glob: str | PathLike[str]) -> FrameReader:
+    """The frames of a multi-page TIFF (``TiffPages``) or of a series of single-page TIFFs
+    named by a directory or a glob (``TiffFiles``, every file's header checked first by
+    ``check_series``); InputDamagedError for a first file that is damaged or truncated."""
     tifffile = require("tifffile")
     files = tiff_files(path_or_glob)
     subject = f"the TIFF file {files[0]!r}"
@@ -86,14 +97,9 @@ def read_tiff(
         raise InputDamagedError(f"{subject[:1].upper()}{subject[1:]} is damaged or truncated"
                                 f" ({why}).", REWRITE_FIX)
     if len(files) == 1:
-        reader: FrameReader = TiffPages((pages, *frame), dtype, files[0])
-    else:
-        check_series(files, frame, dtype)
-        reader = TiffFiles((len(files), *frame), dtype, tuple(files))
-    return frames_dataset(
-        reader.to_dask(frames_per_chunk), layout, str(path_or_glob),
-        dims=dims, attrs=attrs, arrays=arrays,
-    )
+        return TiffPages((pages, *frame), dtype, files[0])
+    check_series(files, frame, dtype)
+    return TiffFiles((len(files), *frame), dtype, tuple(files))
 
 
 #: TIFF files, directories and globs of them in the importers' registry.

@@ -454,18 +454,19 @@ def disagreeing(found: list[RowCenter]) -> set[int]:
     rows = np.array([r.row for r in found], np.float64)
     centers = np.array([r.center for r in found], np.float64)
     kept = np.ones(rows.size, bool)
+    line = np.full(rows.size, np.median(centers))
     for _ in range(3):  # the median, then the line through the rows kept, twice
-        if kept.sum() >= 3 and _ > 0:
-            slope, intercept = np.polyfit(rows[kept], centers[kept], 1)
-            line = intercept + slope * rows
-        else:
-            line = np.full(rows.size, np.median(centers[kept]))
         residual = np.abs(centers - line)
         spread = 1.4826 * np.median(residual[kept])
         now = residual <= max(OUTLIER_PIXELS, 3 * spread)
         if now.sum() < 2 or (now == kept).all():
             break
         kept = now
+        if kept.sum() >= 3:
+            slope, intercept = np.polyfit(rows[kept], centers[kept], 1)
+            line = intercept + slope * rows
+        else:
+            line = np.full(rows.size, np.median(centers[kept]))
     return {r.row for r, keep in zip(found, kept, strict=True) if not keep}
 
 

@@ -30,7 +30,7 @@ import xarray as xr
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError
-from outcore.io.importers import native, require
+from outcore.io.importers import FrameReader, native, require
 from outcore.io.importers.hdf5 import DANGLING_FIX, HDF5Frames, _dataset
 from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.raw import angles as angle_file
@@ -79,7 +79,7 @@ def read_beamline_hdf5(
         raise LayoutError(f"angles_unit={angles_unit!r} is not a unit of angle.",
                           "pass angles_unit='degree' or angles_unit='radian'.")
     layout_attrs = scan_attrs(geometry, detector_pixel_size, source_distance,
-                                 detector_distance, attrs)
+                              detector_distance, attrs)
     with h5py.File(path, "r") as f:
         node = _named(f, data, "data", path, h5py)
         if node.ndim != 3:
@@ -96,24 +96,37 @@ def read_beamline_hdf5(
         theta = (angle_file.read_file(angles) if angle_file.is_file_name(angles) else
                  np.asarray(_named(f, angles, "angles", path, h5py)[()],
                             dtype=np.float64).reshape(-1))
+    return one_flat_normalised(
+        reader, flat, dark, theta, angles_unit, layout_attrs, angles=angles, frames=data,
+        count_fix="point angles= at the rotation angle of each frame (one per frame), or data="
+                  " at the matching stack.", eps=eps, frames_per_chunk=frames_per_chunk)
+
+
+def one_flat_normalised(reader: FrameReader, flat: np.ndarray, dark: np.ndarray,
+                        theta: np.ndarray, angles_unit: str, layout_attrs: dict[str, Any], *,
+                        angles: str, frames: str, count_fix: str, eps: float,
+                        frames_per_chunk: int | None, source: str | None = None
+                        ) -> xr.Dataset:
+    """The lazy ``projections`` of the frames of ``reader`` normalised by one (averaged)
+    ``flat`` and ``dark`` ``(v, u)``, at ``theta`` in ``angles_unit``, once the angles are
+    one per frame and finite (LayoutError naming ``angles`` and ``frames`` otherwise, with
+    ``count_fix`` for a count that differs): a Data Exchange or a TIFF scan."""
     n_views = reader.shape[0]
     if theta.size != n_views:
-        raise LayoutError(
-            f"{angles!r} holds {theta.size} angles but {data!r} holds {n_views} frames.",
-            "point angles= at the rotation angle of each frame (one per frame), or data= at "
-            "the matching stack.",
-        )
+        raise LayoutError(f"{angles!r} holds {theta.size} angles but {frames!r} holds"
+                          f" {n_views} frames.", count_fix)
     if not np.isfinite(theta).all():
         raise LayoutError(f"{angles!r} holds non-finite angles.",
-                          "repair the angles or pass angles= another dataset.")
+                          "repair the angles, or give others (--angles, angles=).")
     radians = np.deg2rad(theta) if angles_unit == "degree" else theta
     ones = np.ones((n_views, 1))
     return normalised(reader, flat[None], ones, dark[None], ones, radians, layout_attrs,
-                       eps=eps, frames_per_chunk=frames_per_chunk, flat_mode="mean")
+                      eps=eps, frames_per_chunk=frames_per_chunk, flat_mode="mean",
+                      source=source)
 
 
 def scan_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
-                  detector_distance: Any, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
+               detector_distance: Any, attrs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The layout's attrs of a raw scan, refusing a cone without its pixel size and
     distances, and distances that are not numbers. A parallel-beam scan that gives no pixel
     size is measured in pixels (``length_unit: pixel``, a pixel of 1): its centre and

@@ -24,7 +24,7 @@ from outcore import io
 from outcore.checks import existing_path, key_values
 from outcore.errors import LayoutError, reading
 from outcore.io.convert import SUFFIXES, detect_format
-from outcore.io.importers import REWRITE_FIX, parse_attrs, require
+from outcore.io.importers import REWRITE_FIX, is_glob, parse_attrs, require
 from outcore.io.importers.tiff import tiff_files
 from outcore.io.layouts import validate
 from outcore.plan import Resources, TaskMemory
@@ -33,11 +33,6 @@ from outcore.tomo.memory import raw_frames_per_block
 from outcore.tomo.raw import beamline, normalise, nxtomo, options, tiffscan
 
 UNITS = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
-
-
-def is_glob(source: str | PathLike[str]) -> bool:
-    """Whether ``source`` is a glob (of TIFF frames) rather than a path."""
-    return any(char in str(source) for char in "*?[")
 
 
 def scan_source(text: str | PathLike[str]) -> Path:

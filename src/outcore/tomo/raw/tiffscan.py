@@ -17,41 +17,23 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from outcore.errors import LayoutError, reading
-from outcore.io.importers import REWRITE_FIX, native, require
-from outcore.io.importers.tiff import TiffFiles, TiffPages, check_series, tiff_files
+from outcore.errors import LayoutError
+from outcore.io.importers.tiff import tiff_reader
 from outcore.tomo.raw import angles as angle_file
-from outcore.tomo.raw.beamline import scan_attrs
-from outcore.tomo.raw.normalise import EPS, normalised
-
-
-def _frames(source: str | PathLike[str], role: str) -> tuple[list[str], tuple[int, ...],
-                                                              np.dtype, int]:
-    """The files of ``source`` (a multi-page TIFF, a folder or a glob), their frame shape,
-    dtype and frame count, every file's header checked."""
-    tifffile = require("tifffile")
-    files = tiff_files(source)
-    with reading(f"the {role} TIFF file {files[0]!r}", REWRITE_FIX), \
-            tifffile.TiffFile(files[0]) as tif:
-        page = tif.pages[0]
-        frame, dtype, pages = tuple(page.shape), native(page.dtype), len(tif.pages)
-    if len(files) > 1:
-        check_series(files, frame, dtype)
-        return files, frame, dtype, len(files)
-    return files, frame, dtype, pages
+from outcore.tomo.raw.beamline import one_flat_normalised, scan_attrs
+from outcore.tomo.raw.normalise import EPS
 
 
 def _mean_frame(source: str | PathLike[str], role: str, frame: tuple[int, ...]) -> np.ndarray:
     """The mean (float64) of the flat or dark frames of ``source``, refused when their frame
     is not the projections' ``frame``."""
-    files, found, dtype, count = _frames(source, role)
+    reader = tiff_reader(source)
+    count, found = reader.shape[0], tuple(reader.shape[1:])
     if found != frame:
         raise LayoutError(
             f"The {role} {str(source)!r} are {' x '.join(map(str, found))} frames, the"
             f" projections {' x '.join(map(str, frame))}.",
             f"point --{role} at the {role} of this scan (same detector region and binning).")
-    reader = (TiffFiles((count, *frame), dtype, tuple(files)) if len(files) > 1
-              else TiffPages((count, *frame), dtype, files[0]))
     total = np.zeros(frame, np.float64)
     for start in range(0, count, 16):
         total += reader[start:min(count, start + 16)].astype(np.float64).sum(axis=0)
@@ -93,22 +75,14 @@ def read_tiff_scan(
             f"A TIFF scan's angles are a file of their own; {given}.",
             "pass --angles a text or .npy file of one angle per projection (degrees, or "
             "--angles-unit rad).")
-    files, frame, dtype, count = _frames(source, "projections")
-    reader = (TiffFiles((count, *frame), dtype, tuple(files)) if len(files) > 1
-              else TiffPages((count, *frame), dtype, files[0]))
+    reader = tiff_reader(source)
+    frame = tuple(reader.shape[1:])
     flat = _mean_frame(flats, "flats", frame)
     dark = np.zeros(frame, np.float64) if darks is None else _mean_frame(darks, "darks", frame)
-    theta = angle_file.read_file(angles)
-    if theta.size != count:
-        raise LayoutError(f"{angles!r} holds {theta.size} angles but {str(source)!r} holds"
-                          f" {count} projections.",
-                          "give one angle per projection file, in the order of their names.")
-    if not np.isfinite(theta).all():
-        raise LayoutError(f"{angles!r} holds non-finite angles.", "repair the angles file.")
-    radians = np.deg2rad(theta) if angles_unit == "degree" else theta
-    attributes = scan_attrs(geometry, detector_pixel_size, source_distance,
-                              detector_distance, attrs)
-    ones = np.ones((count, 1))
-    return normalised(reader, flat[None], ones, dark[None], ones, radians, attributes, eps=eps,
-                      frames_per_chunk=frames_per_chunk, flat_mode="mean",
-                      source=str(source))
+    attributes = scan_attrs(geometry, detector_pixel_size, source_distance, detector_distance,
+                            attrs)
+    return one_flat_normalised(
+        reader, flat, dark, angle_file.read_file(angles), angles_unit, attributes,
+        angles=angles, frames=str(source),
+        count_fix="give one angle per projection file, in the order of their names.",
+        eps=eps, frames_per_chunk=frames_per_chunk, source=str(source))

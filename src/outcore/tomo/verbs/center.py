@@ -16,6 +16,7 @@ import distributed
 
 from outcore.checks import choice, positive
 from outcore.errors import OutcoreError
+from outcore.io.importers import is_glob
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
 from outcore.tomo.center import search
@@ -24,7 +25,7 @@ from outcore.tomo.center.run import center_stages, search_in_run
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import is_glob, projections_input, scan_source
+from outcore.tomo.raw.source import projections_input, scan_source
 from outcore.verbs import Job
 
 AUTO = "auto"

@@ -25,6 +25,7 @@ import distributed
 from outcore.checks import at_least, choice
 from outcore.checks import shape as shape_of
 from outcore.errors import OutcoreError
+from outcore.io.importers import is_glob
 from outcore.plan import Plan, Resources
 from outcore.runs import Run
 from outcore.tomo.center import search
@@ -34,7 +35,7 @@ from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import default_volume_shape
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import is_glob, projections_input, scan_source
+from outcore.tomo.raw.source import projections_input, scan_source
 from outcore.tomo.reconstruct import planning
 from outcore.tomo.reconstruct.projector import PARTITIONS
 from outcore.tomo.reconstruct.resume import check_corrections, earlier_run, same
