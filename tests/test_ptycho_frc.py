@@ -1,0 +1,117 @@
+"""Fourier ring correlation (outcore.ptycho.reconstruct.frc) against known answers: an image
+with itself, independent noise, a known shift and phase, the half-bit formula, a
+band-limited image's cut-off, and the checkerboard split of grids and jittered rasters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import ndimage
+
+from outcore.ptycho.reconstruct import frc
+
+
+def _complex_noise(shape: tuple[int, int], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=shape) + 1j * rng.normal(size=shape)
+
+
+def _smooth(shape: tuple[int, int], seed: int, sigma: float = 2.0) -> np.ndarray:
+    noise = _complex_noise(shape, seed)
+    return ndimage.gaussian_filter(noise.real, sigma) + 1j * ndimage.gaussian_filter(
+        noise.imag, sigma)
+
+
+def _band_limited(side: int, cutoff: float, seed: int) -> np.ndarray:
+    """Complex white noise keeping only the frequencies below ``cutoff`` cycles per pixel."""
+    f = np.fft.fftfreq(side)
+    disc = np.hypot(f[:, None], f[None, :]) < cutoff
+    image = np.fft.ifft2(np.fft.fft2(_complex_noise((side, side), seed)) * disc)
+    return image / image.std()
+
+
+def test_an_image_with_itself_correlates_to_one_at_every_ring():
+    image = _smooth((80, 64), 0)
+    window = frc.apodisation(np.pad(np.ones((60, 44), bool), 10), 6)
+    rings = frc.ring_correlation(image, image, window)
+    np.testing.assert_allclose(rings.frc, 1.0, atol=1e-12)
+    assert len(rings.frc) == 80 // 2 + 1 and rings.frequency[-1] == 0.5
+    assert rings.crossing is None
+
+
+def test_independent_noise_correlates_to_zero_within_three_sigma():
+    """Re of the ring sums of two independent complex Gaussian images: each ring within
+    3 / sqrt(pixels) of 0, and their pixel-weighted mean within 3 / sqrt(all pixels)."""
+    a, b = _complex_noise((128, 128), 1), _complex_noise((128, 128), 2)
+    rings = frc.ring_correlation(a, b, np.ones((128, 128)))
+    inner = slice(1, None)  # ring 0 is the (removed) mean alone
+    assert np.all(np.abs(rings.frc[inner]) < 3 / np.sqrt(rings.pixels[inner]))
+    pixels = rings.pixels[inner]
+    mean = float((rings.frc[inner] * pixels).sum() / pixels.sum())
+    assert abs(mean) < 3 / np.sqrt(pixels.sum())
+    assert rings.crossing is not None and rings.crossing < 0.02
+
+
+def test_a_known_shift_and_phase_are_recovered():
+    """B = A moved by (1.37, -2.21) pixels (a Fourier shift) times 0.7 exp(0.8 i): the
+    registration moves it back to 0.05 px and finds the factor's phase and size."""
+    a = _smooth((96, 96), 3)
+    moved = (1.37, -2.21)
+    b = np.fft.ifft2(ndimage.fourier_shift(np.fft.fft2(a), moved)) * 0.7 * np.exp(0.8j)
+    window = frc.apodisation(np.pad(np.ones((64, 64), bool), 16), 8)
+    found = frc.register(a, b, window)
+    np.testing.assert_allclose(found.shift, [-1.37, 2.21], atol=0.05)
+    assert abs(np.angle(found.factor) + 0.8) < 0.01 and abs(abs(found.factor) - 1 / 0.7) < 0.01
+    assert np.abs(found.ramp).max() < 1e-3
+    inside = window > 0.99
+    np.testing.assert_allclose(found.aligned[inside], a[inside], atol=1e-3 * np.abs(a).max())
+
+
+def test_the_half_bit_threshold_is_van_heel_and_schatz():
+    n = np.array([1.0, 4.0, 37.0, 1000.0, 1e8])
+    written = (0.2071 + 1.9102 / np.sqrt(n)) / (1.2071 + 0.9102 / np.sqrt(n))
+    np.testing.assert_allclose(frc.half_bit(n), written, rtol=1e-12)
+    assert frc.half_bit(np.array([1.0]))[0] == pytest.approx(1.0, abs=1e-3)  # 2.1173/2.1173
+    assert frc.half_bit(np.array([1e12]))[0] == pytest.approx(0.2071 / 1.2071, abs=1e-5)
+
+
+def test_a_band_limited_image_loses_correlation_at_its_cut_off():
+    """The same image band-limited to 0.2 cycles per pixel, with independent white noise
+    added to each copy (signal to noise 7.9 inside the band, none beyond): the FRC crosses
+    the half-bit curve at the cut-off, within a ring, with the mask, apodisation and
+    registration of ``fourier_ring_correlation`` too."""
+    side, cutoff = 128, 0.2
+    signal = _band_limited(side, cutoff, 4)
+    a = signal + _complex_noise((side, side), 5) / np.sqrt(2)
+    b = signal + _complex_noise((side, side), 6) / np.sqrt(2)
+    plain = frc.ring_correlation(a, b, np.ones((side, side)))
+    assert plain.crossing == pytest.approx(cutoff, abs=1 / side)
+    mask = np.zeros((side, side), bool)
+    mask[8:-8, 8:-8] = True
+    compared = frc.fourier_ring_correlation(a, b, mask)
+    assert np.abs(compared.registration.shift).max() < 0.05
+    assert compared.rings.crossing == pytest.approx(cutoff, abs=2 / side)
+    inside = (compared.rings.frequency > 0) & (compared.rings.frequency < 0.8 * cutoff)
+    expected = 7.9 / (1 + 7.9)  # SNR / (1 + SNR)
+    assert np.mean(compared.rings.frc[inside]) == pytest.approx(expected, abs=0.03)
+    beyond = compared.rings.frequency > 1.2 * cutoff
+    assert np.abs(np.mean(compared.rings.frc[beyond])) < 0.03
+
+
+def test_a_grid_splits_into_a_checkerboard():
+    a, b = frc.split_halves(np.zeros((12, 2)), scan_shape=(3, 4))
+    np.testing.assert_array_equal(a, [0, 2, 5, 7, 8, 10])
+    np.testing.assert_array_equal(b, [1, 3, 4, 6, 9, 11])
+
+
+@pytest.mark.parametrize("step, jitter", [(5.0, 1.5), (6.0, 0.0), (7.3, 2.0)])
+def test_a_jittered_raster_list_splits_as_its_grid_would(step, jitter):
+    """A 12 x 12 raster (an even row, where alternating along the scan would give stripes),
+    jittered by up to ``jitter`` pixels: the halves are its grid's checkerboard."""
+    iy, ix = np.divmod(np.arange(144), 12)
+    rng = np.random.default_rng(7)
+    coords = np.stack([iy, ix], axis=1) * step + 30 + rng.uniform(-jitter, jitter, (144, 2))
+    a, b = frc.split_halves(coords)
+    parity = (iy + ix) % 2
+    assert {tuple(np.unique(parity[a])), tuple(np.unique(parity[b]))} == {(0,), (1,)}
+    assert len(a) == len(b) == 72
