@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import distributed
 
 from outcore.checks import at_least, positive
-from outcore.diffim import memory, operator, outputs
+from outcore.diffim import memory, operator, outputs, register
 from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, read_pairs
 from outcore.diffim.prepare import Options
@@ -31,6 +31,7 @@ from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Verb
 
 FIT_MODELS = ("psf", "gaussian")
+REGISTRATIONS = ("stars",)
 ONE_PAIR = ("reference", "target", "reference_variance", "target_variance", "mask",
             "reference_noise", "target_noise", "reference_psf", "target_psf")
 PLAN_FIXES = ["use a smaller --tile"]
@@ -55,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the mag column (default: a MAGZP, MAGZERO, ZEROPT, MAGZPT, "
                         "PHOTZP or ZP header keyword of the reference, else of the target)")
     g.add_argument("--item-id", default="pair", help="item_id of the pair")
+    g.add_argument("--aligned", action="store_true",
+                   help="the images have no WCS but are already on one pixel grid: take "
+                        "them as they are")
+    g.add_argument("--register", default=None, choices=REGISTRATIONS,
+                   help="put a target without WCS onto the reference's grid: 'stars', an "
+                        "affine fit to the stars matched in both images")
     p.add_argument("--threshold", type=float, default=5.0, help="detection threshold on "
                    "|S_corr|")
     p.add_argument("--stamp", type=int, default=21, help="cutout side, pixels (odd)")
@@ -89,6 +96,12 @@ def check_options(args: argparse.Namespace) -> None:
              'put "flux_ratio" in the manifest item instead.')
         need(args.zeropoint is None, "--zeropoint applies to the one-pair form only.",
              'put "zeropoint" in the manifest item instead.')
+        need(not args.aligned, "--aligned applies to the one-pair form only.",
+             'put "aligned": true in the manifest item instead.')
+        need(args.register is None, "--register applies to the one-pair form only.",
+             'put "register": "stars" in the manifest item instead.')
+    need(not (args.aligned and args.register), "--aligned and --register exclude each other.",
+         "give --aligned for images already on one grid, else --register stars.")
     need(args.zeropoint is None or math.isfinite(args.zeropoint),
          f"--zeropoint {args.zeropoint} is not a number.", "e.g. --zeropoint 27.5.")
     positive(args.threshold, "--threshold", "the detection threshold, e.g. --threshold 5")
@@ -118,8 +131,9 @@ class Choice:
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     check_options(args)
+    grid = "aligned" if args.aligned else "stars" if args.register else "wcs"
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
-                              args.flux_ratio, args.item_id, args.zeropoint)
+                              args.flux_ratio, args.item_id, args.zeropoint, grid)
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
                     psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
@@ -142,12 +156,16 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         """The models, the exact plan of the tiles (refused if it does not fit), the outputs."""
         outputs.record_inputs(run, files)
         options = plan.choices.options
+        with run.timing("register"):
+            registered, fits = register.register_pairs(client, pairs)
+        if fits:
+            run.metric(registration={k: f.summary() for k, f in fits.items()})
         with run.timing("models"):
-            models = operator.compute_models(client, pairs, options)
+            models = operator.compute_models(client, registered, options)
         exact = plan_for(plan.choices, max(m.halo for m in models))
         run.set("plan", exact.to_dict())
         exact.check(PLAN_FIXES, PLAN_FIXES)
-        outputs.write_outputs(run, client, pairs, models, options)
+        outputs.write_outputs(run, client, registered, models, options)
 
     config = {"manifest": args.manifest, "items": len(pairs), "threshold": args.threshold,
               "stamp": args.stamp, "fit_model": args.fit_model, "tile": args.tile,
@@ -156,7 +174,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
             "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint,
-            "item_id": args.item_id})
+            "item_id": args.item_id, "aligned": args.aligned, "register": args.register})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],
                plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES,

@@ -9,16 +9,21 @@ A manifest is JSON::
                 "reference_variance": {...}, "target_variance": {...}, "mask": {...},
                 "reference_noise": {...}, "target_noise": {...},
                 "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0,
-                "zeropoint": 27.5}]}
+                "zeropoint": 27.5, "aligned": false, "register": "stars"}]}
 
 Paths are relative to the manifest's folder. Images, variances (or noise maps: sigma, read
 as its square) and the mask (nonzero = bad) are FITS image HDUs (``hdu``: index or EXTNAME,
 default the first 2-D image); PSF stamps are FITS or ``.npy``. ``flux_ratio`` is the
 target's flux scale over the reference's (measured from matched stars when absent);
 ``zeropoint`` the reference's (the magnitude of one unit of its flux; else from a header
-keyword, ``ZEROPOINT_KEYS``). ``read_manifest`` checks everything that can be checked without
-reading pixels, and every file's SHA-256, before anything is computed; each problem is one
-``OutcoreError`` naming the item, the file and the fix.
+keyword, ``ZEROPOINT_KEYS``). A pair is put on one pixel grid by the reference's WCS (a
+target whose WCS differs is refused); a reference without one needs ``"aligned": true``
+(the images are already on one grid, taken as they are) or ``"register": "stars"`` (the
+target, its variance or noise map, is resampled onto the reference's grid by an affine fit
+to matched stars, ``outcore.diffim.register``; the mask is the reference's).
+``read_manifest`` checks everything that can be checked without reading pixels, and every
+file's SHA-256, before anything is computed; each problem is one ``OutcoreError`` naming the
+item, the file and the fix.
 """
 
 from __future__ import annotations
@@ -44,7 +49,12 @@ IMAGE_KEYS = FILE_KEYS[:7]
 PSF_KEYS = FILE_KEYS[7:]
 #: Noise (sigma) maps, read as their square: the variance of the same image.
 NOISE_KEYS = {"reference_noise": "reference_variance", "target_noise": "target_variance"}
-ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint")
+ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint", "aligned", "register")
+#: How the target of a pair gets onto the reference's grid: the reference's WCS (checked
+#: against the target's), taken as it is, or registered on the stars of both.
+GRIDS = ("wcs", "aligned", "stars")
+#: Files on the target's own grid (resampled with it when it is registered).
+TARGET_KEYS = ("target", "target_variance")
 #: Header keywords that give an image's zeropoint (the magnitude of one unit of its flux),
 #: the first found: ZTF's, SDSS's and others', UKIRT/VISTA's, ESO's.
 ZEROPOINT_KEYS = ("MAGZP", "MAGZERO", "ZEROPT", "MAGZPT", "PHOTZP", "ZP")
@@ -99,7 +109,9 @@ class Pair:
     celestial WCS as a header string (None without one); PSFs are unit-sum float64 stamps.
     ``zeropoint`` is the magnitude of one unit of flux of the image it comes from, named by
     ``zeropoint_source`` (``given``: of the reference; ``REF KEY`` or ``TARGET KEY``: that
-    image's header keyword), None when nothing gives one.
+    image's header keyword), None when nothing gives one. ``grid`` (one of ``GRIDS``) says
+    how the target reaches the reference's grid; a ``stars`` pair's target files are on
+    their own grid until ``register.register_pairs`` resamples them.
     """
 
     item_id: str
@@ -115,6 +127,7 @@ class Pair:
     wcs_header: str | None = None
     zeropoint: float | None = None
     zeropoint_source: str = ""
+    grid: str = "wcs"
 
 
 def _fail(where: str, problem: str, fix: str, cls: type[OutcoreError] = LayoutError) -> None:
@@ -195,18 +208,28 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
             ref = _file_entry(item[key], f"{where} {key}", base)
             psfs[key] = read_psf(ref["path"], f"{where} {key}")
             files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
+    grid = _grid(item, where)
     shape = images["reference"].shape
     for key, image in images.items():
-        if image.shape != shape:
+        own = "target" if grid == "stars" and key in TARGET_KEYS else "reference"
+        if image.shape != images[own].shape:
+            size = images[own].shape
             _fail(where, f"{key} is {image.shape[0]} x {image.shape[1]} pixels but the "
-                  f"reference is {shape[0]} x {shape[1]}; the images of a pair must be on the "
+                  f"{own} is {size[0]} x {size[1]}; the images of a pair must be on the "
                   "same pixel grid.",
                   "resample every image of the pair onto the reference's grid first (e.g. "
                   "with reproject or SWarp).")
-    if min(shape) < MIN_IMAGE_EDGE:
+    if min(shape + images["target"].shape) < MIN_IMAGE_EDGE:
         _fail(where, f"the images are {shape[0]} x {shape[1]} pixels, smaller than "
               f"{MIN_IMAGE_EDGE} on a side.", "give larger images.")
-    header = _check_wcs(images["reference"], images["target"], where)
+    header = _check_wcs(images["reference"], None if grid == "stars" else images["target"],
+                        where)
+    if header is None and grid == "wcs":
+        _fail(where, "the reference has no celestial WCS, so nothing says whether the target "
+              "is on its pixel grid.",
+              'if both images are already on one pixel grid, add --aligned (manifest: '
+              '"aligned": true); else register the target on the stars of both with '
+              '--register stars (manifest: "register": "stars").')
     ratio = item.get("flux_ratio")
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
                               or not math.isfinite(ratio) or ratio <= 0):
@@ -217,8 +240,24 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
     pair = Pair(item_id, images["reference"], images["target"], shape,
                 images.get("reference_variance"), images.get("target_variance"),
                 images.get("mask"), psfs.get("reference_psf"), psfs.get("target_psf"),
-                None if ratio is None else float(ratio), header, zeropoint, zeropoint_source)
+                None if ratio is None else float(ratio), header, zeropoint, zeropoint_source,
+                grid)
     return pair, files
+
+
+def _grid(item: dict[str, Any], where: str) -> str:
+    """The item's ``GRIDS`` entry from its ``aligned`` and ``register`` keys."""
+    aligned, register = item.get("aligned", False), item.get("register")
+    if not isinstance(aligned, bool):
+        _fail(where, f"aligned {aligned!r} is not true or false.",
+              'write "aligned": true for images already on one pixel grid.')
+    if register not in (None, "stars"):
+        _fail(where, f"register {register!r} is not a known registration.",
+              'write "register": "stars" (an affine fit to the stars of both images).')
+    if aligned and register:
+        _fail(where, 'has both "aligned" and "register".',
+              "give one: aligned images are taken as they are, registered ones resampled.")
+    return "aligned" if aligned else "stars" if register else "wcs"
 
 
 def _zeropoint(given: Any, images: dict[str, ImageFile], where: str
@@ -304,9 +343,11 @@ def _celestial(image: ImageFile) -> Any:
     return wcs if wcs.has_celestial else None
 
 
-def _check_wcs(reference: ImageFile, target: ImageFile, where: str) -> str | None:
-    """The reference's WCS header string; refuse a target whose WCS maps pixels elsewhere."""
-    ref, tgt = _celestial(reference), _celestial(target)
+def _check_wcs(reference: ImageFile, target: ImageFile | None, where: str) -> str | None:
+    """The reference's WCS header string; refuse a target (None: none to check) whose WCS
+    maps pixels elsewhere."""
+    ref = _celestial(reference)
+    tgt = None if target is None else _celestial(target)
     if ref is None:
         return None
     if tgt is not None:
@@ -354,11 +395,16 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
 
 
 def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
-             item_id: str = "pair", zeropoint: float | None = None) -> tuple[list[Pair], list]:
+             item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs"
+             ) -> tuple[list[Pair], list]:
     """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
     file keys to paths (None: not given); each file is hashed here and checked as in a
-    manifest."""
+    manifest; ``grid`` is one of ``GRIDS`` (``--aligned``, ``--register stars``)."""
     item: dict[str, Any] = {"item_id": item_id}
+    if grid == "aligned":
+        item["aligned"] = True
+    elif grid == "stars":
+        item["register"] = "stars"
     for key, name in files.items():
         if name is None:
             continue
@@ -399,9 +445,9 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
 
 def read_pairs(manifest: str | None, files: dict[str, str | None],
                flux_ratio: float | None = None, item_id: str = "pair",
-               zeropoint: float | None = None) -> tuple[list[Pair], list]:
+               zeropoint: float | None = None, grid: str = "wcs") -> tuple[list[Pair], list]:
     """The checked pairs and their files: those of the ``manifest`` when one is given, else
     the one pair of ``files`` (``one_pair``)."""
     if manifest:
         return read_manifest(manifest)
-    return one_pair(files, flux_ratio, item_id, zeropoint)
+    return one_pair(files, flux_ratio, item_id, zeropoint, grid)
