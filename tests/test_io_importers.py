@@ -290,9 +290,9 @@ def test_the_registry_gives_formats_suffixes_and_refusals(tmp_path):
     from outcore.io.importers.registry import IMPORTERS
 
     assert FORMATS == tuple(imp.name for imp in IMPORTERS) == (
-        "hdf5", "tiff", "fits", "npz", "npy", "raw", "zarr")
-    assert list(SUFFIXES) == [".h5", ".hdf5", ".hdf", ".nxs", ".nx5", ".tif", ".tiff", ".fits",
-                              ".fit", ".fts", ".npz", ".npy", ".raw", ".bin", ".zarr"]
+        "hdf5", "cxi", "tiff", "fits", "npz", "npy", "raw", "zarr")
+    assert list(SUFFIXES) == [".h5", ".hdf5", ".hdf", ".nxs", ".nx5", ".cxi", ".tif", ".tiff",
+                              ".fits", ".fit", ".fts", ".npz", ".npy", ".raw", ".bin", ".zarr"]
     store = tmp_path / "store"
     store.mkdir()
     (store / "zarr.json").write_text("{}")

@@ -115,3 +115,81 @@ def test_a_jittered_raster_list_splits_as_its_grid_would(step, jitter):
     parity = (iy + ix) % 2
     assert {tuple(np.unique(parity[a])), tuple(np.unique(parity[b]))} == {(0,), (1,)}
     assert len(a) == len(b) == 72
+
+
+# --- outcore ptycho frc, end to end ---------------------------------------------------------
+
+COMMON = ["--cluster", "threads", "--workers", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def scan(tmp_path_factory):
+    """A simulated 12 x 12 scan of 32 x 32 patterns, 5 pixels apart, jittered by up to a
+    pixel, of Poisson counts at 10^5 photons a pattern, preprocessed."""
+    from outcore.cli import main
+
+    root = tmp_path_factory.mktemp("ptycho-frc")
+    runs = ["--output-dir", str(root / "runs"), "--cluster", "threads", "--no-progress"]
+    assert main(["ptycho", "simulate", "--output", str(root / "s.zarr"), "--scan", "12", "12",
+                 "--detector", "32", "--step", "5", "--jitter", "1", "--dose", "1e5",
+                 "--dtype", "uint32", "--name", "sim", *runs]) == 0
+    assert main(["ptycho", "preprocess", "--input", str(root / "s.zarr"), "--output",
+                 str(root / "p.zarr"), "--name", "pre", *runs]) == 0
+    return root
+
+
+def test_frc_of_two_half_scans_crosses_within_the_band_and_matches_the_truth(scan):
+    """The halves are a checkerboard of the 144 positions; the FRC crosses the half-bit
+    curve inside the detector's band (Nyquist, 0.5 / px) and below where each half's FRC
+    against the true object crosses; and ring by ring the FRC against the truth is about
+    the square root of the halves' FRC (Rosenthal & Henderson 2003: for two halves of
+    equal, independent noise, FRC_truth = sqrt(FRC_halves))."""
+    import xarray as xr
+
+    from outcore.cli import main
+    from outcore.runs import load_summary
+
+    assert main(["ptycho", "frc", "--input", str(scan / "p.zarr"), "--iterations", "30",
+                 "--batch-size", "36", "--truth", str(scan / "s.truth.zarr"), "--output-dir",
+                 str(scan / "runs"), "--name", "frc", *COMMON]) == 0
+    run = scan / "runs" / "frc"
+    metrics = load_summary(run)["metrics"]
+    crossing = metrics["frc_crossing_per_px"]
+    assert 0.2 < crossing < 0.5, metrics
+    assert metrics["frc_resolution_px"] == pytest.approx(0.5 / crossing)
+    pixel = float(xr.open_zarr(scan / "p.zarr", consolidated=False).attrs["pixel_size"])
+    assert metrics["frc_crossing_per_m"] == pytest.approx(crossing / pixel)
+    assert metrics["frc_resolution_m"] == pytest.approx(0.5 / crossing * pixel)
+    assert np.abs(metrics["frc_registration"]["shift_px"]).max() < 0.5
+    for half in metrics["halves"].values():
+        assert half["positions"] == 72 and half["object_error"] < 0.1, metrics
+        assert half["frc_truth_crossing_per_px"] > crossing
+    table = np.genfromtxt(run / "frc.csv", delimiter=",", names=True)
+    assert table.dtype.names == ("frequency_per_px", "frequency_per_m", "frc", "half_bit",
+                                 "ring_pixels", "frc_truth_a", "frc_truth_b")
+    np.testing.assert_allclose(table["half_bit"], frc.half_bit(table["ring_pixels"]))
+    band = (table["frequency_per_px"] > 0.05) & (table["frequency_per_px"] < 0.45)
+    expected = np.sqrt(np.clip(table["frc"][band], 0, 1))
+    for name in ("frc_truth_a", "frc_truth_b"):
+        assert np.mean(np.abs(table[name][band] - expected)) < 0.1
+    assert (run / "frc.png").read_bytes()[:4] == b"\x89PNG"
+    halves = [xr.open_zarr(run / f"half_{h}.zarr", consolidated=False)["positions"].values
+              for h in "ab"]
+    given = xr.open_zarr(scan / "p.zarr", consolidated=False)["positions"].values
+    both = np.concatenate(halves)
+    assert len(np.unique(both, axis=0)) == len(given) == len(both)
+    assert not list((run / "work").glob("half_*"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "100"], "--batch-size 100"),
+    (["--truth", "nowhere.zarr"], "nowhere.zarr"),
+])
+def test_frc_refuses_bad_options_before_compute(scan, args, message, capsys):
+    from outcore.cli import main
+
+    code = main(["ptycho", "frc", "--input", str(scan / "p.zarr"), "--output-dir",
+                 str(scan / "runs"), "--name", "bad", *args, *COMMON])
+    assert code != 0
+    assert message in capsys.readouterr().err
+    assert not (scan / "runs" / "bad").exists()

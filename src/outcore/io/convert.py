@@ -46,7 +46,7 @@ def convert(
 ) -> Path:
     """Write ``source`` as a new outcore store at ``output`` (streamed, never overwriting).
 
-    ``format`` is one of hdf5, tiff, fits, npz, npy, raw, zarr, or ``auto`` (from the
+    ``format`` is one of hdf5, cxi, tiff, fits, npz, npy, raw, zarr, or ``auto`` (from the
     suffix; a directory of TIFFs or a glob is tiff). ``layout`` is required except for npz
     (cutouts) and outcore stores; a raw (headerless) file needs its ``dtype`` and
     ``shape``. ``dataset`` (HDF5 internal path) and ``hdu`` (FITS) pick the data;

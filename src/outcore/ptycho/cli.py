@@ -1,12 +1,12 @@
-"""The ptychography verbs: ``ptycho simulate``, ``ptycho preprocess`` and ``ptycho
-reconstruct`` (one module each in ``outcore.ptycho.verbs``), and the family's stage of
-``outcore demo``. See docs/operators/ptychography.md.
+"""The ptychography verbs: ``ptycho simulate``, ``ptycho preprocess``, ``ptycho
+reconstruct`` and ``ptycho frc`` (one module each in ``outcore.ptycho.verbs``), and the
+family's stage of ``outcore demo``. See docs/operators/ptychography.md.
 """
 
 from __future__ import annotations
 
 from outcore.ptycho.demo import run_stage
-from outcore.ptycho.verbs import preprocess, reconstruct, simulate
+from outcore.ptycho.verbs import frc, preprocess, reconstruct, simulate
 from outcore.verbs import DemoStage, Verb
 
 VERBS = [
@@ -18,6 +18,9 @@ VERBS = [
     Verb("ptycho reconstruct", "refine object and probe from a preprocessed store, "
          "data-parallel over the workers, into a run directory", reconstruct.add_arguments,
          reconstruct.make_job, tunable=reconstruct.TUNABLE),
+    Verb("ptycho frc", "resolution estimate: reconstruct two halves of the scan and write "
+         "their Fourier ring correlation and its half-bit crossing", frc.add_arguments,
+         frc.make_job),
 ]
 DEMO = DemoStage("--ptycho-scan", 12,
                  "side of the ptychography scan reconstructed at the end", run_stage)

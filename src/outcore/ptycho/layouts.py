@@ -27,6 +27,8 @@ DIFFRACTION = register(Layout(
              "scalar or [k_y, k_x]", sizes=(1, 2)),
         Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [y, x]", sizes=(1, 2)),
         Attr("detector_distance", "m", "sample to detector distance"),
+        Attr("focus_sample_distance", "m", "focus to sample distance of a near-field scan "
+             "(Fresnel scaling): given, the frames are near-field images, not diffraction"),
     ),
     needs=(
         Need((("wavelength",), ("energy",))),

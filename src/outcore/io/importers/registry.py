@@ -7,10 +7,11 @@ suffixes listed in errors, and of the formats named when an option does not appl
 
 from __future__ import annotations
 
-from outcore.io.importers import Importer, fits, hdf5, npz, raw, tiff, zarr
+from outcore.io.importers import Importer, cxi, fits, hdf5, npz, raw, tiff, zarr
 
 IMPORTERS: tuple[Importer, ...] = (
     hdf5.IMPORTER,
+    cxi.IMPORTER,
     tiff.IMPORTER,
     fits.IMPORTER,
     npz.IMPORTER,

@@ -162,31 +162,41 @@ def truth_errors(recon: xr.Dataset, truth: xr.Dataset, ds: xr.Dataset) -> dict[s
     """``object_error`` (``truth_error``) and, when the reconstruction holds positions, the
     RMS distance of its positions from the true ones in pixels (``position_error_px``, after
     removing their mean offset, which the data cannot see)."""
-    pixel = float(ds.attrs["pixel_size"])
-    # the store's positions are the truth's moved by the preprocessing's whole-pixel offset
-    # (plus any error of the recorded positions, which the median ignores)
-    offset = np.median((ds["positions"].values - truth["positions"].values) / pixel, axis=0)
-    shift = np.floor(offset[::-1] + 0.5).astype(int)  # (rows, cols)
-    obj = _projected(recon["object"].values)
-    true_obj = _projected(truth["object"].values)
-    ny, nx = obj.shape
-    aligned = np.zeros_like(obj)
-    rows = slice(max(0, -shift[0]), min(true_obj.shape[0], ny - shift[0]))
-    cols = slice(max(0, -shift[1]), min(true_obj.shape[1], nx - shift[1]))
-    aligned[rows.start + shift[0]:rows.stop + shift[0],
-            cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
-    true_probe = truth["probe"].values
-    corners = np.floor(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2 + 0.5)
-    mask = illuminated(true_probe, corners.astype(np.int64), obj.shape)
+    obj = projected(recon["object"].values)
+    aligned, mask = aligned_truth(truth, ds, obj.shape)
     out = {"object_error": round(object_error(obj, aligned, mask), 6)}
     if "positions" in recon:
+        pixel = float(ds.attrs["pixel_size"])
         moved = (recon["positions"].values - truth["positions"].values) / pixel
         moved -= moved.mean(axis=0)
         out["position_error_px"] = round(float(np.sqrt((moved**2).sum(axis=1).mean())), 6)
     return out
 
 
-def _projected(obj: np.ndarray) -> np.ndarray:
+def aligned_truth(truth: xr.Dataset, ds: xr.Dataset, shape: tuple[int, int]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The simulation's true object (the product of its slices, complex128) on the grid of
+    a reconstruction of ``shape`` (Ny, Nx) from the preprocessed ``ds`` (moved by the
+    preprocessing's whole-pixel offset), and the mask of the pixels its probe lights well
+    at the store's positions."""
+    pixel = float(ds.attrs["pixel_size"])
+    # the store's positions are the truth's moved by the preprocessing's whole-pixel offset
+    # (plus any error of the recorded positions, which the median ignores)
+    offset = np.median((ds["positions"].values - truth["positions"].values) / pixel, axis=0)
+    shift = np.floor(offset[::-1] + 0.5).astype(int)  # (rows, cols)
+    true_obj = projected(truth["object"].values)
+    ny, nx = shape
+    aligned = np.zeros(shape, np.complex128)
+    rows = slice(max(0, -shift[0]), min(true_obj.shape[0], ny - shift[0]))
+    cols = slice(max(0, -shift[1]), min(true_obj.shape[1], nx - shift[1]))
+    aligned[rows.start + shift[0]:rows.stop + shift[0],
+            cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
+    true_probe = truth["probe"].values
+    corners = np.floor(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2 + 0.5)
+    return aligned, illuminated(true_probe, corners.astype(np.int64), shape)
+
+
+def projected(obj: np.ndarray) -> np.ndarray:
     """The product of an object's slices ((S, Ny, Nx) or one (Ny, Nx)), complex128."""
     obj = np.asarray(obj).astype(np.complex128)
     return obj.prod(axis=0) if obj.ndim == 3 else obj

@@ -37,6 +37,15 @@ from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``ptycho reconstruct``."""
+    add_settings_arguments(p)
+    add_checkpoint_options(p, "ptycho reconstruct", 10)
+    p.add_argument("--truth", default=None,
+                   help="truth store of ptycho simulate: the summary gets the object error")
+
+
+def add_settings_arguments(p: argparse.ArgumentParser) -> None:
+    """``--input`` and the options that make a reconstruction's ``Settings``
+    (``settings_of``), shared by ``ptycho reconstruct`` and ``ptycho frc``."""
     defaults = Settings()
     p.add_argument("--input", required=True, help="preprocessed store (outcore ptycho "
                    "preprocess)")
@@ -94,9 +103,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slice-thickness", type=float, default=None,
                    help="distance between slices in metres (with --slices)")
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed of the batch order")
-    add_checkpoint_options(p, "ptycho reconstruct", 10)
-    p.add_argument("--truth", default=None,
-                   help="truth store of ptycho simulate: the summary gets the object error")
 
 
 def settings_of(args: argparse.Namespace, n_positions: int, counts: bool = False
