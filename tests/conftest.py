@@ -60,7 +60,7 @@ def shared_cluster():
     dask.config.set(scheduler=scheduler)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def real_data() -> Path:
     """The folder of the measured data sets (tests using it carry the ``realdata`` mark)."""
     return REAL_DATA

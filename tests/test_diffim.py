@@ -100,7 +100,7 @@ def _expected_peaks(sim: PairSimulator, area: float, u: float) -> float:
 
 def test_null_pair_peaks_follow_the_gaussian_tail(null_pairs):
     sims, pairs, options, models, _, table = null_pairs
-    area = sum((p.shape[0] - 2 * m.kernels.half_width) * (p.shape[1] - 2 * m.kernels.half_width)
+    area = sum((p.shape[0] - 2 * m.kernels.reach) * (p.shape[1] - 2 * m.kernels.reach)
                for p, m in zip(pairs, models, strict=True))
     expected = _expected_peaks(sims[0], area, options.threshold)
     found = table["snr"].size
@@ -180,7 +180,7 @@ def test_flux_pulls_have_unit_spread_with_a_moffat_target_and_measured_psfs(moff
     sims, models, table = moffat_target
     pulls = []
     for k, (_sim, mine, tr) in enumerate(_per_pair(sims, table, "transients")):
-        half = models[k].kernels.half_width
+        half = models[k].kernels.reach
         inside = np.minimum(np.minimum(tr["x"], tr["y"]), 511 - np.maximum(tr["x"], tr["y"]))
         j = _match(mine, tr["x"], tr["y"])
         assert (j[inside > half + 3] >= 0).all()  # every transient away from the edges
@@ -268,7 +268,7 @@ def test_nothing_is_reported_near_edges_or_masked_pixels(tmp_path):
     models, table = catalog(pairs, OPTIONS)
     near = 0
     for k, (sim, model) in enumerate(zip(sims, models, strict=True)):
-        half = model.kernels.half_width
+        half = model.kernels.reach
         mine = table[table["item_id"] == f"p{k}"]
         bad = sim.mask_rows(0, 256)
         ys, xs = np.nonzero(bad)

@@ -4,7 +4,8 @@ Every pair is its own chain of tasks, so the scheduler hands the next ready task
 pair, to whichever worker is idle (no fixed shard of pairs per worker):
 
 1. ``diffim-survey`` tasks, one per survey block of each image, then one ``diffim-model``
-   task per pair (``prepare.build_model``). The models are small; they come back to the
+   task per pair (``prepare.build_model``) and one ``diffim-noise`` task that measures its
+   noise scale on a sample window (``calibrate``). The models are small; they come back to the
    client, which raises the first pair's error (too few stars, ...) before any tile runs
    and checks the exact memory plan of the tiles.
 2. ``diffim-tile`` tasks, one per tile of each pair (``tile.process_tile``). With a
@@ -34,6 +35,7 @@ import zarr
 from dask.base import tokenize
 from dask.delayed import Delayed
 
+from outcore.diffim.calibrate import calibrate
 from outcore.diffim.manifest import Pair
 from outcore.diffim.prepare import (
     SURVEY_BOXES,
@@ -71,9 +73,11 @@ def model_graph(pairs: Sequence[Pair], options: Options) -> list[Delayed]:
                                        dask_key_name=_key("diffim-survey", pair, which, block,
                                                           options))
                   for block in blocks(pair.shape, step)] for which in (0, 1)]
-        models.append(dask.delayed(build_model)(pair, parts[0], parts[1], options,
-                                                dask_key_name=_key("diffim-model", pair,
-                                                                   options)))
+        model = dask.delayed(build_model)(pair, parts[0], parts[1], options,
+                                          dask_key_name=_key("diffim-model", pair, options))
+        models.append(dask.delayed(calibrate)(pair, model, options,
+                                              dask_key_name=_key("diffim-noise", pair,
+                                                                 options)))
     return models
 
 

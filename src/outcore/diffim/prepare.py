@@ -111,7 +111,10 @@ def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Op
 class PairModel:
     """What every tile of a pair needs: backgrounds, noise, PSFs, flux ratio, ZOGY kernels
     and the radii of detection. ``error`` is ``(problem, fix)`` when the pair cannot be
-    modelled (then only ``item_id`` and the counts are meaningful)."""
+    modelled (then only ``item_id`` and the counts are meaningful). ``star_offset`` is the
+    median (dy, dx) of the target's matched stars from the reference's (pixels), by which
+    the target's PSF is moved. ``noise_scale`` holds the
+    spreads ``calibrate`` measured (None before it runs)."""
 
     item_id: str
     shape: tuple[int, int]
@@ -125,12 +128,14 @@ class PairModel:
     psf_source: tuple[str, str] = ("", "")
     stars: tuple[int, int] = (0, 0)
     matched_stars: int = 0
+    star_offset: tuple[float, float] = (0.0, 0.0)
     kernels: ZogyKernels | None = None
     fwhm_d: float = math.nan
     peak_radius: int = 2
     dipole_radius: float = math.nan
     margin: int = 0
     error: tuple[str, str] | None = field(default=None)
+    noise_scale: dict | None = None
 
     @property
     def halo(self) -> int:
@@ -147,7 +152,12 @@ class PairModel:
                 "zeropoint_source": self.zeropoint_source,
                 "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
                 "matched_stars": self.matched_stars,
+                "star_offset_yx": [round(v, 4) for v in self.star_offset],
                 "kernel_half_width": self.kernels.half_width if self.kernels else None,
+                "unsearched_border": self.kernels.reach if self.kernels else None,
+                "noise_spread": self.noise_scale,
+                "noise_factors": (dict(zip(("difference", "score"), self.kernels.noise,
+                                           strict=True)) if self.kernels else None),
                 "fwhm_difference_psf": round(self.fwhm_d, 4), "f_d": (
                     round(self.kernels.f_d, 8) if self.kernels else None)}
 
@@ -214,7 +224,7 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
                                     f" (--{name}-psf), or lower --star-snr."))
         psf.append(psfs.stack_psf(found))
         source.append("measured")
-    matched = 0
+    matched, offset = 0, (0.0, 0.0)
     if pair.flux_ratio is not None:
         ratio, ratio_source = pair.flux_ratio, "given"
     else:
@@ -230,6 +240,9 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
         fr = psfs.star_flux({k: v[i] for k, v in stars[0].items()}, psf[0])
         fn = psfs.star_flux({k: v[j] for k, v in stars[1].items()}, psf[1])
         ratio, ratio_source = float(np.median(fn / fr)), "measured"
+        offset = (float(np.median(stars[1]["y"][j] - stars[0]["y"][i])),
+                  float(np.median(stars[1]["x"][j] - stars[0]["x"][i])))
+        psf[1] = psfs.shift_psf(psf[1], offset)
     kernels = pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio)
     fwhm_d = psfs.fwhm(kernels.psf_d)
     peak_radius = min(max(2, math.ceil(0.5 * fwhm_d)), MAX_PEAK_RADIUS)
@@ -242,7 +255,7 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
     return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
                      zeropoint, pair.zeropoint_source if math.isfinite(zeropoint) else "",
                      (psf[0], psf[1]), (source[0], source[1]),
-                     (stars[0]["x"].size, stars[1]["x"].size), matched, kernels, fwhm_d,
+                     (stars[0]["x"].size, stars[1]["x"].size), matched, offset, kernels, fwhm_d,
                      peak_radius, dipole_radius, margin)
 
 

@@ -158,6 +158,15 @@ def moffat_stamp(params: np.ndarray, size: int) -> np.ndarray:
     return stamp / stamp.sum()
 
 
+def shift_psf(psf: np.ndarray, offset: tuple[float, float]) -> np.ndarray:
+    """``psf`` moved by ``offset`` (dy, dx) pixels (cubic spline, 0 beyond the stamp), unit
+    sum: the target's PSF placed where its stars lie relative to the reference's, so ZOGY
+    subtracts a sub-pixel misregistration of the grids instead of leaving a dipole on every
+    star."""
+    moved = spline_shift(psf, offset, order=3, mode="constant", cval=0.0)
+    return moved / moved.sum()
+
+
 def star_flux(stars: dict[str, np.ndarray], psf: np.ndarray) -> np.ndarray:
     """PSF photometry of each star stamp: the least-squares flux of ``psf`` shifted onto the
     star's centroid (uniform weights; the stamps are background-subtracted)."""

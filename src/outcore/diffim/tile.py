@@ -54,7 +54,9 @@ class TileResult:
         return self.table.shape[0]
 
 
-def _windows(pair: Pair, model: PairModel, y0: int, y1: int, x0: int, x1: int):
+def read_background_subtracted(pair: Pair, model: PairModel, y0: int, y1: int, x0: int,
+                               x1: int
+                               ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
     """Background-subtracted images, variances (0 where bad) and the bad pixels of a window."""
     images = [read_window(f, y0, y1, x0, x1) for f in (pair.reference, pair.target)]
     given = [None if f is None else read_window(f, y0, y1, x0, x1)
@@ -97,11 +99,11 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
     # the region: core plus margin, inside the image; the window: region plus H
     ry0, ry1 = max(cy0 - margin, 0), min(cy1 + margin, ny)
     rx0, rx1 = max(cx0 - margin, 0), min(cx1 + margin, nx)
-    images, variances, bad = _windows(pair, model, ry0 - half, ry1 + half, rx0 - half,
-                                      rx1 + half)
+    images, variances, bad = read_background_subtracted(pair, model, ry0 - half, ry1 + half,
+                                                        rx0 - half, rx1 + half)
     out = subtract(*images, *variances, kernels, options.backend)
     del images, variances
-    excluded = detect.excluded_zone(bad, half)[half:-half or None, half:-half or None]
+    excluded = detect.excluded_zone(bad, kernels.reach)[half:-half or None, half:-half or None]
     local_core = (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
     found = detect.find_candidates(out["score_corr"], excluded, local_core, options.threshold,
                                    model.peak_radius, model.dipole_radius)

@@ -18,9 +18,15 @@ their flux zero points (here ``F_r = 1`` and ``F_n`` the flux ratio), in Fourier
 - ``V_D = V_n (x) k_dn^2 + V_r (x) k_dr^2``, the variance image of ``D``, with ``k_dn`` and
   ``k_dr`` the kernels of ``D`` on ``N`` and ``R``.
 
+The variance kernels of ``D`` and of ``S`` are scaled by factors measured on a sample of the
+pair (``outcore.diffim.calibrate``) when the inputs' noise is not white (resampled or
+stacked images), so ``S_corr`` and ``D / sqrt(V_D)`` keep unit spread there too.
+
 ``pair_kernels`` builds the kernels once per pair on a periodic grid and crops them in real
 space at the half width ``H`` outside which every kernel's absolute sum is below
-``TRUNCATION`` of its total; ``outcore.diffim.kernels.arrays.apply`` convolves a window by FFT
+``TRUNCATION`` of its total; the score kernels' ``reach`` (outside which their absolute sum
+is below ``REACH_TAIL``) is how far a bad pixel or an image edge spoils the score, the
+border that is not searched. ``outcore.diffim.kernels.arrays.apply`` convolves a window by FFT
 (scipy.fft on the host, cupyx.scipy.fft on a GPU) and returns the outputs ``H`` pixels in
 from the window's edges, which depend on the window's pixels only, so tiles with a halo of
 ``H`` give every output pixel exactly as the whole image would.
@@ -29,20 +35,27 @@ from the window's edges, which depend on the window's pixels only, so tiles with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.fft
 
 #: Relative absolute sum of a kernel allowed outside its crop.
 TRUNCATION = 1e-6
+#: Relative absolute sum of the score kernels beyond their ``reach``: a star's light cut by
+#: an edge or a bad pixel farther away moves its score by under this fraction of its own
+#: significance (a thousandth of a 1000-sigma star's is 1 sigma, under any threshold).
+REACH_TAIL = 1e-3
 
 
 @dataclass(frozen=True)
 class ZogyKernels:
     """The real-space kernels of one pair, each ``(2 H + 1, 2 H + 1)`` float64 centred on its
     middle pixel: ``dn``, ``dr`` (D from N and R), ``sn``, ``sr`` (S from N and R),
-    ``psf_d`` (unit sum), and the zero point ``f_d``."""
+    ``psf_d`` (unit sum), and the zero point ``f_d``; ``reach`` (pixels, at most ``H``) the
+    half width holding all but ``REACH_TAIL`` of the score kernels; ``noise`` the factors
+    of ``V_D`` and ``V_S`` for noise that is not white (1, 1 for white noise; see
+    ``calibrate``)."""
 
     dn: np.ndarray
     dr: np.ndarray
@@ -50,10 +63,22 @@ class ZogyKernels:
     sr: np.ndarray
     psf_d: np.ndarray
     f_d: float
+    reach: int
+    noise: tuple[float, float] = (1.0, 1.0)
 
     @property
     def half_width(self) -> int:
         return self.dn.shape[0] // 2
+
+    def with_noise(self, difference: float, score: float) -> ZogyKernels:
+        """These kernels with ``V_D`` scaled by ``difference`` and ``V_S`` by ``score``."""
+        return replace(self, noise=(difference, score))
+
+    def variance_kernels(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The kernels of ``V_D`` from ``V_n`` and ``V_r``, then of ``V_S``: each kernel
+        squared, times its noise factor."""
+        f_d, f_s = self.noise
+        return self.dn**2 * f_d, self.dr**2 * f_d, self.sn**2 * f_s, self.sr**2 * f_s
 
     @property
     def score_norm(self) -> float:
@@ -77,9 +102,9 @@ def _crop(kernel: np.ndarray, half: int) -> np.ndarray:
     return shifted[c - half: c + half + 1, c - half: c + half + 1].copy()
 
 
-def _half_width(kernels: list[np.ndarray]) -> int:
-    """The smallest half width whose crop keeps all but ``TRUNCATION`` of every kernel's
-    absolute sum."""
+def _half_width(kernels: list[np.ndarray], tail: float = TRUNCATION) -> int:
+    """The smallest half width whose crop keeps all but ``tail`` of every kernel's absolute
+    sum."""
     grid = kernels[0].shape[0]
     needed = 1
     for kernel in kernels:
@@ -88,7 +113,7 @@ def _half_width(kernels: list[np.ndarray]) -> int:
         y, x = np.indices(weight.shape)
         ring = np.maximum(np.abs(y - c), np.abs(x - c))
         outside = weight.sum() - np.cumsum(np.bincount(ring.ravel(), weight.ravel()))
-        needed = max(needed, int(np.argmax(outside <= TRUNCATION * weight.sum())))
+        needed = max(needed, int(np.argmax(outside <= tail * weight.sum())))
     return needed
 
 
@@ -108,5 +133,6 @@ def pair_kernels(psf_r: np.ndarray, psf_n: np.ndarray, sigma_r: float, sigma_n: 
     spaces = [np.fft.ifft2(k).real for k in
               (dn_hat, dr_hat, matched * dn_hat, matched * dr_hat, psf_d_hat)]
     half = min(_half_width(spaces[:4]), grid // 2 - 1)
+    reach = min(_half_width(spaces[2:4], REACH_TAIL), half)
     dn, dr, sn, sr, psf_d = (_crop(k, half) for k in spaces)
-    return ZogyKernels(dn, dr, sn, sr, psf_d / psf_d.sum(), f_d)
+    return ZogyKernels(dn, dr, sn, sr, psf_d / psf_d.sum(), f_d, reach)

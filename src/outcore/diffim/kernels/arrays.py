@@ -82,8 +82,9 @@ def apply(reference: Array, target: Array, var_r: Array, var_n: Array,
     del n_hat, r_hat
     vn_hat = fft.rfft2(var_n, s=shape)
     vr_hat = fft.rfft2(var_r, s=shape)
-    out["variance"] = inverse(combine(kernels.dn**2, vn_hat, kernels.dr**2, vr_hat, 1))
-    var_s = inverse(combine(kernels.sn**2, vn_hat, kernels.sr**2, vr_hat, 1))
+    var_dn, var_dr, var_sn, var_sr = kernels.variance_kernels()
+    out["variance"] = inverse(combine(var_dn, vn_hat, var_dr, vr_hat, 1))
+    var_s = inverse(combine(var_sn, vn_hat, var_sr, vr_hat, 1))
     del vn_hat, vr_hat
     floor = 1e-12 * float(xp.max(xp.abs(var_s))) if var_s.size else 0.0
     ok = var_s > floor
