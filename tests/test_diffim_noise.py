@@ -108,3 +108,39 @@ def test_a_sub_pixel_offset_of_the_grids_leaves_no_dipoles(tmp_path):
     assert models[0].star_offset == pytest.approx(shift, abs=0.05)
     at_stars = ~_far_from_points(table, sim, 5.0) & (np.abs(table["snr"]) >= 5)
     assert at_stars.sum() <= 1
+
+
+def _set_gain(directory, item, gain: float) -> None:
+    for which in ("reference", "target"):
+        path = directory / item[which]["path"]
+        with fits.open(path, mode="update") as hdul:
+            hdul[0].header["GAIN"] = gain
+        item[which]["sha256"] = sha256_file(path)
+
+
+def test_a_header_gain_adds_the_sources_photon_noise_to_their_errors(tmp_path):
+    """Poisson counts (gain 1) with bright transients: with the header's GAIN their PSF fits
+    reach chi2/dof near 1 and their flux pulls unit spread; without it the sky's variance
+    alone underestimates the errors of the brightest."""
+    sim = simulate_pair((512, 512), seed=8, stars=25, noise="poisson",
+                        transient_snr=np.geomspace(30, 300, 12))
+    runs = {}
+    for gain in (None, 1.0):
+        folder = tmp_path / f"gain-{gain}"
+        item = write_pair(sim, folder, "p", psf=False)
+        if gain is not None:
+            _set_gain(folder, item, gain)
+        runs[gain] = _run(folder, [item])[2]
+    truth = sim.transients
+    reduced = {}
+    for gain, table in runs.items():
+        d = np.hypot(table["x"][:, None] - truth["x"][None], table["y"][:, None] - truth["y"][None])
+        rows = d.argmin(axis=0)
+        assert (d[rows, np.arange(truth["x"].size)] < 1.5).all()
+        reduced[gain] = table["chi2"][rows] / table["dof"][rows]
+        pulls = (table["flux"][rows] - truth["flux"]) / table["flux_err"][rows]
+        if gain is not None:
+            assert np.abs(pulls).max() < 4 and 0.5 < pulls.std() < 1.5
+    bright = np.argsort(truth["flux"])[-4:]
+    assert np.median(reduced[1.0][bright]) < 1.2
+    assert np.median(reduced[None][bright]) > 1.2 * np.median(reduced[1.0][bright])

@@ -60,6 +60,8 @@ TARGET_KEYS = ("target", "target_variance")
 ZEROPOINT_KEYS = ("MAGZP", "MAGZERO", "ZEROPT", "MAGZPT", "PHOTZP", "ZP")
 ITEM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FITS_SUFFIXES = (".fits", ".fit", ".fts", ".fits.gz", ".fz")
+#: Header keywords of an image's gain (electrons per unit of its pixels), in order.
+GAIN_KEYS = ("GAIN", "EGAIN", "CCDGAIN")
 #: Smallest image edge (pixels) a pair may have.
 MIN_IMAGE_EDGE = 32
 #: WCS agreement needed between reference and target, in pixels (at the corners and centre).
@@ -68,13 +70,15 @@ WCS_TOLERANCE_PX = 0.01
 
 @dataclass(frozen=True)
 class ImageFile:
-    """One 2-D FITS image HDU: where it is and what it holds (picklable; read per tile)."""
+    """One 2-D FITS image HDU: where it is and what it holds (picklable; read per tile);
+    ``gain`` (electrons per unit of its pixels) from its header's ``GAIN_KEYS``, if any."""
 
     path: str
     hdu: int
     shape: tuple[int, int]
     sha256: str
     squared: bool = False
+    gain: float | None = None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels ``[y0:y1, x0:x1]`` as float64 (``_read``), squared for a noise map given
@@ -313,11 +317,22 @@ def _image_file(ref: dict[str, Any], where: str) -> ImageFile:
         with fits.open(path, memmap=True) as hdul:
             index = hdu_index(hdul, ref["hdu"], path, axes=2)
             shape = tuple(int(n) for n in hdul[index].shape)
+            gain = _gain(hdul[index].header)
     except LayoutError as err:
         _fail(where, err.problem, 'set "hdu" to the index or EXTNAME of a 2-D image HDU.')
     except OSError as err:
         _fail(where, f"{path!r} cannot be read as FITS ({err}).", "check the file.")
-    return ImageFile(path, index, shape, ref["sha256"])  # type: ignore[arg-type]
+    return ImageFile(path, index, shape, ref["sha256"], gain=gain)  # type: ignore[arg-type]
+
+
+def _gain(header: Any) -> float | None:
+    """The first positive ``GAIN_KEYS`` value of a header (electrons per pixel unit)."""
+    for key in GAIN_KEYS:
+        value = header.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
 
 
 def _astropy_fits() -> Any:

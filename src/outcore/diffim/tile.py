@@ -57,7 +57,10 @@ class TileResult:
 def read_background_subtracted(pair: Pair, model: PairModel, y0: int, y1: int, x0: int,
                                x1: int
                                ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray]:
-    """Background-subtracted images, variances (0 where bad) and the bad pixels of a window."""
+    """Background-subtracted images, variances (0 where bad) and the bad pixels of a window.
+
+    Without a variance map an image's variance is its background's RMS squared plus, when
+    its header gives a gain, the sources' own photon noise (their counts over the gain)."""
     images = [read_window(f, y0, y1, x0, x1) for f in (pair.reference, pair.target)]
     given = [None if f is None else read_window(f, y0, y1, x0, x1)
              for f in (pair.reference_variance, pair.target_variance)]
@@ -72,6 +75,9 @@ def read_background_subtracted(pair: Pair, model: PairModel, y0: int, y1: int, x
         var = given[k] if given[k] is not None else np.zeros_like(images[k])
         if given[k] is None:
             var[inside] = rms**2
+            gain = (pair.reference, pair.target)[k].gain
+            if gain is not None:  # the sources' own photon noise
+                var[inside] += np.maximum(images[k][inside], 0.0) / gain
         images[k][bad] = 0.0
         var[bad] = 0.0
         variances.append(var)
