@@ -1,9 +1,16 @@
 """The ``diffraction`` layout: a stack of diffraction patterns on a grid scan or a position
-list, registered with ``outcore.io.layouts`` (docs/formats.md)."""
+list, registered with ``outcore.io.layouts`` (docs/formats.md).
+
+A stack whose ``length_unit`` is ``pixel`` gives its positions (and scan step) in object
+pixels and needs no physical metadata (no wavelength, energy or detector geometry):
+``outcore.ptycho.preprocessing.scan`` then measures everything in pixels."""
 
 from __future__ import annotations
 
 from outcore.io.layouts import FLOAT, Attr, Dims, Layout, Need, Var, register
+
+#: ``length_unit`` of a stack measured in object pixels (absent: lengths in metres).
+PIXEL_UNIT = "pixel"
 
 GRID: Dims = ("scan_y", "scan_x", "k_y", "k_x")
 LIST: Dims = ("position", "k_y", "k_x")
@@ -27,12 +34,16 @@ DIFFRACTION = register(Layout(
              "scalar or [k_y, k_x]", sizes=(1, 2)),
         Attr("detector_pixel_size", "m", "detector pixel pitch, scalar or [y, x]", sizes=(1, 2)),
         Attr("detector_distance", "m", "sample to detector distance"),
+        Attr("length_unit", "", "unit of the positions and scan step: m (absent), or "
+             "pixel (object pixels; no wavelength nor detector geometry needed)",
+             choices={"m": (), PIXEL_UNIT: ()}),
         Attr("focus_sample_distance", "m", "focus to sample distance of a near-field scan "
              "(Fresnel scaling): given, the frames are near-field images, not diffraction"),
     ),
     needs=(
-        Need((("wavelength",), ("energy",))),
+        Need((("wavelength",), ("energy",), ("length_unit",))),
         Need((("scan_step",),), when=GRID),
-        Need((("reciprocal_pixel_size",), ("detector_pixel_size", "detector_distance"))),
+        Need((("reciprocal_pixel_size",), ("detector_pixel_size", "detector_distance"),
+              ("length_unit",))),
     ),
 ))

@@ -208,6 +208,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "pixel_size": found.pixel_size, "reciprocal_pixel_size": found.output_reciprocal_pixel,
         "object_shape": list(object_shape), "detector_size": k,
         "object_padding": found.padding, "defocus": found.defocus, "preprocess": record,
+        **({"length_unit": found.length_unit} if found.length_unit != "m" else {}),
     }
     variables = {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
                  "top_left": (("position", "yx"), top_left),

@@ -22,6 +22,7 @@ import xarray as xr
 from outcore import io
 from outcore.checks import at_least, existing_path
 from outcore.errors import LayoutError, OutcoreError
+from outcore.ptycho.layouts import PIXEL_UNIT
 from outcore.ptycho.optics import (
     finite_attr,
     positive_attr,
@@ -65,6 +66,11 @@ class Setup:
     def k(self) -> int:
         """Window (and output pattern) size."""
         return self.crop // self.bin
+
+    @property
+    def length_unit(self) -> str:
+        """``pixel`` for a stack measured in object pixels (``_optics``), else ``m``."""
+        return PIXEL_UNIT if self.source_attrs.get("length_unit") == PIXEL_UNIT else "m"
 
     @property
     def output_reciprocal_pixel(self) -> float:
@@ -130,12 +136,11 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
             "give one position (x, y) in metres per frame.",
         )
     io.validate(ds, "diffraction")
-    wavelength = wavelength_of(ds.attrs)
-    reciprocal = reciprocal_pixel_of(ds.attrs, wavelength)
     if positions is None:
         positions = _positions_override(ds["positions"].values, frames)
     shape = tuple(int(n) for n in ds["data"].shape[-2:])
     crop = _crop(crop, shape)
+    wavelength, reciprocal = _optics(ds.attrs, crop, positions)
     bin = at_least(bin, "--bin", 1)  # noqa: A001
     if crop % bin:
         low = crop - crop % bin
@@ -176,6 +181,43 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
         probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
         aperture=None if probe_aperture is None else float(probe_aperture),
     )
+
+
+#: The attrs that give lengths in metres, which a stack measured in pixels leaves out.
+PHYSICAL_ATTRS = ("wavelength", "energy", "reciprocal_pixel_size", "detector_pixel_size",
+                  "detector_distance", "focus_sample_distance")
+#: What ``outcore ptycho preprocess`` says once of a stack measured in pixels.
+PIXEL_NOTE = ("note: the stack's lengths are in pixels (length_unit pixel): its positions "
+              "count object pixels of the reconstruction, the wavelength counts as 1 pixel "
+              "(--defocus and --slice-thickness in pixels), and every result is in pixels; "
+              "--attr energy=EV with reciprocal_pixel_size (or detector_pixel_size and "
+              "detector_distance) and positions in metres give metres")
+
+
+def _optics(attrs: dict[str, Any], crop: int, positions: np.ndarray) -> tuple[float, float]:
+    """The wavelength [m] and the detector's reciprocal pixel [1/m] from the attrs; for a
+    stack measured in pixels (``length_unit`` ``pixel``), a wavelength of 1 and ``1 /
+    crop``, so that the object pixel, ``1 / (K * reciprocal pixel)`` after crop and bin,
+    is 1 and the positions count it. Such a stack may give no length in metres, and its
+    positions must span a pixel or more (a span under one is metres by mistake)."""
+    if attrs.get("length_unit") != PIXEL_UNIT:
+        wavelength = wavelength_of(attrs)
+        return wavelength, reciprocal_pixel_of(attrs, wavelength)
+    given = [name for name in PHYSICAL_ATTRS if name in attrs]
+    if given:
+        raise LayoutError(
+            f"The stack's length_unit is pixel, yet it gives {', '.join(given)}: lengths in "
+            "pixels and in metres cannot be mixed.",
+            "drop length_unit to work in metres (positions in metres too), or drop those "
+            "attrs to work in pixels.")
+    span = float(np.ptp(positions, axis=0).max()) if len(positions) > 1 else 1.0
+    if span < 1:
+        raise LayoutError(
+            f"The positions span {span:.3g} pixels: with length_unit pixel they count object "
+            "pixels, so these look like metres.",
+            "give the positions in object pixels, or in metres with the energy and detector "
+            "geometry (and no length_unit).")
+    return 1.0, 1.0 / crop
 
 
 def _mask(source: xr.Dataset | np.ndarray | str | PathLike, shape: tuple[int, int]

@@ -28,13 +28,15 @@ FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase
 
 def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
                    prepared: Prepared) -> xr.Dataset:
-    """The reconstruction as a Dataset, coordinates in metres: ``object(y, x)`` (or
+    """The reconstruction as a Dataset, coordinates in metres (in pixels for a store
+    measured in pixels, attr ``length_unit``): ``object(y, x)`` (or
     ``object(slice, y, x)``), ``probe(k_y, k_x)`` (or ``probe(mode, k_y, k_x)``), with the
     object's global phase moved to the probe; ``loss(iteration)``; ``positions(position, xy)``
     (refined, or as given) and, when refined, ``input_positions``. Attrs: the settings, why
-    the run stopped, the fitted phase ramp of the object (rad per metre, ``[y, x]``, and
-    over the illuminated field) and the global phase removed."""
+    the run stopped, the fitted phase ramp of the object (rad per metre, or per pixel,
+    ``[y, x]``, and over the illuminated field) and the global phase removed."""
     pixel = float(ds.attrs["pixel_size"])
+    unit = ds.attrs.get("length_unit", "m")
     obj, modes = as_3d(result.obj), as_3d(result.probe)
     top_left = np.floor(result.coords + 0.5).astype(np.int64)
     lit = quality.illuminated(modes, top_left, obj.shape[-2:])
@@ -55,22 +57,22 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
         "loss": ("iteration", result.loss,
                  {"long_name": f"{settings.noise} loss summed over the iteration's batches"}),
         "positions": (("position", "xy"), positions_of(ds, result.coords),
-                      {"units": "m", "long_name": "window centres the reconstruction used"}),
+                      {"units": unit, "long_name": "window centres the reconstruction used"}),
     }
     if settings.refine_positions:
         variables["input_positions"] = (("position", "xy"), ds["positions"].values,
-                                        {"units": "m", "long_name": "positions of the input"})
+                                        {"units": unit, "long_name": "positions of the input"})
     return xr.Dataset(
         variables,
         coords={
-            "y": ("y", np.arange(ny) * pixel, {"units": "m"}),
-            "x": ("x", np.arange(nx) * pixel, {"units": "m"}),
-            "k_y": ("k_y", window, {"units": "m"}),
-            "k_x": ("k_x", window, {"units": "m"}),
+            "y": ("y", np.arange(ny) * pixel, {"units": unit}),
+            "x": ("x", np.arange(nx) * pixel, {"units": unit}),
+            "k_y": ("k_y", window, {"units": unit}),
+            "k_x": ("k_x", window, {"units": unit}),
             "iteration": np.arange(len(result.loss)),
             "xy": ["x", "y"],
         },
-        attrs={"outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel,
+        attrs={"outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel, "length_unit": unit,
                "wavelength": float(ds.attrs["wavelength"]),
                "settings": json.dumps(asdict(settings)), "stopped": result.stopped,
                "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
@@ -86,9 +88,10 @@ def write_figures(run: Run, recon: xr.Dataset) -> None:
     obj, probe = recon["object"].values, recon["probe"].values
     obj = obj.prod(axis=0) if obj.ndim == 3 else obj
     probe = probe[0] if probe.ndim == 3 else probe
-    width_um = float(recon["x"].values[-1]) * 1e6
-    pictures = [(FIGURES[0], "object phase", f"{width_um:.3g} um wide", np.angle(obj), "rad"),
-                (FIGURES[1], "object amplitude", f"{width_um:.3g} um wide", np.abs(obj), ""),
+    wide = (f"{recon.sizes['x']} px wide" if recon.attrs.get("length_unit") == "pixel"
+            else f"{float(recon['x'].values[-1]) * 1e6:.3g} um wide")
+    pictures = [(FIGURES[0], "object phase", wide, np.angle(obj), "rad"),
+                (FIGURES[1], "object amplitude", wide, np.abs(obj), ""),
                 (FIGURES[2], "probe amplitude", "detector pixels", np.abs(probe), ""),
                 (FIGURES[3], "probe phase", "detector pixels", np.angle(probe), "rad")]
     for name, title, caption, image, units in pictures:

@@ -21,7 +21,7 @@ from outcore.plan import Plan, Resources, data_bytes
 from outcore.ptycho.memory import preprocess_stages
 from outcore.ptycho.optics import ProbeWindowWarning
 from outcore.ptycho.preprocessing.pipeline import build
-from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, setup
+from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, PIXEL_NOTE, setup
 from outcore.ptycho.preprocessing.store import COMPRESSIONS, open_preprocessed, save_preprocessed
 from outcore.runs import Run
 from outcore.verbs import Job
@@ -83,6 +83,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                   probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
                   chunk_positions=args.chunk_positions, mask=args.mask,
                   probe_aperture=args.probe_aperture)
+    if found.length_unit != "m":
+        print(PIXEL_NOTE, flush=True)
     config: dict[str, Any] = {
         "input": str(source), "output": str(output), "crop": found.crop, "bin": found.bin,
         "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
@@ -90,6 +92,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         "defocus": found.defocus, "object_padding": found.padding,
         "chunk_positions": found.chunk_positions, "compression": args.compression,
         "detector_size": found.k, "pixel_size": found.pixel_size,
+        "length_unit": found.length_unit,
     }
 
     stages = preprocess_stages(ds, found)
