@@ -24,6 +24,7 @@ from outcore.diffim import (
     write_pair,
 )
 from outcore.diffim.simulate import PairSimulator
+from outcore.errors import OutcoreError
 
 G3, G4 = PsfShape("gaussian", 3.0), PsfShape("gaussian", 4.0)
 OPTIONS = Options(tile=256)
@@ -446,3 +447,20 @@ def test_noise_maps_give_what_their_variances_give(tmp_path):
     with pytest.raises(OutcoreError, match="has both 'reference_variance' and "
                                            "'reference_noise'"):
         read_manifest(write_manifest([both], tmp_path / "both.json"))
+
+
+def test_an_image_with_few_bright_stars_takes_its_brightest_down_to_s_n_15(tmp_path):
+    """No star at S/N 50 (a short exposure, a small image): without --star-snr the PSFs come
+    from the brightest stars down to S/N 15 and match the true PSFs' widths; with
+    --star-snr 50 the pair is refused, naming the option."""
+    from outcore.diffim.psf import fwhm
+
+    sim = simulate_pair((256, 256), seed=21, stars=14, star_snr=(18.0, 45.0),
+                        psf_reference=G3, psf_target=G4)
+    pairs = _pairs(tmp_path, [sim], psf=False)
+    model = compute_models(None, pairs, OPTIONS)[0]
+    assert all(s.startswith("measured, 5 stars") for s in model.psf_source)
+    for measured, true in zip(model.psf, (3.0, 4.0), strict=True):
+        assert fwhm(measured) == pytest.approx(true, rel=0.1)
+    with pytest.raises(OutcoreError, match="lower --star-snr"):
+        compute_models(None, pairs, Options(tile=256, star_snr=50.0))

@@ -62,7 +62,7 @@ def test_a_manifest_run_writes_every_output(first_run):
         assert image["difference"].shape == (320, 320)
         assert (run / "png" / f"{item_id}.png").stat().st_size > 10_000
     assert items["field0"]["psf_source"] == ["given", "given"]
-    assert items["field1"]["psf_source"] == ["measured", "measured"]
+    assert all(s.startswith("measured, ") for s in items["field1"]["psf_source"])
     assert np.isfinite(table["ra"]).all() and (table["score_version"] == 1).all()
     assert not [p for p in run.iterdir() if "partial" in p.name]
     roles = {entry["role"] for entry in summary["inputs"]}

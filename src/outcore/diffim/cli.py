@@ -73,8 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="side of the background mesh's boxes, pixels")
     p.add_argument("--psf-size", type=int, default=25,
                    help="side of measured PSF stamps, pixels (odd)")
-    p.add_argument("--star-snr", type=float, default=50.0,
-                   help="least aperture S/N of the stars for PSFs and the flux ratio")
+    p.add_argument("--star-snr", type=float, default=None,
+                   help="least aperture S/N of the stars for PSFs and the flux ratio (default: "
+                        "50, or the 5 brightest down to 15 on an image with fewer)")
 
 
 def check_options(args: argparse.Namespace) -> None:

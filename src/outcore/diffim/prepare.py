@@ -25,6 +25,11 @@ from outcore.diffim.zogy import ZogyKernels, pair_kernels
 SURVEY_BOXES = 16
 #: Matched stars the flux ratio needs at least.
 MIN_RATIO_STARS = 3
+#: Without ``--star-snr``, PSFs and the flux ratio use the stars of S/N ``STAR_SNR`` or more
+#: and, on an image with too few of them (a small image, a short exposure), the brightest
+#: down to ``STAR_SNR_FLOOR``.
+STAR_SNR = 50.0
+STAR_SNR_FLOOR = 15.0
 #: A dipole's lobes lie within this many FWHM of the difference's PSF of each other.
 DIPOLE_RADIUS_FWHM = 2.5
 #: Caps of the dipole radius and the peak footprint's radius (pixels), whatever the PSFs.
@@ -43,7 +48,7 @@ class Options:
     tile: int = 1024
     box: int = 64
     psf_size: int = 25
-    star_snr: float = 50.0
+    star_snr: float | None = None
     backend: str = "numpy"
 
 
@@ -81,6 +86,24 @@ def bad_window(pair: Pair, images: list[np.ndarray], variances: list[np.ndarray 
     return bad
 
 
+def least_star_snr(options: Options) -> float:
+    """The least S/N of the stars the survey keeps: ``--star-snr``, else ``STAR_SNR_FLOOR``."""
+    return STAR_SNR_FLOOR if options.star_snr is None else options.star_snr
+
+
+def _ratio_stars(stars: tuple[dict, dict], options: Options
+                 ) -> tuple[dict, dict, np.ndarray, np.ndarray]:
+    """The stars of both images and the indices of their matches for the flux ratio: those
+    of S/N ``STAR_SNR`` or more, or every star found when they match fewer than
+    ``MIN_RATIO_STARS`` (without ``--star-snr``)."""
+    if options.star_snr is None:
+        strong = tuple(psfs.brightest(s, STAR_SNR, 0) for s in stars)
+        i, j = psfs.match_stars(*strong)
+        if i.size >= MIN_RATIO_STARS:
+            return (*strong, i, j)
+    return (*stars, *psfs.match_stars(*stars))
+
+
 def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Options,
            want_stars: bool) -> dict:
     """One survey block of image ``which`` (0 reference, 1 target) of ``pair``: its boxes'
@@ -103,7 +126,7 @@ def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Op
         out["var"] = float(np.median(var[core][~bad[core]])) if (~bad[core]).any() else np.nan
     if want_stars:
         out["stars"] = psfs.find_stars(sky, bad, (wy0, wx0), block, pair.shape,
-                                       options.psf_size, options.star_snr)
+                                       options.psf_size, least_star_snr(options))
     return out
 
 
@@ -218,30 +241,34 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
         if count < psfs.MIN_PSF_STARS:
             return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
                              error=(f"{where}: only {count} isolated stars with S/N >= "
-                                    f"{options.star_snr:g} were found in the {name}, too few "
-                                    f"to measure its PSF (at least {psfs.MIN_PSF_STARS}).",
+                                    f"{least_star_snr(options):g} were found in the {name}, too "
+                                    f"few to measure its PSF (at least {psfs.MIN_PSF_STARS}).",
                                     f'give "{name}_psf" (a FITS or .npy stamp) in the manifest'
                                     f" (--{name}-psf), or lower --star-snr."))
-        psf.append(psfs.stack_psf(found))
-        source.append("measured")
+        chosen = found if options.star_snr else psfs.brightest(found, STAR_SNR,
+                                                                 psfs.MIN_PSF_STARS)
+        psf.append(psfs.stack_psf(chosen))
+        source.append(f"measured, {chosen['x'].size} stars of S/N >= "
+                      f"{float(chosen['snr'].min()):.0f}")
     matched, offset = 0, (0.0, 0.0)
     if pair.flux_ratio is not None:
         ratio, ratio_source = pair.flux_ratio, "given"
     else:
-        i, j = psfs.match_stars(stars[0], stars[1])
+        ref, new, i, j = _ratio_stars(stars, options)
         matched = int(i.size)
         if matched < MIN_RATIO_STARS:
             return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
                              error=(f"{where}: only {matched} stars with S/N >= "
-                                    f"{options.star_snr:g} were found in both images, too few "
-                                    f"to measure the flux ratio (at least {MIN_RATIO_STARS}).",
+                                    f"{least_star_snr(options):g} were found in both images, "
+                                    f"too few to measure the flux ratio (at least "
+                                    f"{MIN_RATIO_STARS}).",
                                     'give "flux_ratio" in the manifest (--flux-ratio), or '
                                     "lower --star-snr."))
-        fr = psfs.star_flux({k: v[i] for k, v in stars[0].items()}, psf[0])
-        fn = psfs.star_flux({k: v[j] for k, v in stars[1].items()}, psf[1])
+        fr = psfs.star_flux({k: v[i] for k, v in ref.items()}, psf[0])
+        fn = psfs.star_flux({k: v[j] for k, v in new.items()}, psf[1])
         ratio, ratio_source = float(np.median(fn / fr)), "measured"
-        offset = (float(np.median(stars[1]["y"][j] - stars[0]["y"][i])),
-                  float(np.median(stars[1]["x"][j] - stars[0]["x"][i])))
+        offset = (float(np.median(new["y"][j] - ref["y"][i])),
+                  float(np.median(new["x"][j] - ref["x"][i])))
         psf[1] = psfs.shift_psf(psf[1], offset)
     kernels = pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio)
     fwhm_d = psfs.fwhm(kernels.psf_d)

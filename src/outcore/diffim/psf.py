@@ -87,6 +87,16 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
     return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps)}
 
 
+def brightest(stars: dict[str, np.ndarray], snr: float, least: int) -> dict[str, np.ndarray]:
+    """The stars of S/N ``snr`` or more; when they are fewer than ``least``, the ``least``
+    brightest (all of them when there are fewer)."""
+    keep = stars["snr"] >= snr
+    if keep.sum() < least:
+        keep = np.zeros(stars["snr"].size, dtype=bool)
+        keep[np.argsort(-stars["snr"])[:least]] = True
+    return {key: values[keep] for key, values in stars.items()}
+
+
 def cut_psf(psf: np.ndarray, size: int) -> np.ndarray:
     """``psf`` cut to its centred ``size x size`` square (odd ``size``; as it is when not
     larger), renormalised to unit sum: the side measured PSFs have (``--psf-size``). A PSF
