@@ -111,3 +111,44 @@ def test_lengths_in_pixels_and_metres_are_refused(twins, change, message):
         ds = ds.assign_attrs(change)
     with pytest.raises(LayoutError, match=message):
         preprocess(ds)
+
+
+def test_a_probe_and_a_mask_from_files_on_the_command_line(twins, tmp_path):
+    """A user's own probe guess and detector mask (.npy) with a scan in pixels: the store's
+    probe guess is the file's, its mask the file's, and the summary counts the masked
+    pixels."""
+    from outcore.runs import load_summary
+
+    truth = xr.open_zarr(twins / "m.truth.zarr", consolidated=False)
+    probe = truth["probe"].values.astype(np.complex64)
+    mask = np.zeros((32, 32), bool)
+    mask[3, 5] = mask[20, 7] = True
+    mask[14:18, 0:2] = True
+    np.save(tmp_path / "probe.npy", probe)
+    np.save(tmp_path / "mask.npy", mask)
+    assert main(["ptycho", "preprocess", "--input", str(twins / "px.zarr"), "--output",
+                 str(tmp_path / "pre.zarr"), "--probe", str(tmp_path / "probe.npy"), "--mask",
+                 str(tmp_path / "mask.npy"), "--centre", "16", "16", "--name", "given",
+                 "--output-dir", str(tmp_path / "runs"), *COMMON]) == 0
+    pre = xr.open_zarr(tmp_path / "pre.zarr", consolidated=False)
+    np.testing.assert_array_equal(pre["probe_guess"].values, probe)
+    np.testing.assert_array_equal(pre["mask"].values, mask)
+    assert pre.attrs["preprocess"]["probe"] == str(tmp_path / "probe.npy")
+    assert load_summary(tmp_path / "runs" / "given")["metrics"]["masked_pixels"] == 10
+
+
+def test_the_frc_of_a_scan_in_pixels_is_in_pixels(twins, tmp_path):
+    """``ptycho frc`` on a scan in pixels: the crossing and resolution in pixels only, and a
+    frc.csv without a frequency per metre."""
+    from outcore.runs import load_summary
+
+    runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
+    assert main(["ptycho", "preprocess", "--input", str(twins / "px.zarr"), "--output",
+                 str(tmp_path / "pre.zarr"), "--name", "pre", *runs]) == 0
+    assert main(["ptycho", "frc", "--input", str(tmp_path / "pre.zarr"), "--iterations", "10",
+                 "--batch-size", "16", "--name", "frc", *runs]) == 0
+    metrics = load_summary(tmp_path / "runs" / "frc")["metrics"]
+    assert metrics["frc_crossing_per_px"] is None or 0 < metrics["frc_crossing_per_px"] <= 0.5
+    assert "frc_crossing_per_m" not in metrics and "frc_resolution_px" in metrics
+    header = (tmp_path / "runs" / "frc" / "frc.csv").read_text().splitlines()[0]
+    assert header == "frequency_per_px,frc,half_bit,ring_pixels"

@@ -83,12 +83,13 @@ class HalfScans:
             halves[name] = summary
             shutil.rmtree(run.path / WORK / f"half_{name}.zarr")
         with run.timing("frc"):
-            compared = frc.fourier_ring_correlation(objects[0], objects[1], lit[0] & lit[1])
-            against = [frc.fourier_ring_correlation(obj, true, lit[0] & lit[1]).rings
-                       for obj, true in zip(objects, truths, strict=True)]
+            common = lit[0] & lit[1]
+            compared = frc.fourier_ring_correlation(objects[0], objects[1], common)
+            against = [frc.fourier_ring_correlation(obj, true, common).rings
+                       for obj, true in zip(objects[:len(truths)], truths, strict=True)]
         self._write(run, compared, against)
         metrics = self._crossing_metrics(compared.rings.crossing, "frc")
-        for name, rings in zip(HALVES, against, strict=True):
+        for name, rings in zip(HALVES[:len(against)], against, strict=True):
             halves[name].update(self._crossing_metrics(rings.crossing, "frc_truth"))
         found = compared.registration
         metrics.update(frc_registration={"shift_px": [round(v, 4) for v in found.shift],
@@ -158,7 +159,7 @@ class HalfScans:
         if length_unit(self.ds) == "m":
             columns["frequency_per_m"] = rings.frequency / float(self.ds.attrs["pixel_size"])
         columns.update(frc=rings.frc, half_bit=rings.threshold, ring_pixels=rings.pixels)
-        for name, truth_rings in zip(HALVES, against, strict=True):
+        for name, truth_rings in zip(HALVES[:len(against)], against, strict=True):
             columns[f"frc_truth_{name}"] = truth_rings.frc
         table = np.stack([np.asarray(v, np.float64) for v in columns.values()], axis=1)
         np.savetxt(run.add_output(FRC_CSV), table, delimiter=",", header=",".join(columns),
