@@ -23,7 +23,7 @@ def draw(path: str | Path, rings: RingCorrelation, against: Sequence[RingCorrela
          pixel_size: float, unit: str | None) -> None:
     """Write ``path``: FRC (black) and half-bit threshold (grey) from 0 to Nyquist on a
     -0.2 to 1 scale, a vertical line at the crossing, the halves' FRC against the truth
-    (dotted), the frequency axis in cycles per pixel and, when ``unit`` is ``"m"``, the
+    (dashed), the frequency axis in cycles per pixel and, when ``unit`` is ``"m"``, the
     crossing's half-period resolution in nm (``pixel_size`` metres a pixel)."""
     from PIL import Image, ImageDraw, ImageFont
 
@@ -62,7 +62,7 @@ def draw(path: str | Path, rings: RingCorrelation, against: Sequence[RingCorrela
             said += f" = {0.5 / crossing * pixel_size * 1e9:.3g} nm"
     pen.text((figures.GAP, 6), f"FRC of the two half-scan reconstructions; {said}", fill=INK)
     legend = "black: FRC, grey: half-bit threshold" + (
-        ", dotted: each half against the truth" if against else "")
+        ", dashed: each half against the truth" if against else "")
     pen.text((x0, y0 - figures.LINE - 4), legend, fill=INK)
     pen.text((x0 + WIDTH / 2 - 70, y0 + HEIGHT + figures.LINE + 8),
              "spatial frequency, cycles per pixel", fill=INK)
