@@ -25,6 +25,7 @@ from outcore.diffim import memory, operator, outputs, register
 from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, read_pairs
 from outcore.diffim.prepare import Options
+from outcore.diffim.stack import METHODS
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("one pair instead of a manifest")
     for key in ONE_PAIR:
         g.add_argument("--" + key.replace("_", "-"), default=None, metavar="FILE",
-                       help=("FITS image" if key in ("reference", "target") else
+                       help=("FITS image, or a quoted glob of exposures to stack (--stack)"
+                             if key in ("reference", "target") else
                              "FITS or .npy PSF stamp" if key in PSF_KEYS else
                              "FITS, nonzero = bad" if key == "mask" else
                              "FITS noise map (sigma; instead of the variance)"
@@ -56,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the mag column (default: a MAGZP, MAGZERO, ZEROPT, MAGZPT, "
                         "PHOTZP or ZP header keyword of the reference, else of the target)")
     g.add_argument("--item-id", default="pair", help="item_id of the pair")
+    g.add_argument("--stack", default="median", choices=METHODS,
+                   help="how a group of exposures (a glob as --reference or --target) is "
+                        "combined: median, or mean (inverse-variance weighted)")
     g.add_argument("--aligned", action="store_true",
                    help="the images have no WCS but are already on one pixel grid: take "
                         "them as they are")
@@ -134,7 +139,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     check_options(args)
     grid = "aligned" if args.aligned else "stars" if args.register else "wcs"
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
-                              args.flux_ratio, args.item_id, args.zeropoint, grid)
+                              args.flux_ratio, args.item_id, args.zeropoint, grid, args.stack)
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
                     psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
@@ -174,7 +179,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
               "star_snr": args.star_snr}
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
-            "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint,
+            "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint, "stack": args.stack,
             "item_id": args.item_id, "aligned": args.aligned, "register": args.register})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from outcore.diffim.stack import METHODS, StackedImage, stack_images
 from outcore.errors import InputNotFoundError, LayoutError, OutcoreError
 from outcore.io.importers.fits import hdu_index
 
@@ -49,7 +50,10 @@ IMAGE_KEYS = FILE_KEYS[:7]
 PSF_KEYS = FILE_KEYS[7:]
 #: Noise (sigma) maps, read as their square: the variance of the same image.
 NOISE_KEYS = {"reference_noise": "reference_variance", "target_noise": "target_variance"}
-ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint", "aligned", "register")
+ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint", "aligned", "register",
+             "stack")
+#: Files that may be groups of exposures, stacked as they are read (``stack``).
+STACK_KEYS = ("reference", "target")
 #: How the target of a pair gets onto the reference's grid: the reference's WCS (checked
 #: against the target's), taken as it is, or registered on the stars of both.
 GRIDS = ("wcs", "aligned", "stars")
@@ -198,7 +202,12 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
             _fail(where, f"has both {variance!r} and {noise!r}.",
                   f"give one: {variance!r} (sigma squared) or {noise!r} (sigma).")
     for key in IMAGE_KEYS:
-        if key in item:
+        if key in item and isinstance(item[key], list):
+            images[key], found = _stack(item[key], item.get("stack", "median"), key, where,
+                                        base)
+            files += [(f"{item_id}:{key}[{n}]", path, digest)
+                      for n, (path, digest) in enumerate(found)]
+        elif key in item:
             ref = _file_entry(item[key], f"{where} {key}", base)
             image = _image_file(ref, f"{where} {key}")
             if key in NOISE_KEYS:
@@ -247,6 +256,32 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
                 None if ratio is None else float(ratio), header, zeropoint, zeropoint_source,
                 grid)
     return pair, files
+
+
+def _stack(entries: Any, method: Any, key: str, where: str, base: Path
+           ) -> tuple[StackedImage, list[tuple[str, str]]]:
+    """The ``stack.StackedImage`` of a list of file entries (``reference`` or ``target``: a
+    group of exposures on one grid) and its files' paths and hashes."""
+    if key not in STACK_KEYS:
+        _fail(where, f"{key} is a list; only {' and '.join(STACK_KEYS)} may be groups of "
+              "exposures.", f'give one file as "{key}".')
+    if method not in METHODS:
+        _fail(where, f"stack {method!r} is not a way to stack.",
+              f'write "stack": one of {list(METHODS)}.')
+    if len(entries) < 2:
+        _fail(where, f"{key} lists {len(entries)} file(s); a stack needs two or more.",
+              f'give one file as "{key}", or list two or more exposures.')
+    refs = [_file_entry(e, f"{where} {key}[{n}]", base) for n, e in enumerate(entries)]
+    members = [_image_file(r, f"{where} {key}[{n}]") for n, r in enumerate(refs)]
+    for n, member in enumerate(members[1:], start=1):
+        if member.shape != members[0].shape:
+            _fail(where, f"{key}[{n}] is {member.shape[0]} x {member.shape[1]} pixels but "
+                  f"{key}[0] is {members[0].shape[0]} x {members[0].shape[1]}; the exposures "
+                  "of a stack must be on one pixel grid.",
+                  "resample them onto one grid first (e.g. with reproject or SWarp).")
+        if _celestial(members[0]) is not None:
+            _check_wcs(members[0], member, f"{where} {key}[{n}]")
+    return stack_images(members, method), [(r["path"], r["sha256"]) for r in refs]
 
 
 def _grid(item: dict[str, Any], where: str) -> str:
@@ -410,18 +445,27 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
 
 
 def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
-             item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs"
-             ) -> tuple[list[Pair], list]:
+             item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs",
+             stack: str = "median") -> tuple[list[Pair], list]:
     """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
     file keys to paths (None: not given); each file is hashed here and checked as in a
-    manifest; ``grid`` is one of ``GRIDS`` (``--aligned``, ``--register stars``)."""
-    item: dict[str, Any] = {"item_id": item_id}
+    manifest; ``grid`` is one of ``GRIDS`` (``--aligned``, ``--register stars``). A glob as
+    the reference or the target is a group of exposures, stacked by ``stack``."""
+    from outcore.io.importers import is_glob, sequence_files
+
+    item: dict[str, Any] = {"item_id": item_id, "stack": stack}
     if grid == "aligned":
         item["aligned"] = True
     elif grid == "stars":
         item["register"] = "stars"
     for key, name in files.items():
         if name is None:
+            continue
+        if key in STACK_KEYS and is_glob(name):
+            group = sequence_files(name, FITS_SUFFIXES, "FITS image")
+            item[key] = [{"path": p, "sha256": sha256_file(p)} for p in group]
+            if len(group) == 1:
+                item[key] = item[key][0]
             continue
         path = Path(name).expanduser().resolve()
         if not path.is_file():
@@ -460,9 +504,10 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
 
 def read_pairs(manifest: str | None, files: dict[str, str | None],
                flux_ratio: float | None = None, item_id: str = "pair",
-               zeropoint: float | None = None, grid: str = "wcs") -> tuple[list[Pair], list]:
+               zeropoint: float | None = None, grid: str = "wcs", stack: str = "median"
+               ) -> tuple[list[Pair], list]:
     """The checked pairs and their files: those of the ``manifest`` when one is given, else
     the one pair of ``files`` (``one_pair``)."""
     if manifest:
         return read_manifest(manifest)
-    return one_pair(files, flux_ratio, item_id, zeropoint, grid)
+    return one_pair(files, flux_ratio, item_id, zeropoint, grid, stack)
