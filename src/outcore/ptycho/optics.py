@@ -86,6 +86,45 @@ def fresnel_propagator(k: int, pixel_size: float, wavelength: float, distance: f
     return np.exp(-1j * np.pi * wavelength * distance * q2).astype(np.complex64)
 
 
+def angular_spectrum(k: int, pixel_size: float, wavelength: float, distance: float
+                     ) -> np.ndarray:
+    """Free-space propagation by ``distance`` metres of a ``(k, k)`` wave of ``pixel_size``
+    metre pixels, exact (non-paraxial): ``exp(2 pi i distance (sqrt(1/wavelength^2 - |q|^2)
+    - 1/wavelength))`` with ``q`` in 1/m, FFT order, the plane wave's own phase left out and
+    evanescent waves (``|q| > 1/wavelength``) dropped. Its paraxial limit is
+    ``fresnel_propagator``; a negative ``distance`` propagates back (the conjugate).
+    complex128."""
+    q = np.fft.fftfreq(k, d=pixel_size)
+    q2 = q[:, None] ** 2 + q[None, :] ** 2
+    inverse = 1.0 / wavelength
+    root = np.sqrt(np.maximum(inverse**2 - q2, 0.0))
+    # sqrt(a^2 - q2) - a written without the cancellation of two near-equal numbers
+    phase = 2 * np.pi * distance * -q2 / (root + inverse)
+    return np.where(q2 <= inverse**2, np.exp(1j * phase), 0.0)
+
+
+def fresnel_scaling(detector_pixel: float, focus_sample: float, sample_detector: float
+                    ) -> tuple[float, float, float]:
+    """The Fresnel scaling theorem of a sample ``focus_sample`` metres downstream of a
+    point focus and a detector ``sample_detector`` metres further: the magnification
+    ``M = (focus_sample + sample_detector) / focus_sample``, the effective (sample-plane)
+    pixel ``detector_pixel / M`` [m] and the effective propagation distance
+    ``sample_detector / M`` [m] over which a plane wave gives the same (demagnified) image."""
+    magnification = (focus_sample + sample_detector) / focus_sample
+    return magnification, detector_pixel / magnification, sample_detector / magnification
+
+
+def nearfield_transfer(k: int, pixel_size: float, wavelength: float, distance: float
+                       ) -> np.ndarray:
+    """The ``(k, k)`` transfer function, FFT order, from a near-field exit wave to its image
+    on the detector as ``outcore.ptycho.reconstruct.model`` holds detector fields:
+    ``angular_spectrum`` over ``distance`` times the roll by ``k // 2`` pixels (the model's
+    fields are stored with the detector's pixel ``k // 2`` at index 0, as ``ifftshift``
+    leaves them, and compared with the patterns after ``fftshift``). complex128."""
+    roll = np.exp(2j * np.pi * np.fft.fftfreq(k) * (k // 2))
+    return angular_spectrum(k, pixel_size, wavelength, distance) * roll[:, None] * roll[None, :]
+
+
 def border_energy(probe: np.ndarray, fraction: float = BORDER_FRACTION) -> float:
     """Share of ``sum |probe|^2`` in the band of ``max(1, round(fraction K))`` pixels along
     the window's edges."""

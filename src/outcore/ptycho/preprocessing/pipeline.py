@@ -29,7 +29,12 @@ import xarray as xr
 
 from outcore import io
 from outcore.errors import LayoutError
-from outcore.ptycho.optics import check_probe_window, pupil_to_probe
+from outcore.ptycho.optics import (
+    angular_spectrum,
+    border_energy,
+    check_probe_window,
+    pupil_to_probe,
+)
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, Setup, setup
 from outcore.ptycho.preprocessing.store import LAYOUT
 
@@ -142,7 +147,8 @@ def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa
                object_padding: int = 0, chunk_positions: int = CHUNK_POSITIONS,
                positions: np.ndarray | None = None, source: str | None = None,
                mask: np.ndarray | str | PathLike | None = None,
-               probe_aperture: float | None = None) -> xr.Dataset:
+               probe_aperture: float | None = None,
+               focus_sample_distance: float | None = None) -> xr.Dataset:
     """The ``ptycho-preprocessed`` dataset of a ``diffraction`` dataset (amplitudes lazy).
 
     ``crop`` (pixels, around the centre), ``bin`` (B x B sums), ``centre`` (``"auto"``:
@@ -154,13 +160,16 @@ def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa
     ``positions`` ((n, 2) metres, x y, replacing the stack's), ``mask`` (the detector's
     ``(Ky, Kx)`` bool, True where a pixel is ignored, or a .npy; default: the stack's ``mask``
     variable), ``probe_aperture`` (the probe guess from a disc pupil of that radius in output
-    pixels, with the mean pattern's power, instead of the mean pattern). Every check runs
+    pixels, with the mean pattern's power, instead of the mean pattern),
+    ``focus_sample_distance`` (m; default: the stack's attr of that name: a near-field scan,
+    ``scan`` module doc). Every check runs
     before any frame is read; then one pass reads the mean pattern (unless ``centre`` is
     given and a probe too). Warns ``ProbeWindowWarning`` when the probe fills its window.
     """
     found = setup(ds, crop=crop, bin=bin, centre=centre, probe=probe, defocus=defocus,
                   object_padding=object_padding, chunk_positions=chunk_positions,
-                  positions=positions, mask=mask, probe_aperture=probe_aperture)
+                  positions=positions, mask=mask, probe_aperture=probe_aperture,
+                  focus_sample_distance=focus_sample_distance)
     return build(ds, found, source=source)
 
 
@@ -187,11 +196,13 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
             q = np.arange(k) - k // 2
             disc = np.hypot(q[:, None], q[None, :]) <= found.aperture
             pupil = disc * np.sqrt((pupil**2).sum() / disc.sum())
-        guess = pupil_to_probe(pupil, found.wavelength, found.output_reciprocal_pixel,
-                               found.defocus).astype(np.complex64)
+        guess = _probe_guess(pupil, found)
     else:
         guess = found.probe
-    share = check_probe_window(guess, f"The probe guess ({found.probe_source})", fix)
+    if found.nearfield is None:
+        share = check_probe_window(guess, f"The probe guess ({found.probe_source})", fix)
+    else:  # a near-field probe fills its window: the image of the beam
+        share = border_energy(guess)
     top_left, positions, object_shape = found.windows()
     record = {
         "source": source or "", "source_attrs": _plain(found.source_attrs),
@@ -199,7 +210,10 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "scan_shape": list(found.scan_shape) if found.scan_shape else [],
         "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
         "centre_shift": list(shift), "crop": found.crop, "bin": found.bin,
-        "crop_start": list(start), "defocus": found.defocus, "probe": found.probe_source,
+        "crop_start": list(start), "defocus": found.defocus,
+        "probe": found.probe_source + (", propagated back" if found.nearfield and
+                                       found.probe is None else ""),
+        "geometry": "near field" if found.nearfield else "far field",
         "probe_border_energy": share,
         "counts": bool(np.issubdtype(ds["data"].dtype, np.integer)),
     }
@@ -209,6 +223,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "object_shape": list(object_shape), "detector_size": k,
         "object_padding": found.padding, "defocus": found.defocus, "preprocess": record,
         **({"length_unit": found.length_unit} if found.length_unit != "m" else {}),
+        **(found.nearfield.attrs() if found.nearfield else {}),
     }
     variables = {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
                  "top_left": (("position", "yx"), top_left),
@@ -218,6 +233,20 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         variables["mask"] = (("k_y", "k_x"), ignored)
         record["masked_pixels"] = int(ignored.sum())
     return xr.Dataset(variables, coords={"xy": ["x", "y"], "yx": ["y", "x"]}, attrs=attrs)
+
+
+def _probe_guess(pupil: np.ndarray, found: Setup) -> np.ndarray:
+    """The probe guess (K, K) complex64 of the centred amplitude ``pupil``: far field, the
+    pupil with the defocus phase carried to real space; near field, the amplitude of the
+    mean image propagated back to the sample (``optics.angular_spectrum`` over minus the
+    effective distance): the beam's own image, so the guess fills the field as the beam
+    does, where a flat guess would put light on the dark detector edges."""
+    if found.nearfield is None:
+        return pupil_to_probe(pupil, found.wavelength, found.output_reciprocal_pixel,
+                              found.defocus).astype(np.complex64)
+    back = angular_spectrum(pupil.shape[-1], found.pixel_size, found.wavelength,
+                            -found.nearfield.distance)
+    return np.fft.ifft2(np.fft.fft2(pupil) * back).astype(np.complex64)
 
 
 def _filled(image: np.ndarray, ignored: np.ndarray) -> np.ndarray:

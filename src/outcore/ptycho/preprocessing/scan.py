@@ -6,6 +6,12 @@ carries out.
 Position ``p`` [m] (``xy`` order) is the centre of its window in object coordinates, where
 object pixel ``i`` sits at ``i * pixel_size``:
 ``top_left = floor(p / pixel_size - K / 2 + 0.5)`` (row from y, column from x).
+
+A near-field scan (``focus_sample_distance`` given, as an attr or an option) is an image on
+the detector magnified by a point focus upstream (Fresnel scaling): its object pixel is the
+detector pixel (times the bin) over the magnification ``M = (z1 + z2) / z1`` (``z1`` the
+focus-sample, ``z2`` the sample-detector distance), its patterns are not centred, and the
+model propagates over ``z2 / M`` (``optics.fresnel_scaling``).
 """
 
 from __future__ import annotations
@@ -25,13 +31,34 @@ from outcore.errors import LayoutError, OutcoreError
 from outcore.ptycho.layouts import PIXEL_UNIT
 from outcore.ptycho.optics import (
     finite_attr,
+    fresnel_scaling,
     positive_attr,
     reciprocal_pixel_of,
+    square_attr,
     wavelength_of,
 )
 
 #: Positions per chunk of ``amplitudes`` when none is given.
 CHUNK_POSITIONS = 64
+
+
+@dataclass(frozen=True)
+class NearField:
+    """The Fresnel scaling of a near-field scan: ``focus_sample`` and ``sample_detector``
+    distances [m], the ``magnification``, the effective (unbinned) ``pixel_size`` [m] and
+    the effective propagation ``distance`` [m]."""
+
+    focus_sample: float
+    sample_detector: float
+    magnification: float
+    pixel_size: float
+    distance: float
+
+    def attrs(self) -> dict[str, float]:
+        """What the preprocessed store records of it."""
+        return {"focus_sample_distance": self.focus_sample,
+                "magnification": self.magnification,
+                "propagation_distance": self.distance}
 
 
 @dataclass(frozen=True)
@@ -61,6 +88,7 @@ class Setup:
     source_attrs: dict[str, Any] = field(default_factory=dict)
     mask: np.ndarray | None = None
     aperture: float | None = None
+    nearfield: NearField | None = None
 
     @property
     def k(self) -> int:
@@ -74,11 +102,18 @@ class Setup:
 
     @property
     def output_reciprocal_pixel(self) -> float:
+        """The patterns' reciprocal pixel [1/m]; near field, the frequency step of the
+        object's window, ``1 / (K * pixel_size)``."""
+        if self.nearfield is not None:
+            return 1.0 / (self.k * self.pixel_size)
         return self.reciprocal_pixel * self.bin
 
     @property
     def pixel_size(self) -> float:
-        """Real-space object pixel [m]: ``1 / (K * reciprocal pixel)``."""
+        """Real-space object pixel [m]: ``1 / (K * reciprocal pixel)``; near field: the
+        binned detector pixel over the magnification."""
+        if self.nearfield is not None:
+            return self.nearfield.pixel_size * self.bin
         return 1.0 / (self.k * self.output_reciprocal_pixel)
 
     def crop_start(self) -> tuple[int, int]:
@@ -102,8 +137,8 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
           centre: str | Sequence[float] = "auto", probe: np.ndarray | str | PathLike | None = None,
           defocus: float | None = None, object_padding: int = 0,
           chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
-          mask: np.ndarray | str | PathLike | None = None, probe_aperture: float | None = None
-          ) -> Setup:
+          mask: np.ndarray | str | PathLike | None = None, probe_aperture: float | None = None,
+          focus_sample_distance: float | None = None) -> Setup:
     """Check a ``diffraction`` dataset and the options, reading no frame; return the Setup.
 
     ``mask`` (a ``(Ky, Kx)`` bool array or .npy, True where a pixel is ignored; default: the
@@ -111,10 +146,11 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
     on a missing or bad wavelength or reciprocal pixel, positions that do not match the
     frames, a crop larger than the detector, a bin that does not divide the crop, a probe
     of the wrong shape, a mask whose shape differs from the patterns', or a probe aperture
-    that is not a positive radius inside the window.
+    that is not a positive radius inside the window. ``focus_sample_distance`` [m] (default:
+    the stack's attr of that name) makes it a near-field scan (the module doc).
     """
     for name in ("wavelength", "energy", "reciprocal_pixel_size", "detector_pixel_size",
-                 "detector_distance", "scan_step"):
+                 "detector_distance", "scan_step", "focus_sample_distance"):
         if name in ds.attrs:
             finite_attr(ds.attrs[name], name)
     if "data" not in ds.variables:
@@ -158,6 +194,9 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
     if not np.isfinite(defocus):
         raise OutcoreError(f"--defocus {defocus} is not a number.", "give metres, e.g. 2e-5.")
     chosen = _centre(centre, shape)
+    near = _nearfield(ds.attrs, focus_sample_distance)
+    if near is not None:
+        chosen, defocus = _nearfield_options(chosen, defocus)
     guess, source = None, "mean pattern"
     if probe is not None and probe_aperture is not None:
         raise OutcoreError("Both --probe and --probe-aperture were given.",
@@ -179,8 +218,44 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
         chunk_positions=at_least(chunk_positions, "--chunk-positions", 1),
         positions=positions, scan_shape=tuple(ds["data"].shape[:2]) if grid else None,
         probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
-        aperture=None if probe_aperture is None else float(probe_aperture),
+        aperture=None if probe_aperture is None else float(probe_aperture), nearfield=near,
     )
+
+
+def _nearfield(attrs: dict[str, Any], focus_sample: float | None) -> NearField | None:
+    """The Fresnel scaling of a near-field scan (``focus_sample`` [m], else the attr
+    ``focus_sample_distance``), or None for a far-field one."""
+    if focus_sample is None:
+        focus_sample = attrs.get("focus_sample_distance")
+        if focus_sample is None:
+            return None
+    z1 = positive_attr(focus_sample, "focus_sample_distance", "m")
+    missing = [name for name in ("detector_pixel_size", "detector_distance") if name not in attrs]
+    if missing:
+        raise LayoutError(
+            f"A near-field scan needs the detector's pixel pitch and distance; the stack has "
+            f"no {' and no '.join(missing)}.",
+            "set them (--attr detector_pixel_size=55e-6 --attr detector_distance=1.12 in "
+            "outcore convert).")
+    pitch = square_attr(attrs["detector_pixel_size"], "detector_pixel_size", "m")
+    z2 = positive_attr(attrs["detector_distance"], "detector_distance", "m")
+    magnification, pixel, distance = fresnel_scaling(pitch, z1, z2)
+    return NearField(z1, z2, magnification, pixel, distance)
+
+
+def _nearfield_options(centre: str | tuple[float, float], defocus: float
+                       ) -> tuple[str, float]:
+    """``centre`` and ``defocus`` of a near-field scan: its frames are images, not
+    diffraction patterns, so they are not centred and their probe has no defocus."""
+    if not isinstance(centre, str):
+        raise OutcoreError("--centre CY CX does not apply to a near-field scan: its frames "
+                           "are images, kept where the detector recorded them.",
+                           "leave --centre out (or crop with --crop).")
+    if defocus:
+        raise OutcoreError(f"--defocus {defocus} does not apply to a near-field scan: its "
+                           "probe guess is the mean image propagated back to the sample.",
+                           "leave --defocus out (and the stack's defocus attr unset).")
+    return "none", 0.0
 
 
 #: The attrs that give lengths in metres, which a stack measured in pixels leaves out.

@@ -1,6 +1,6 @@
-"""The far-field model of ptychography (sub-pixel positions, mixed-state probes, multislice
-objects), its losses and gradients, written once for numpy and cupy over the kernels
-(``outcore.ptycho.kernels`` holds what differs).
+"""The model of ptychography, far field or near field (sub-pixel positions, mixed-state
+probes, multislice objects), its losses and gradients, written once for numpy and cupy over
+the kernels (``outcore.ptycho.kernels`` holds what differs).
 
 Conventions (used everywhere in ``outcore.ptycho``):
 
@@ -23,7 +23,12 @@ Conventions (used everywhere in ``outcore.ptycho``):
   ``psi^{s+1} = obj[s][window j] * ifft2(fft2(psi^s) H)`` with the free-space propagator
   ``H`` (``Model.propagator``, ``optics.fresnel_propagator``). Far field
   ``Psi_jm = fftshift(fft2(psi^S, norm="ortho"))``, zero frequency at index ``K // 2`` as
-  detectors record it. Intensity ``I_j = sum_m |Psi_jm|^2``; measured amplitude
+  detectors record it. Near field (``Model.nearfield``, a scan in the Fresnel scaling
+  geometry): the detector records the image ``D_jm = ifft2(fft2(psi^S) T)`` with ``T`` the
+  angular spectrum over the effective distance (``optics.nearfield_transfer``), and
+  ``Psi_jm = D_jm`` in the same centred frame (the model holds ``ifftshift(D)``, which the
+  roll in ``T`` makes, so everything after the detector field is the far field's).
+  Intensity ``I_j = sum_m |Psi_jm|^2``; measured amplitude
   ``a_j = sqrt(y_j)``.
 - Losses over the pixels of ``Model.valid`` (all when None): ``amplitude``
   ``L = sum (sqrt(I) - a)^2`` (least squares on amplitudes); ``poisson``
@@ -63,18 +68,23 @@ class Model:
     ``noise``: ``amplitude`` or ``poisson``. ``valid``: ``(K, K)`` bool, centred like the
     patterns, True where a detector pixel counts (None: all; the stores' ``mask`` is its
     negation). ``propagator``: ``(K, K)`` complex in FFT order, the free space between two
-    slices (None: single slice).
+    slices (None: single slice). ``nearfield``: ``(K, K)`` complex in FFT order, the
+    transfer from the exit wave to the detector of a near-field scan
+    (``optics.nearfield_transfer``; None: far field, the FFT).
     """
 
     noise: str = "amplitude"
     valid: Array | None = None
     propagator: Array | None = None
+    nearfield: Array | None = None
 
     def on(self, xp: Any) -> Model:
         """The same model with its arrays in ``xp`` (numpy or cupy)."""
         return replace(self, valid=None if self.valid is None else xp.asarray(self.valid),
                        propagator=None if self.propagator is None
-                       else xp.asarray(self.propagator))
+                       else xp.asarray(self.propagator),
+                       nearfield=None if self.nearfield is None
+                       else xp.asarray(self.nearfield))
 
 
 AMPLITUDE = Model()
@@ -133,12 +143,13 @@ class Forward:
     probe_hat: Array | None  # (M, K, K) fft2(probe) / K^3 (sub-pixel or positions only)
     ramps: Array | None  # (n, K, K) Fourier shifts (None: integer positions)
     incident: list  # S arrays (n or 1, M, K, K): the wave entering each slice, over K
-    waves: Array  # (n, M, K, K) far fields Psi, FFT order (zero frequency at index 0)
+    waves: Array  # (n, M, K, K) detector fields Psi, FFT order (zero frequency at index 0)
 
 
 def forward(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE,
             keep_shift: bool = False) -> Forward:
-    """The far fields ``Psi`` of every mode at the positions ``coords``, in FFT order."""
+    """The detector fields ``Psi`` of every mode at the positions ``coords``, in FFT order
+    (near field: ``ifftshift`` of the images)."""
     obj, probe = as_slices(obj), as_modes(probe)
     xp = array_namespace(obj)
     fft = kernels.fft(obj)
@@ -163,11 +174,35 @@ def _propagator(model: Model, k: int, conjugate: bool = False) -> Array:
     return h.conj() if conjugate else h
 
 
+def _to_detector(wave: Array, model: Model, fft: Any) -> Array:
+    """The detector field (FFT order) of the exit wave ``wave`` (n, M, K, K): its
+    unnormalised ``fft2`` (far field), or ``ifft2(fft2(wave) T / K, norm="forward")`` (near
+    field: the unitary propagation of the model's exit wave, ``K`` times ``wave``)."""
+    if model.nearfield is None:
+        return fft.fft2(wave, overwrite_x=True)
+    return fft.ifft2(fft.fft2(wave, overwrite_x=True) * _nearfield(model, wave.shape[-1]),
+                     norm="forward", overwrite_x=True)
+
+
+def _from_detector(grad: Array, model: Model, fft: Any) -> Array:
+    """The adjoint of ``_to_detector``: ``dL/dwave`` of the gradient ``grad`` of the
+    detector field (the conjugate transfer function in the near field)."""
+    if model.nearfield is not None:
+        grad = fft.fft2(grad, overwrite_x=True) * _nearfield(model, grad.shape[-1], True)
+    return fft.ifft2(grad, norm="forward", overwrite_x=True)
+
+
+def _nearfield(model: Model, k: int, conjugate: bool = False) -> Array:
+    """The near-field transfer for unnormalised FFTs (``T / K``), or its adjoint."""
+    t = model.nearfield * k ** -1.0
+    return t.conj() if conjugate else t
+
+
 def _through(wave: Array, layers: Array, top_left: np.ndarray, model: Model, fft: Any,
              incident: list | None = None) -> Array:
-    """The far field (FFT order, unnormalised) of the wave ``wave`` (n, M, K, K) leaving the
-    first slice, carried through the further slices ``layers`` (each cut at ``top_left``);
-    the wave entering each of them is appended to ``incident`` when given."""
+    """The detector field (FFT order, unnormalised) of the wave ``wave`` (n, M, K, K) leaving
+    the first slice, carried through the further slices ``layers`` (each cut at
+    ``top_left``); the wave entering each of them is appended to ``incident`` when given."""
     if len(layers):
         h = _propagator(model, wave.shape[-1])
     for layer in layers:
@@ -176,11 +211,12 @@ def _through(wave: Array, layers: Array, top_left: np.ndarray, model: Model, fft
         if incident is not None:
             incident.append(wave)
         wave = kernels.exit_waves(layer, top_left, wave)
-    return fft.fft2(wave, overwrite_x=True)
+    return _to_detector(wave, model, fft)
 
 
 def farfield(obj: Array, probe: Array, coords: Array, model: Model = AMPLITUDE) -> Array:
-    """Far-field waves ``Psi`` (n, M, K, K) complex, zero frequency centred."""
+    """Detector waves ``Psi`` (n, M, K, K) complex, centred: the far field with its zero
+    frequency at ``K // 2``, or the near-field images."""
     waves = forward(obj, probe, coords, model).waves
     return array_namespace(waves).fft.fftshift(waves, axes=(-2, -1))
 
@@ -331,7 +367,7 @@ def batch_terms(obj: Array, probe: Array, coords: Array, amplitudes: Array,
             (len(index), 3), np.nan)
     total_loss = _residual(fwd.waves, amplitudes, model)
     # K dL/dpsi at the last slice (the exit waves were 1/K of the model's)
-    chi = fft.ifft2(fwd.waves, norm="forward", overwrite_x=True)
+    chi = _from_detector(fwd.waves, model, fft)
     fwd.waves = None
     top_left = fwd.top_left
     origin = (int(top_left[:, 0].min()), int(top_left[:, 1].min()))

@@ -107,15 +107,19 @@ def noise_floor(sample: np.ndarray, n_positions: int, noise: str,
 
 
 def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | None,
-                         power: float, stopped: str) -> list[str]:
+                         power: float, stopped: str, nearfield: bool = False) -> list[str]:
     """What says the run has not converged, one sentence each (empty when nothing does):
     a loss that is not finite, the final loss against the noise ``floor`` (or, without one,
     against the data's total ``power`` ``sum a^2``), the probe's energy at the edge of its
-    window, and the iteration limit reached before the relative-loss stop (``stopped``)."""
+    window (far field only: a near-field probe fills its window), and the iteration limit
+    reached before the relative-loss stop (``stopped``)."""
     notes = []
     final = float(losses[-1]) if len(losses) else float("nan")
     fix = ("check the probe guess: give ptycho preprocess the --defocus (or a --probe), or "
            "let ptycho reconstruct search it (--defocus-search on); more iterations may help")
+    if nearfield:
+        fix = ("more iterations, --probe-modes or --refine-positions may help (a detector "
+               "background, which the model does not hold, stays in the loss)")
     if not np.isfinite(final):
         notes.append(f"diverged: the loss became {final}, so the object and probe are not "
                      f"usable; {fix}.")
@@ -126,7 +130,7 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
         notes.append(f"not converged: the final loss {final:.4g} is {final / power:.2%} of the "
                      f"data's power {power:.4g} (over {RESIDUAL_LIMIT:.0%}); {fix}.")
     share = border_energy(_power_sum(np.asarray(probe).reshape(-1, *probe.shape[-2:])))
-    if np.isfinite(final) and share > BORDER_ENERGY:
+    if np.isfinite(final) and share > BORDER_ENERGY and not nearfield:
         notes.append(f"the probe has {share:.0%} of its energy at the edge of its window: it "
                      "does not fit there (the far field wraps it); crop less or bin more in "
                      "ptycho preprocess, or give --probe-support.")

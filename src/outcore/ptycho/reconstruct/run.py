@@ -33,9 +33,11 @@ from outcore.ptycho.reconstruct.start import (
     Prepared,
     check,
     default_batch,
+    nearfield,
     open_input,
     position_chunk,
     prepare,
+    settings_for,
 )
 from outcore.runs import Run
 
@@ -58,8 +60,9 @@ def reconstruct(pre: str | Path, *, iterations: int | None = None,
     """
     ds = open_input(pre)
     n = ds.sizes["position"]
-    chosen = Settings(iterations=iterations, batch_size=batch_size or default_batch(n),
-                      residency=residency, **settings)
+    chosen = settings_for(ds, Settings(iterations=iterations,
+                                       batch_size=batch_size or default_batch(n),
+                                       residency=residency, **settings))
     check(ds, chosen, defocus_search)
     job = Reconstruction(pre, ds, chosen, backend, defocus_search, start)
     prepared = job.prepare()
@@ -127,7 +130,7 @@ class Reconstruction:
         write_new(recon, out)
         write_figures(run, recon)
         notes = convergence_warnings(result.loss, result.probe, prepared.floor, prepared.power,
-                                     result.stopped)
+                                     result.stopped, nearfield(self.ds))
         for note in notes:
             print(f"warning: {note}", file=sys.stderr)
         metrics: dict[str, Any] = {

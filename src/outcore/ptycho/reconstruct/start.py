@@ -10,7 +10,7 @@ positions (metres) and window corners (object pixels).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import xarray as xr
 
 from outcore.checks import choice
 from outcore.errors import LayoutError, OutcoreError
-from outcore.ptycho.optics import fresnel_propagator
+from outcore.ptycho.optics import fresnel_propagator, nearfield_transfer
 from outcore.ptycho.preprocessing.store import open_preprocessed, read_amplitudes
 from outcore.ptycho.reconstruct import probe, quality, solver
 from outcore.ptycho.reconstruct.model import Model
@@ -60,16 +60,34 @@ def positions_of(ds: xr.Dataset, coords: np.ndarray) -> np.ndarray:
     return (coords + ds.sizes["k_y"] / 2)[:, ::-1] * float(ds.attrs["pixel_size"])
 
 
+def nearfield(ds: xr.Dataset) -> bool:
+    """Whether the store holds a near-field scan (preprocessed with a focus-sample
+    distance)."""
+    return "propagation_distance" in ds.attrs
+
+
+def settings_for(ds: xr.Dataset, settings: Settings) -> Settings:
+    """``settings`` as this store runs them: a near-field scan keeps its probe where it is
+    (``probe_centring`` off), since moving the exit wave inside its window moves its
+    near-field image, which a far-field pattern does not see."""
+    return replace(settings, probe_centring=False) if nearfield(ds) else settings
+
+
 def model_of(ds: xr.Dataset, settings: Settings) -> Model:
-    """Noise model, the pixels the store's detector ``mask`` keeps (if it has one) and, for
-    several slices, the propagator over ``slice_thickness``."""
+    """Noise model, the pixels the store's detector ``mask`` keeps (if it has one), for
+    several slices the propagator over ``slice_thickness`` and, for a near-field scan, the
+    transfer to the detector over its ``propagation_distance``."""
     valid = ~ds["mask"].values.astype(bool) if "mask" in ds else None
-    propagator = None
+    k, pixel = ds.sizes["k_y"], float(ds.attrs["pixel_size"])
+    wavelength = float(ds.attrs["wavelength"])
+    propagator = transfer = None
     if settings.slices > 1:
-        propagator = fresnel_propagator(ds.sizes["k_y"], float(ds.attrs["pixel_size"]),
-                                        float(ds.attrs["wavelength"]),
-                                        float(settings.slice_thickness))
-    return Model(settings.noise, valid, propagator)
+        propagator = fresnel_propagator(k, pixel, wavelength, float(settings.slice_thickness))
+    if nearfield(ds):
+        transfer = nearfield_transfer(k, pixel, wavelength,
+                                      float(ds.attrs["propagation_distance"]))
+        transfer = transfer.astype(np.complex64)
+    return Model(settings.noise, valid, propagator, transfer)
 
 
 def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: float) -> None:
@@ -113,6 +131,10 @@ def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> N
     refinement could move out of the object."""
     settings.validate(ds.sizes["position"])
     choice(defocus_search, DEFOCUS_SEARCH, "--defocus-search")
+    if defocus_search == "on" and nearfield(ds):
+        raise OutcoreError("--defocus-search on does not apply to a near-field scan: its "
+                           "probe guess is the mean image propagated back to the sample.",
+                           "leave --defocus-search out.")
     if settings.refine_positions:
         check_bounds(coords_of(ds), ds.sizes["k_y"],
                      tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)

@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mask", default=None, metavar="MASK.npy",
                    help="detector mask (Ky, Kx) bool, True where a pixel is ignored (default: "
                         "the stack's mask variable, if any)")
+    p.add_argument("--focus-sample-distance", type=float, default=None, metavar="METRES",
+                   help="a near-field scan: the sample's distance downstream of the focus "
+                        "(Fresnel scaling; default: the stack's focus_sample_distance attr, "
+                        "else far field)")
     p.add_argument("--object-padding", type=int, default=0,
                    help="object pixels around the scanned windows")
     p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
@@ -82,7 +86,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     found = setup(ds, crop=args.crop, bin=args.bin, centre=_centre_option(args.centre),
                   probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
                   chunk_positions=args.chunk_positions, mask=args.mask,
-                  probe_aperture=args.probe_aperture)
+                  probe_aperture=args.probe_aperture,
+                  focus_sample_distance=args.focus_sample_distance)
     if found.length_unit != "m":
         print(PIXEL_NOTE, flush=True)
     config: dict[str, Any] = {
@@ -93,6 +98,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         "chunk_positions": found.chunk_positions, "compression": args.compression,
         "detector_size": found.k, "pixel_size": found.pixel_size,
         "length_unit": found.length_unit,
+        "nearfield": found.nearfield.attrs() if found.nearfield else None,
     }
 
     stages = preprocess_stages(ds, found)

@@ -30,7 +30,7 @@ from outcore.ptycho.reconstruct.engine import Result
 from outcore.ptycho.reconstruct.results import open_checked_truth
 from outcore.ptycho.reconstruct.run import Reconstruction
 from outcore.ptycho.reconstruct.solver import Settings
-from outcore.ptycho.reconstruct.start import check, default_batch, open_input
+from outcore.ptycho.reconstruct.start import check, default_batch, open_input, settings_for
 from outcore.runs import Run
 from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
 
@@ -130,8 +130,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     """The job of ``ptycho reconstruct``: the store opened and checked with the settings,
     the checkpoint to resume from and the truth store, nothing computed."""
     ds = open_input(args.input)
-    settings = settings_of(args, ds.sizes["position"],
-                           bool(ds.attrs.get("preprocess", {}).get("counts", False)))
+    settings = settings_for(ds, settings_of(args, ds.sizes["position"], bool(
+        ds.attrs.get("preprocess", {}).get("counts", False))))
     settings.validate(ds.sizes["position"])
     at_least(args.checkpoint_every, "--checkpoint-every",
              what="the iterations between checkpoints")
