@@ -131,6 +131,8 @@ def inputs(tmp_path_factory) -> Path:
     (_copy(d / "pre.zarr", d / "pre-badmeta.zarr") / "zarr.json").write_text("")
     _corrupt_chunk(_copy(d / "stack.zarr", d / "stack-badchunk.zarr"), "data")
     np.save(d / "probe3x3.npy", np.ones((3, 3), np.complex64))
+    outcore.save(outcore.open(stack).assign_attrs(length_unit="pixel"), d / "stack-mixed.zarr",
+                 layout="diffraction")
     (d / "not-a-run").mkdir()
     return d
 
@@ -306,6 +308,15 @@ CASES = [
     _c("ptycho-reconstruct-batch-too-big", "--batch-size", *PTY, "--batch-size", "100000"),
     _c("ptycho-reconstruct-bad-residency", "--residency", *PTY, "--residency", "gpu"),
     _c("ptycho-reconstruct-resume-alone", "go together", *PTY, "--resume"),
+    _c("ptycho-preprocess-pixels-and-metres", "cannot be mixed", "ptycho", "preprocess",
+       "--input", "{d}/stack-mixed.zarr", "--output", "{d}/new.zarr"),
+    _c("ptycho-frc-not-preprocessed", "not a preprocessed", "ptycho", "frc", "--input",
+       "{d}/stack.zarr"),
+    _c("ptycho-frc-batch-too-big", "--batch-size 100", "ptycho", "frc", "--input",
+       "{d}/pre.zarr", "--batch-size", "100"),
+    _c("ptycho-frc-corrupted-chunk", "of the store '{d}/pre-zstd.zarr' cannot be read",
+       "ptycho", "frc", "--input", "{d}/pre-zstd.zarr", "--iterations", "2", *THREADS,
+       computes=True),
     # tune, plan, runs
     _c("tune-not-tunable", "cannot be tuned", "tune", "convert", "--chunk-size", "1",
        "--workers", "1"),
