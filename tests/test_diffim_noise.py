@@ -144,3 +144,21 @@ def test_a_header_gain_adds_the_sources_photon_noise_to_their_errors(tmp_path):
     bright = np.argsort(truth["flux"])[-4:]
     assert np.median(reduced[1.0][bright]) < 1.2
     assert np.median(reduced[None][bright]) > 1.2 * np.median(reduced[1.0][bright])
+
+
+def test_images_in_mjy_per_sr_give_the_same_score_and_scaled_fluxes(tmp_path):
+    """Nothing assumes counts: the same pair times 3.7e-7 (DN to MJy/sr, say) gives the same
+    score and every flux times 3.7e-7."""
+    scale = 3.7e-7
+    sim = simulate_pair((256, 256), seed=9, stars=12, transient_snr=[15.0, 30.0])
+    runs = {}
+    for factor in (1.0, scale):
+        folder = tmp_path / f"x{factor}"
+        item = write_pair(sim, folder, "p", psf=False)
+        for which in ("reference", "target"):
+            _rewrite(folder, item, which, lambda a, f=factor: a * f)
+        runs[factor] = _run(folder, [item])
+    (_, score_1, table_1), (_, score_s, table_s) = runs[1.0], runs[scale]
+    np.testing.assert_allclose(score_s[0], score_1[0], atol=1e-3, equal_nan=True)
+    np.testing.assert_allclose(table_s["flux"], table_1["flux"] * scale, rtol=1e-4)
+    assert table_1["flux"].size >= 2
