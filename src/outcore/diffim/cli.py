@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import distributed
 
 from outcore.checks import at_least, positive
-from outcore.diffim import memory, operator, outputs, register
+from outcore.diffim import memory, operator, outputs, register, series
 from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, read_pairs
 from outcore.diffim.prepare import Options
@@ -81,6 +81,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--star-snr", type=float, default=None,
                    help="least aperture S/N of the stars for PSFs and the flux ratio (default: "
                         "50, or the 5 brightest down to 15 on an image with fewer)")
+    s = p.add_argument_group("a series: many targets against one reference")
+    s.add_argument("--lightcurves", action="store_true",
+                   help="write lightcurves.parquet and lightcurves.png: every source detected "
+                        "in --min-detections pairs, measured in every pair")
+    s.add_argument("--time-key", default=None, metavar="KEY",
+                   help="the targets' header keyword of their time (default: the first of "
+                        + ", ".join(series.TIME_KEYS) + ")")
+    s.add_argument("--min-detections", type=int, default=2, metavar="N",
+                   help="pairs a source must be detected in to get a light curve")
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -124,6 +133,10 @@ def check_options(args: argparse.Namespace) -> None:
              "a box side of 8 or more, e.g. --background-box 64")
     positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
     positive(args.flux_ratio, "--flux-ratio", "the target's flux scale, e.g. --flux-ratio 1")
+    need(args.lightcurves or args.time_key is None, "--time-key applies with --lightcurves.",
+         "add --lightcurves, or leave out --time-key.")
+    at_least(args.min_detections, "--min-detections", 1,
+             "the pairs a source is detected in, e.g. --min-detections 2")
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,9 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
                     psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
+    if args.lightcurves:
+        series.check_series(pairs)
+        times, time_key = series.epoch_times(pairs, args.time_key)
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
     sides = [args.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
@@ -172,11 +188,16 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         run.set("plan", exact.to_dict())
         exact.check(PLAN_FIXES, PLAN_FIXES)
         outputs.write_outputs(run, client, registered, models, options)
+        if args.lightcurves:
+            with run.timing("lightcurves"):
+                series.write_lightcurves(run, client, registered, models, times, time_key,
+                                         options.stamp, args.min_detections)
 
     config = {"manifest": args.manifest, "items": len(pairs), "threshold": args.threshold,
               "stamp": args.stamp, "fit_model": args.fit_model, "tile": args.tile,
               "background_box": args.background_box, "psf_size": args.psf_size,
-              "star_snr": args.star_snr}
+              "star_snr": args.star_snr, "lightcurves": args.lightcurves,
+              "time_key": args.time_key, "min_detections": args.min_detections}
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
             "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint, "stack": args.stack,

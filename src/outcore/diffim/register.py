@@ -169,6 +169,11 @@ class RegisteredImage:
     def path(self) -> str:
         return self.source.path
 
+    @property
+    def gain(self) -> float | None:
+        """The target's gain (electrons per unit of its pixels), which resampling keeps."""
+        return self.source.gain
+
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels ``[y0:y1, x0:x1]`` of the reference's grid, float64; NaN where they map
         outside the target or next to a non-finite target pixel."""
