@@ -324,11 +324,12 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(real_data, tmp_p
     Positions: each frame is the star's magnified image moved by the scan, so phase
     correlation of the frames (flat-fielded by the mean frame) against the first gives the
     moves in detector pixels; the store's positions over its pixel (the Fresnel scaling's
-    55 um / M) agree within 2.5 pixels for every frame within 25 pixels of the first (a
-    wrong sign or axis order would be off by twice the move, a wrong magnification by its
-    share of it). Reconstruction: 30 iterations (positions refined from the 10th) take the
-    Poisson loss below 0.4 of the starting state's, and the far-field model on the same
-    data, start and iterations ends more than 2.5 times higher."""
+    55 um / M) agree within 3 pixels (median 1.5) for every frame within 25 pixels of the
+    first (measured: 39 frames, median 0.75, at most 2.5, moves of 18 px rms; the opposite
+    sign is off by 35 px in the median). Reconstruction: 30 iterations (positions refined
+    from the 10th) take the Poisson loss below 0.4 of the starting state's, and the
+    far-field model on the same data, start and iterations ends more than 2.5 times
+    higher."""
     import xarray as xr
 
     from outcore.ptycho.preprocessing.store import read_amplitudes
@@ -354,7 +355,7 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(real_data, tmp_p
     near = [j for j in range(1, len(frames)) if np.hypot(*moves[j]) < 25]
     assert len(near) > 30
     errors = [np.hypot(*(_shift(flat[j], flat[0]) + moves[j])) for j in near]
-    assert max(errors) <= 2.5, errors
+    assert max(errors) <= 3 and np.median(errors) <= 1.5, errors
 
     assert main(["ptycho", "reconstruct", "--input", str(tmp_path / "pre.zarr"),
                  "--iterations", "30", "--batch-size", "50", "--refine-positions",

@@ -118,8 +118,7 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
     fix = ("check the probe guess: give ptycho preprocess the --defocus (or a --probe), or "
            "let ptycho reconstruct search it (--defocus-search on); more iterations may help")
     if nearfield:
-        fix = ("more iterations, --probe-modes or --refine-positions may help (a detector "
-               "background, which the model does not hold, stays in the loss)")
+        fix = "more iterations, --probe-modes or --refine-positions may help"
     if not np.isfinite(final):
         notes.append(f"diverged: the loss became {final}, so the object and probe are not "
                      f"usable; {fix}.")
