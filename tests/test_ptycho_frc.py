@@ -98,6 +98,19 @@ def test_a_band_limited_image_loses_correlation_at_its_cut_off():
     assert np.abs(np.mean(compared.rings.frc[beyond])) < 0.03
 
 
+def test_first_and_last_crossings_of_a_curve_that_dips_and_comes_back():
+    """Rings 0.1 apart against a flat threshold of 0.3: the FRC dips below it between rings
+    1 and 2 (0.5 -> 0.1: at 0.1 + 0.1 * 0.2 / 0.4), comes back, and falls below for good
+    between rings 3 and 4 (0.7 -> 0.2: at 0.3 + 0.1 * 0.4 / 0.5)."""
+    frequency = np.arange(6) / 10
+    rings = frc.RingCorrelation(frequency, np.array([1.0, 0.5, 0.1, 0.7, 0.2, 0.1]),
+                                np.full(6, 0.3), np.ones(6))
+    assert rings.crossing == pytest.approx(0.15)
+    assert rings.last_crossing == pytest.approx(0.38)
+    above = frc.RingCorrelation(frequency, np.ones(6), np.full(6, 0.3), np.ones(6))
+    assert above.crossing is None and above.last_crossing is None
+
+
 def test_a_grid_splits_into_a_checkerboard():
     a, b = frc.split_halves(np.zeros((12, 2)), scan_shape=(3, 4))
     np.testing.assert_array_equal(a, [0, 2, 5, 7, 8, 10])
@@ -157,6 +170,7 @@ def test_frc_of_two_half_scans_crosses_within_the_band_and_matches_the_truth(sca
     crossing = metrics["frc_crossing_per_px"]
     assert 0.2 < crossing < 0.5, metrics
     assert metrics["frc_resolution_px"] == pytest.approx(0.5 / crossing)
+    assert metrics["frc_last_crossing_per_px"] >= crossing
     pixel = float(xr.open_zarr(scan / "p.zarr", consolidated=False).attrs["pixel_size"])
     assert metrics["frc_crossing_per_m"] == pytest.approx(crossing / pixel)
     assert metrics["frc_resolution_m"] == pytest.approx(0.5 / crossing * pixel)

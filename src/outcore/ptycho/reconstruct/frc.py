@@ -163,9 +163,24 @@ class RingCorrelation:
         below = np.flatnonzero(above[1:] < 0)
         if not len(below):
             return None
-        r = int(below[0]) + 1
-        part = above[r - 1] / (above[r - 1] - above[r])
-        return float(self.frequency[r - 1] + part * (self.frequency[r] - self.frequency[r - 1]))
+        return self._between(int(below[0]))
+
+    @property
+    def last_crossing(self) -> float | None:
+        """The frequency (cycles per pixel) beyond which the FRC stays below the threshold
+        up to Nyquist (interpolated as ``crossing``); None if it ends above. It differs
+        from ``crossing`` where the FRC dips below the threshold and comes back (low
+        frequencies that a near-field scan transfers weakly, a few-pixel ring's noise)."""
+        above = self.frc - self.threshold
+        kept = np.flatnonzero(above[1:] >= 0) + 1  # ring 0 counts as above
+        last = int(kept[-1]) if len(kept) else 0
+        return None if last == len(above) - 1 else self._between(last)
+
+    def _between(self, r: int) -> float:
+        """Where ``frc - threshold`` changes sign between rings ``r`` and ``r + 1``."""
+        above = self.frc - self.threshold
+        part = above[r] / (above[r] - above[r + 1])
+        return float(self.frequency[r] + part * (self.frequency[r + 1] - self.frequency[r]))
 
 
 def ring_correlation(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> RingCorrelation:

@@ -22,7 +22,8 @@ INK, THRESHOLD, TRUTH, GRID = 0, 150, 110, 215
 def draw(path: str | Path, rings: RingCorrelation, against: Sequence[RingCorrelation],
          pixel_size: float, unit: str | None) -> None:
     """Write ``path``: FRC (black) and half-bit threshold (grey) from 0 to Nyquist on a
-    -0.2 to 1 scale, a vertical line at the crossing, the halves' FRC against the truth
+    -0.2 to 1 scale, vertical lines at the first (black) and last (grey) crossings
+    (``RingCorrelation``), the halves' FRC against the truth
     (dashed), the frequency axis in cycles per pixel and, when ``unit`` is ``"m"``, the
     crossing's half-period resolution in nm (``pixel_size`` metres a pixel)."""
     from PIL import Image, ImageDraw, ImageFont
@@ -51,19 +52,31 @@ def draw(path: str | Path, rings: RingCorrelation, against: Sequence[RingCorrela
             pen.line(points[start:start + 2], fill=TRUTH, width=1)
     pen.line(at(rings.frequency, rings.threshold), fill=THRESHOLD, width=2)
     pen.line(at(rings.frequency, rings.frc), fill=INK, width=2)
-    crossing = rings.crossing
+    crossing, last = rings.crossing, rings.last_crossing
     if crossing is None:
         said = "above the half-bit threshold to Nyquist"
     else:
-        (x, _), = at(np.array([crossing]), np.zeros(1))
-        pen.line((x, y0, x, y0 + HEIGHT), fill=INK)
-        said = f"half-bit crossing {crossing:.3g} / px: {0.5 / crossing:.3g} px half period"
-        if unit == "m":
-            said += f" = {0.5 / crossing * pixel_size * 1e9:.3g} nm"
-    pen.text((figures.GAP, 6), f"FRC of the two half-scan reconstructions; {said}", fill=INK)
+        said = "half-bit crossing " + _resolution(crossing, pixel_size, unit)
+        if last is not None and last != crossing:
+            said += "; last " + _resolution(last, pixel_size, unit)
+    for frequency, grey in ((crossing, INK), (last, THRESHOLD)):
+        if frequency is not None:
+            (x, _), = at(np.array([frequency]), np.zeros(1))
+            pen.line((x, y0, x, y0 + HEIGHT), fill=grey)
+    pen.text((figures.GAP, 4), "FRC of the two half-scan reconstructions", fill=INK)
+    pen.text((figures.GAP, 4 + figures.LINE), said, fill=INK)
     legend = "black: FRC, grey: half-bit threshold" + (
         ", dashed: each half against the truth" if against else "")
     pen.text((x0, y0 - figures.LINE - 4), legend, fill=INK)
     pen.text((x0 + WIDTH / 2 - 70, y0 + HEIGHT + figures.LINE + 8),
              "spatial frequency, cycles per pixel", fill=INK)
     page.save(path, format="PNG", compress_level=1)
+
+
+def _resolution(frequency: float, pixel_size: float, unit: str | None) -> str:
+    """``frequency`` (cycles per pixel) and its half period in pixels (and nm or um)."""
+    said = f"{frequency:.3g} / px ({0.5 / frequency:.3g} px"
+    if unit == "m":
+        nm = 0.5 / frequency * pixel_size * 1e9
+        said += f", {nm:.3g} nm" if nm < 1000 else f", {nm / 1000:.3g} um"
+    return said + ")"

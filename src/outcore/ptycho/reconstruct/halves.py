@@ -30,7 +30,7 @@ from outcore.ptycho.reconstruct.frc_figure import draw
 from outcore.ptycho.reconstruct.results import result_dataset
 from outcore.ptycho.reconstruct.run import Reconstruction
 from outcore.ptycho.reconstruct.solver import Settings, State
-from outcore.ptycho.reconstruct.start import coords_of
+from outcore.ptycho.reconstruct.start import coords_of, nearfield
 from outcore.runs import Run, check_png
 
 HALVES = ("a", "b")
@@ -65,7 +65,8 @@ class HalfScans:
     def record(self, run: Run, client: distributed.Client, truth: xr.Dataset | None = None
                ) -> None:
         """Both halves reconstructed into ``run`` (a line per iteration on stdout), their
-        FRC written (``frc.csv``, ``frc.png``) and the metrics: the crossing, the
+        FRC written (``frc.csv``, ``frc.png``) and the metrics: the first crossing (``frc_``)
+        and the one beyond which the FRC stays below (``frc_last_``), the
         registration, each half's run and warnings, and with ``truth`` (the ``.truth.zarr``
         of ``ptycho simulate``) each half's error and FRC against the true object."""
         objects, lit, halves = [], [], {}
@@ -89,6 +90,7 @@ class HalfScans:
                        for obj, true in zip(objects[:len(truths)], truths, strict=True)]
         self._write(run, compared, against)
         metrics = self._crossing_metrics(compared.rings.crossing, "frc")
+        metrics.update(self._crossing_metrics(compared.rings.last_crossing, "frc_last"))
         for name, rings in zip(HALVES[:len(against)], against, strict=True):
             halves[name].update(self._crossing_metrics(rings.crossing, "frc_truth"))
         found = compared.registration
@@ -129,7 +131,7 @@ class HalfScans:
                              verify=lambda p: xr.open_zarr(p, consolidated=False))
         write_new(recon, out)
         notes = quality.convergence_warnings(result.loss, result.probe, prepared.floor,
-                                             prepared.power, result.stopped)
+                                             prepared.power, result.stopped, nearfield(ds))
         for note in notes:
             print(f"warning: half {name}: {note}", file=sys.stderr)
         return recon, ds, {"positions": int(len(index)), "iterations_run": len(result.loss),

@@ -25,7 +25,7 @@ from outcore.ptycho.reconstruct import planning
 from outcore.ptycho.reconstruct.halves import HalfScans, halves_of
 from outcore.ptycho.reconstruct.results import open_checked_truth
 from outcore.ptycho.reconstruct.start import check, open_input
-from outcore.ptycho.verbs.reconstruct import add_settings_arguments, settings_of
+from outcore.ptycho.verbs.reconstruct import add_settings_arguments, store_settings
 from outcore.runs import Run
 from outcore.verbs import Job
 
@@ -52,8 +52,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
             f"{len(index[0])} and {len(index[1])}; each needs {LEAST_HALF} or more.",
             "reconstruct a larger scan: the FRC compares two reconstructions of half the "
             "positions each.")
-    counts = bool(ds.attrs.get("preprocess", {}).get("counts", False))
-    settings = tuple(settings_of(args, len(half), counts) for half in index)
+    settings = tuple(store_settings(args, ds, len(half)) for half in index)
     for half, chosen in zip(index, settings, strict=True):
         check(ds.isel(position=half), chosen, args.defocus_search)
     truth = open_checked_truth(args.truth) if args.truth else None

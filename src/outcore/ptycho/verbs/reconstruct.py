@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import distributed
+import xarray as xr
 
 from outcore.checks import at_least
 from outcore.errors import OutcoreError
@@ -105,6 +106,17 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed of the batch order")
 
 
+def store_settings(args: argparse.Namespace, ds: xr.Dataset, n_positions: int | None = None
+                   ) -> Settings:
+    """The ``Settings`` the options give for the preprocessed store ``ds`` as it runs them
+    (``start.settings_for``: a near-field scan keeps its probe where it is), for
+    ``n_positions`` of its positions (default: all; the default batch follows them); the
+    default loss is Poisson for a store of integer counts."""
+    counts = bool(ds.attrs.get("preprocess", {}).get("counts", False))
+    n = ds.sizes["position"] if n_positions is None else n_positions
+    return settings_for(ds, settings_of(args, n, counts))
+
+
 def settings_of(args: argparse.Namespace, n_positions: int, counts: bool = False
                 ) -> Settings:
     """The ``Settings`` the options give for a store of ``n_positions``, preprocessed from
@@ -130,8 +142,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     """The job of ``ptycho reconstruct``: the store opened and checked with the settings,
     the checkpoint to resume from and the truth store, nothing computed."""
     ds = open_input(args.input)
-    settings = settings_for(ds, settings_of(args, ds.sizes["position"], bool(
-        ds.attrs.get("preprocess", {}).get("counts", False))))
+    settings = store_settings(args, ds)
     settings.validate(ds.sizes["position"])
     at_least(args.checkpoint_every, "--checkpoint-every",
              what="the iterations between checkpoints")
