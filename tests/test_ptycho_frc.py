@@ -109,6 +109,9 @@ def test_first_and_last_crossings_of_a_curve_that_dips_and_comes_back():
     assert rings.last_crossing == pytest.approx(0.38)
     above = frc.RingCorrelation(frequency, np.ones(6), np.full(6, 0.3), np.ones(6))
     assert above.crossing is None and above.last_crossing is None
+    at_once = frc.RingCorrelation(frequency, np.array([1.0, 0.1, 0.0, 0.1, 0.0, 0.1]),
+                                  np.array([1.0, 0.6, 0.5, 0.4, 0.3, 0.3]), np.ones(6))
+    assert at_once.crossing == at_once.last_crossing == 0.1  # ring 1, not between 0 and 1
 
 
 def test_a_grid_splits_into_a_checkerboard():

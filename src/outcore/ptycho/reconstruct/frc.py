@@ -177,7 +177,11 @@ class RingCorrelation:
         return None if last == len(above) - 1 else self._between(last)
 
     def _between(self, r: int) -> float:
-        """Where ``frc - threshold`` changes sign between rings ``r`` and ``r + 1``."""
+        """Where ``frc - threshold`` changes sign between rings ``r`` and ``r + 1``; ring 1
+        itself when that is the first ring (ring 0, the means, sits on its threshold of 1:
+        the halves then disagree at every frequency but the mean)."""
+        if r == 0:
+            return float(self.frequency[1])
         above = self.frc - self.threshold
         part = above[r] / (above[r] - above[r + 1])
         return float(self.frequency[r] + part * (self.frequency[r + 1] - self.frequency[r]))
