@@ -256,7 +256,6 @@ class RunSettings:
         writable directories."""
         if self.name is not None:
             path_component(self.name, "--name")
-        self.check_memory_limit()
         writable_directory(self.output_dir, "--output-dir")
         if self.cluster.spill_dir is not None:
             writable_directory(self.cluster.spill_dir, "--spill-dir")
