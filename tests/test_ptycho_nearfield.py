@@ -420,3 +420,32 @@ def test_engine_and_serial_twin_agree_in_the_near_field(tmp_path, shared_cluster
         np.testing.assert_allclose(result.probe, twin.probe, atol=1e-5 * np.abs(modes).max())
         np.testing.assert_allclose(result.coords, twin.coords, atol=1e-6)
     assert trajectory.losses[-1] < 0.5 * trajectory.losses[0]
+
+
+@pytest.mark.gpu
+def test_cupy_nearfield_terms_match_numpy():
+    """The near-field terms (loss, object, probe and position gradients) on cupy against
+    numpy, complex64: the transfer function rides in ``Model.on(cupy)``."""
+    import cupy
+
+    from outcore.ptycho.optics import nearfield_transfer
+    from outcore.ptycho.reconstruct import model as physics
+    from outcore.ptycho.reconstruct.model import Model
+
+    rng = np.random.default_rng(4)
+    k, n = 16, 36
+    obj = np.exp(1j * rng.uniform(-1, 1, (n, n))).astype(np.complex64)
+    probe = (rng.normal(size=(2, k, k)) + 1j * rng.normal(size=(2, k, k))).astype(np.complex64)
+    coords = rng.uniform(1, n - k - 1, (6, 2))
+    model = Model("poisson", rng.random((k, k)) > 0.1, None,
+                  nearfield_transfer(k, 1.8e-7, 9.8e-11, 3.6e-3).astype(np.complex64))
+    measured = (np.sqrt(physics.intensities(obj, probe, coords, model)) * 1.1).astype(
+        np.float32)
+    index = np.arange(len(coords))
+    host = physics.batch_terms(obj, probe, coords, measured, model, index=index)
+    device = physics.batch_terms(cupy.asarray(obj), cupy.asarray(probe), coords,
+                                 cupy.asarray(measured), model.on(cupy), index=index)
+    assert device.loss == pytest.approx(host.loss, rel=1e-5)
+    np.testing.assert_allclose(device.grad_obj.get(), host.grad_obj, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(device.grad_probe.get(), host.grad_probe, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(device.grad_pos, host.grad_pos, rtol=1e-3, atol=1e-4)
