@@ -247,6 +247,7 @@ def test_a_saao_series_gives_the_light_curve_of_an_added_star(saao_series, real_
         assert got["detected"] == (flux > 0)
         header = fits.getheader(real_data.joinpath(*SAAO) / f"AKB13475I{name}.fits")
         assert got["time"] == header["PHJDMID"]
+    assert table["mag"].isna().all() and table["mag_err"].isna().all()  # no zeropoint
     assert (run / "lightcurves.png").stat().st_size > 5_000
 
 

@@ -124,22 +124,28 @@ def forced_photometry(store: str | Path, item_id: str, x: np.ndarray, y: np.ndar
                       stamp: int) -> dict[str, np.ndarray]:
     """PSF photometry of ``D`` at pixels ``(x, y)`` of one item of ``difference.zarr``: the
     flux ``a`` of ``F_D P_D`` placed there (``measure.psf_photometry``, reference units),
-    its error, chi2 and dof; NaN where the stamp holds no good pixel."""
+    its error, chi2 and dof; NaN where the stamp holds no good pixel. The images are read
+    one band of storage chunk rows at a time (with the stamps' reach above and below)."""
     group = zarr.open_group(str(store), path=item_id, mode="r")
     ny, nx = group["difference"].shape
     half = stamp // 2
-    n = len(x)
-    images = np.zeros((n, stamp, stamp))
-    variance = np.zeros((n, stamp, stamp))
+    images = np.zeros((len(x), stamp, stamp))
+    variance = np.zeros((len(x), stamp, stamp))
     cx, cy = np.rint(x).astype(int), np.rint(y).astype(int)
-    for k in range(n):
-        y0, x0 = cy[k] - half, cx[k] - half
-        iy0, iy1 = max(y0, 0), min(y0 + stamp, ny)
-        ix0, ix1 = max(x0, 0), min(x0 + stamp, nx)
-        if iy0 < iy1 and ix0 < ix1:
-            part = np.s_[iy0 - y0: iy1 - y0, ix0 - x0: ix1 - x0]
-            images[k][part] = group["difference"][iy0:iy1, ix0:ix1]
-            variance[k][part] = group["variance"][iy0:iy1, ix0:ix1]
+    band = group["difference"].chunks[0]
+    for b0 in range(0, ny, band):
+        rows = np.flatnonzero((cy >= b0) & (cy < b0 + band))
+        if rows.size == 0:
+            continue
+        r0, r1 = max(b0 - half, 0), min(b0 + band + half, ny)
+        window = {name: np.full((r1 - r0 + 2 * half, nx + 2 * half), np.nan)
+                  for name in ("difference", "variance")}
+        for name, pad in window.items():
+            pad[half: half + r1 - r0, half: half + nx] = group[name][r0:r1, :]
+        for k in rows:
+            cut = np.s_[cy[k] - r0: cy[k] - r0 + stamp, cx[k]: cx[k] + stamp]
+            images[k] = window["difference"][cut]
+            variance[k] = window["variance"][cut]
     mask = ~(np.isfinite(images) & np.isfinite(variance) & (variance > 0))
     offsets = np.column_stack([x - cx, y - cy])
     out = psf_photometry(images, variance, mask, offsets, np.asarray(group["psf_difference"]),
@@ -161,6 +167,7 @@ def lightcurves(client: distributed.Client | None, store: str | Path, pairs: Seq
     rows = []
     for pair, time, result in zip(pairs, times, results, strict=True):
         mag, mag_err = magnitudes(result["flux"], result["flux_err"], zeropoint)
+        mag_err = np.where(np.isnan(mag), np.nan, mag_err)
         detected = [pair.item_id in items for items in found["items"]]
         rows.append(pd.DataFrame({
             "source_id": found["source_id"].to_numpy(), "item_id": pair.item_id,
