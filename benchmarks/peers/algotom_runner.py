@@ -32,8 +32,8 @@ and astra only, and does what an algotom user's script does, step by step:
   threads). The volume ``(z, y, x)`` is written in outcore's orientation and units (1/m): ASTRA's
   image rows run from the largest ``y`` down (``peers/astra_runner.py``), so each slice is
   flipped along ``y``, and divided by the pixel size (``detector_pixel_size`` of the file's
-  root attrs); ``--size`` keeps the centred ``size x size`` of each ``nu x nu`` slice (the
-  volume outcore reconstructs with ``--volume-shape``).
+  root attrs, 1 where it has none); ``--size`` keeps the centred ``size x size`` of each
+  ``nu x nu`` slice (the volume outcore reconstructs with ``--volume-shape``).
 
 Prints one JSON line: seconds per step, the centre, the versions.
 """
@@ -91,8 +91,10 @@ def corrected_blocks(raw: Path, ratio: float | None, views_per_block: int = 16):
 
 
 def pixel_size(raw: Path) -> float:
+    """The file's ``detector_pixel_size`` (m); 1 when it gives none (a measured scan such as
+    the APS tooth): the volume is then per pixel, as outcore's is for such a file."""
     with h5py.File(raw, "r") as f:
-        return float(f.attrs["detector_pixel_size"])
+        return float(f.attrs.get("detector_pixel_size", 1.0))
 
 
 def shape_of(raw: Path) -> tuple[int, int, int]:
