@@ -133,6 +133,20 @@ def test_a_jittered_raster_list_splits_as_its_grid_would(step, jitter):
     assert len(a) == len(b) == 72
 
 
+def test_a_spiral_splits_into_two_halves_that_each_cover_it():
+    """A Fermat spiral of 300 points (no raster): halves of 45 to 55 % each, and every
+    point within two spacings (the median nearest-neighbour distance) of each half."""
+    from scipy.spatial import cKDTree
+
+    n = np.arange(300)
+    angle = n * np.pi * (3 - np.sqrt(5))
+    coords = 3 * np.sqrt(n)[:, None] * np.stack([np.sin(angle), np.cos(angle)], axis=1) + 100
+    spacing = np.median(cKDTree(coords).query(coords, k=2)[0][:, 1])
+    for half in frc.split_halves(coords):
+        assert 0.45 < len(half) / 300 < 0.55
+        assert cKDTree(coords[half]).query(coords)[0].max() < 2 * spacing
+
+
 # --- outcore ptycho frc, end to end ---------------------------------------------------------
 
 COMMON = ["--cluster", "threads", "--workers", "2", "--no-progress"]
