@@ -449,3 +449,34 @@ def test_cupy_nearfield_terms_match_numpy():
     np.testing.assert_allclose(device.grad_obj.get(), host.grad_obj, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(device.grad_probe.get(), host.grad_probe, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(device.grad_pos, host.grad_pos, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize(("modes", "subpixel"), [(1, False), (3, False), (3, True)])
+def test_nearfield_scratch_model_bounds_tracemalloc(modes, subpixel):
+    """The memory model's near-field scratch per position against tracemalloc's peak of a
+    real call (the far field's bounds: 0.8 to 1.5 of it)."""
+    import tracemalloc
+
+    from outcore.ptycho.memory import scratch_per_pixel
+    from outcore.ptycho.optics import nearfield_transfer
+    from outcore.ptycho.reconstruct import model as physics
+    from outcore.ptycho.reconstruct.model import Model
+
+    rng = np.random.default_rng(0)
+    k, n, size = 64, 32, 160
+    obj = np.exp(1j * rng.uniform(0, 1, (1, size, size))).astype(np.complex64)
+    probe = (rng.normal(size=(modes, k, k)) + 1j * rng.normal(size=(modes, k, k))).astype(
+        np.complex64)
+    coords = rng.uniform(0, size - k - 1, (n, 2))
+    coords = coords if subpixel else np.floor(coords)
+    amplitudes = rng.uniform(0, 1, (n, k, k)).astype(np.float32)
+    model = Model(nearfield=nearfield_transfer(k, 1.8e-7, 9.8e-11, 3.6e-3).astype(
+        np.complex64))
+    physics.batch_terms(obj, probe, coords, amplitudes, model)  # warm
+    tracemalloc.start()
+    terms = physics.batch_terms(obj, probe, coords, amplitudes, model)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    modelled = n * k * k * scratch_per_pixel(modes, 1, subpixel, nearfield=True) \
+        + terms.grad_obj.nbytes
+    assert 0.8 <= modelled / peak <= 1.5, (modelled, peak)

@@ -46,15 +46,16 @@ PTYCHO_WORKER_BASELINE_BYTES = 360 * 2**20
 
 
 def scratch_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False,
-                      refine: bool = False) -> int:
+                      refine: bool = False, nearfield: bool = False) -> int:
     """Bytes of ``batch_terms`` scratch per detector pixel per position (measured with
     tracemalloc on 64 x 64 patterns: 9.5 for one mode and slice on whole pixels, 28 with
     three modes, 26 with sub-pixel positions; each further slice about 5 + 12 M, the shift
-    8 + 9 M, refinement 22 M more)."""
+    8 + 9 M, refinement 22 M more; the near field's transfer to the detector one wave, 8 M,
+    more)."""
     shift = int(subpixel or refine)
     further = slices - 1
     return (1 + 10 * modes + further * (5 + 12 * modes) + shift * (8 + 9 * modes)
-            + 22 * modes * int(refine))
+            + 22 * modes * int(refine) + 8 * modes * int(nearfield))
 
 
 def intensities_per_pixel(modes: int = 1, slices: int = 1, subpixel: bool = False) -> int:
@@ -71,10 +72,12 @@ SCRATCH_PER_PIXEL = scratch_per_pixel()
 def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], workers: int,
                  residency: str, sub_batch: int, batch_size: int | None = None,
                  backend: str = "numpy", modes: int = 1, slices: int = 1,
-                 subpixel: bool = False, refine: bool = False) -> list[TaskMemory]:
+                 subpixel: bool = False, refine: bool = False, nearfield: bool = False
+                 ) -> list[TaskMemory]:
     """The stages of a reconstruction of ``n_positions`` patterns of ``k x k`` on
     ``workers`` workers with ``modes`` probe modes and ``slices`` object slices
-    (``subpixel``: positions off the pixel grid; ``refine``: position refinement). Feed them
+    (``subpixel``: positions off the pixel grid; ``refine``: position refinement;
+    ``nearfield``: a near-field scan). Feed them
     to ``outcore.plan.Plan``. See the module doc for what is host and what device memory."""
     shard = math.ceil(n_positions / max(workers, 1))
     pixels = k * k
@@ -87,7 +90,7 @@ def memory_model(n_positions: int, k: int, object_shape: tuple[int, int], worker
         + pixels * (modes * C128 + F64) + (6 * F64 * batch if refine else 0)
     update = slices * object_pixels * (C128 + C64 + F64) + object_pixels * F64 \
         + modes * pixels * (2 * C128)
-    scratch = piece * pixels * scratch_per_pixel(modes, slices, subpixel, refine)
+    scratch = piece * pixels * scratch_per_pixel(modes, slices, subpixel, refine, nearfield)
     reading = 2 * piece * pixels * F32 if residency != "device" else 0
     # the call holds the targets, the state and the terms received; then first the update
     # (and a new state), later the terms it returns and, beside them, one sub-batch's

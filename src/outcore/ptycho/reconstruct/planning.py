@@ -12,7 +12,7 @@ from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, memory_model
 from outcore.ptycho.reconstruct.model import subpixel
 from outcore.ptycho.reconstruct.solver import Settings
-from outcore.ptycho.reconstruct.start import coords_of
+from outcore.ptycho.reconstruct.start import coords_of, nearfield
 
 
 def plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
@@ -28,7 +28,8 @@ def plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
                               tuple(ds.attrs["object_shape"]), workers, residency, sub_batch,
                               settings.batch_size, backend=resources.backend,
                               modes=settings.probe_modes, slices=settings.slices,
-                              subpixel=shifted, refine=settings.refine_positions)
+                              subpixel=shifted, refine=settings.refine_positions,
+                              nearfield=nearfield(ds))
         return Plan.of(stages, replace(resources, workers=workers),
                        baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
 
