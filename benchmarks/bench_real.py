@@ -286,8 +286,10 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> None:
             quality.update(contender.judged)
         elif "outcore" in held:
             area = np.isfinite(held["sfft"]) & held["searched"]
-            quality["correlation_with_outcore"] = correlation(held["sfft"][area],
-                                                              held["outcore"][area])
+            calm = area & (np.abs(shipped) < np.percentile(np.abs(shipped[area]), 99))
+            for key, where in (("", area), ("_clipped", calm)):
+                quality[f"correlation_with_outcore{key}"] = correlation(
+                    held["sfft"][where], held["outcore"][where])
         contender.judged = {"quality": quality}
     emit("real-decam", contenders)
 

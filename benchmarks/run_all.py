@@ -21,6 +21,8 @@ SMALL = {
     "bench_diffim_accuracy.py": ["--pairs", "2"],
     "bench_sketch.py": ["--scan", "48x64", "--detector", "64", "--repeats", "1",
                         "--outcore-cases", "2x512MiB", "2xauto"],
+    # the measured files of ../shared/real (without them: one "skipped" line), about 30 s
+    "bench_real.py": ["--repeats", "1"],
     "bench_cli.py": ["--cases", "startup", "fit-dipoles", "tomo", "--fit-n", "2000",
                      "--fit-inputs", "npz", "--tomo-n", "64", "--tomo-methods", "fbp"],
 }
