@@ -69,9 +69,13 @@ def model_graph(pairs: Sequence[Pair], options: Options) -> list[Delayed]:
     step = SURVEY_BOXES * options.box
     for pair in pairs:
         want = needs_stars(pair)
+        # a block's survey is keyed by what it reads, so pairs that share a reference (a
+        # series) share its survey tasks
+        images = ((pair.reference, pair.reference_variance), (pair.target, pair.target_variance))
         parts = [[dask.delayed(survey)(pair, which, block, options, want[which],
-                                       dask_key_name=_key("diffim-survey", pair, which, block,
-                                                          options))
+                                       dask_key_name=_key("diffim-survey", *images[which],
+                                                          pair.mask, pair.shape, want[which],
+                                                          block, options))
                   for block in blocks(pair.shape, step)] for which in (0, 1)]
         model = dask.delayed(build_model)(pair, parts[0], parts[1], options,
                                           dask_key_name=_key("diffim-model", pair, options))
