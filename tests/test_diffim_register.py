@@ -325,3 +325,20 @@ def test_an_aligned_decam_cutout_finds_sfft_s_transient(real_data, tmp_path):
     assert np.hypot(best["x"] + 64 - transient["x"], best["y"] + 64 - transient["y"]) < 1.0
     got, err = best["flux"] * ratio, best["flux_err"] * ratio
     assert abs(got - expected) < 3 * err + 0.05 * expected
+
+
+def test_pairs_sharing_a_reference_survey_it_once(tmp_path):
+    from outcore.diffim import write_manifest
+    from outcore.diffim.manifest import read_manifest
+    from outcore.diffim.operator import model_graph
+    from outcore.diffim.prepare import Options
+
+    sim = simulate_pair((128, 128), seed=5, stars=10)
+    item = write_pair(sim, tmp_path, "a")
+    pairs, _ = read_manifest(write_manifest([item, item | {"item_id": "b"}],
+                                            tmp_path / "pairs.json"))
+    keys = set()
+    for model in model_graph(pairs, Options()):
+        keys |= set(model.__dask_graph__())
+    surveys = [k for k in keys if k.startswith("diffim-survey")]
+    assert len(surveys) == 2  # the reference's block and the target's, not one per pair
