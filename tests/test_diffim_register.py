@@ -342,3 +342,34 @@ def test_pairs_sharing_a_reference_survey_it_once(tmp_path):
         keys |= set(model.__dask_graph__())
     surveys = [k for k in keys if k.startswith("diffim-survey")]
     assert len(surveys) == 2  # the reference's block and the target's, not one per pair
+
+
+def test_a_simulated_series_gives_its_transient_s_flux_and_magnitude(tmp_path):
+    """Two pairs with one transient, times in MJD-OBS and a zeropoint: its light curve has
+    the simulated flux within 3 sigma, the times of the headers and mag = zp - 2.5 log10 f."""
+    from astropy.io import fits
+
+    from outcore.diffim import write_manifest
+    from outcore.diffim.manifest import sha256_file
+
+    sim = simulate_pair((160, 160), seed=7, stars=12, transient_snr=[40.0], margin=45.0)
+    items = []
+    for k, mjd in enumerate((60000.25, 60003.5)):
+        item = write_pair(sim, tmp_path, f"e{k}")
+        target = tmp_path / item["target"]["path"]
+        fits.setval(target, "MJD-OBS", value=mjd)
+        item["target"]["sha256"] = sha256_file(target)
+        items.append(item | {"zeropoint": 25.0})
+    other = write_manifest(items, tmp_path / "two.json")
+    assert _run(tmp_path, "x", "--manifest", str(other), "--lightcurves") == 1  # 2 references
+    items[1]["reference"] = items[0]["reference"]
+    manifest = write_manifest(items, tmp_path / "series.json")
+    assert _run(tmp_path, "s", "--manifest", str(manifest), "--lightcurves") == 0
+    table = pd.read_parquet(tmp_path / "s" / "lightcurves.parquet")
+    near = np.hypot(table["x"] - sim.transients["x"][0], table["y"] - sim.transients["y"][0])
+    curve = table[near < 1.5]
+    assert list(curve["time"]) == [60000.25, 60003.5] and set(curve["time_key"]) == {"MJD-OBS"}
+    truth = sim.transients["flux"][0]
+    assert (np.abs(curve["flux"] - truth) < 3 * curve["flux_err"]).all()
+    np.testing.assert_allclose(curve["mag"], 25.0 - 2.5 * np.log10(curve["flux"]))
+    assert curve["detected"].all()

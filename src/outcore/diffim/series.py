@@ -155,9 +155,10 @@ def forced_photometry(store: str | Path, item_id: str, x: np.ndarray, y: np.ndar
 
 def lightcurves(client: distributed.Client | None, store: str | Path, pairs: Sequence[Pair],
                 catalog: pd.DataFrame, times: np.ndarray, time_key: str, stamp: int,
-                min_detections: int, zeropoint: float) -> pd.DataFrame:
+                min_detections: int, zeropoints: Sequence[float]) -> pd.DataFrame:
     """The light-curve table (``COLUMNS``, one row per variable source and pair, by source
-    then time): one forced-photometry task per pair on ``client`` (or dask's scheduler)."""
+    then time): one forced-photometry task per pair on ``client`` (or dask's scheduler);
+    ``zeropoints`` are the pairs' (of the reference's units: NaN gives no magnitudes)."""
     found = sources(catalog, min_detections)
     x, y = found["x"].to_numpy(), found["y"].to_numpy()
     tasks = [dask.delayed(forced_photometry)(str(store), p.item_id, x, y, stamp,
@@ -165,7 +166,7 @@ def lightcurves(client: distributed.Client | None, store: str | Path, pairs: Seq
              for p in pairs]
     results = client.gather(client.compute(tasks)) if client else dask.compute(*tasks)
     rows = []
-    for pair, time, result in zip(pairs, times, results, strict=True):
+    for pair, time, result, zeropoint in zip(pairs, times, results, zeropoints, strict=True):
         mag, mag_err = magnitudes(result["flux"], result["flux_err"], zeropoint)
         mag_err = np.where(np.isnan(mag), np.nan, mag_err)
         detected = [pair.item_id in items for items in found["items"]]
@@ -188,7 +189,7 @@ def write_lightcurves(run: Run, client: distributed.Client, pairs: Sequence[Pair
     written = run.outputs()
     catalog = pd.read_parquet(written["sources.parquet"])
     table = lightcurves(client, written["difference.zarr"], pairs, catalog, times, time_key,
-                        stamp, min_detections, models[0].zeropoint)
+                        stamp, min_detections, [m.zeropoint for m in models])
     count = int(table["source_id"].nunique())
     parquet = run.add_output("lightcurves.parquet", verify=lambda p: _check_rows(p, len(table)))
     table.to_parquet(parquet, index=False)
