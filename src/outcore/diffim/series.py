@@ -79,9 +79,10 @@ def epoch_times(pairs: Sequence[Pair], key: str | None = None) -> tuple[np.ndarr
         except (TypeError, ValueError):
             time = math.nan
         if not math.isfinite(time):
+            found = f"no {key} keyword" if value is None else f"{key} = {value!r}, not a time"
             raise OutcoreError(
                 f"--lightcurves: the target of item {pair.item_id!r} ({pair.target.path}) has "
-                f"{key} = {value!r}, not a time.",
+                f"{found}.",
                 f"give a --time-key that every target has as a number (tried {key}).")
         times.append(time)
     return np.array(times), key
