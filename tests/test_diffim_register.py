@@ -373,3 +373,36 @@ def test_a_simulated_series_gives_its_transient_s_flux_and_magnitude(tmp_path):
     assert (np.abs(curve["flux"] - truth) < 3 * curve["flux_err"]).all()
     np.testing.assert_allclose(curve["mag"], 25.0 - 2.5 * np.log10(curve["flux"]))
     assert curve["detected"].all()
+
+
+def test_a_large_image_registers_on_stars_of_its_windows(tmp_path):
+    """A 1500 x 1300 star field and its copy moved by (12.3, -7.6) px and rotated by 0.2
+    degree: the stars of 9 windows of 1024 px give the map within 0.02 px everywhere."""
+    from astropy.io import fits
+
+    from outcore.diffim.register import windows
+
+    rng = np.random.default_rng(3)
+    shape = (1500, 1300)
+    yx = rng.uniform(20, np.array(shape) - 20, (400, 2))
+    flux = rng.uniform(2e3, 5e4, 400)
+    angle = np.deg2rad(0.2)
+    matrix = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    offset = np.array([12.3, -7.6])
+    moved = yx @ matrix.T + offset  # where each star is in the target
+    for name, places in (("reference", yx), ("target", moved)):
+        image = rng.normal(100.0, 5.0, shape)
+        for (y, x), f in zip(places, flux, strict=True):
+            y0, x0 = int(y) - 7, int(x) - 7
+            if 0 <= y0 and y0 + 15 <= shape[0] and 0 <= x0 and x0 + 15 <= shape[1]:
+                yy, xx = np.mgrid[y0: y0 + 15, x0: x0 + 15]
+                image[y0: y0 + 15, x0: x0 + 15] += f / (2 * np.pi * 1.5**2) * np.exp(
+                    -((yy - y) ** 2 + (xx - x) ** 2) / (2 * 1.5**2))
+        fits.writeto(tmp_path / f"{name}.fits", image.astype(np.float32))
+    assert len(windows(shape)) == 9
+    pairs, _ = one_pair({"reference": str(tmp_path / "reference.fits"),
+                         "target": str(tmp_path / "target.fits")}, grid="stars")
+    fit = register_pairs(None, pairs)[1]["pair"]
+    corners = np.array([[0, 0], [0, 1299], [1499, 0], [1499, 1299], [750, 650]], float)
+    truth = corners @ matrix.T + offset
+    assert np.abs(fit.map(corners) - truth).max() < 0.02 and fit.matched >= 200

@@ -12,7 +12,8 @@ rematch at the fitted map and drop stars beyond ``CLIP_SIGMA`` of the residuals.
 pixels that map outside the target, or next to its non-finite pixels, are NaN, which the
 tiles treat as bad. A pair's registration is one task per image for the stars (the
 reference's shared by every pair that has it) and one for the fit (``register_pairs``); each
-reads its image whole once, the tiles then read only their windows.
+reads at most 9 windows of ``WINDOW`` px of its image, the tiles then read only their
+windows.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ ROUNDS = 4
 RAYLEIGH_MEDIAN = math.sqrt(2 * math.log(2))
 #: Stars matched in both images that an affine fit needs at least.
 MIN_MATCHED = 6
+#: Side (pixels) of the windows in which stars are found (``windows``).
+WINDOW = 1024
 #: Pixels of the target read beyond a window's footprint, so that the spline's boundary
 #: (whose effect falls by 0.27 per pixel) does not reach the window.
 PAD = 16
@@ -79,14 +82,29 @@ class Registration:
                 "matched_stars": self.matched, "rms_px": round(self.rms, 4)}
 
 
+def windows(shape: tuple[int, int]) -> list[tuple[int, int, int, int]]:
+    """``(y0, y1, x0, x1)`` of the windows whose stars register an image: the whole image up
+    to ``WINDOW`` px a side; else ``WINDOW``-sided windows at its corners, edge middles and
+    centre (at most 9), so the fit spans the image and memory stays bounded."""
+    starts = [sorted({0, (n - min(n, WINDOW)) // 2, n - min(n, WINDOW)}) for n in shape]
+    return [(y0, y0 + min(shape[0], WINDOW), x0, x0 + min(shape[1], WINDOW))
+            for y0 in starts[0] for x0 in starts[1]]
+
+
 def star_positions(image: ImageFile) -> np.ndarray:
     """``(n, 2)`` ``(y, x)`` of the brightest clean stars of ``image`` (S/N >= ``MIN_SNR``,
-    no sep flag, at most ``MAX_STARS``), brightest first."""
-    data = image.read(0, image.shape[0], 0, image.shape[1])
-    found = image_sources(data, ~np.isfinite(data), threshold=DETECT_THRESHOLD)
-    found = found[(found["flags"] == 0) & (found["snr"] >= MIN_SNR)]
-    found = found.sort_values("flux_auto", ascending=False).head(MAX_STARS)
-    return found[["y", "x"]].to_numpy(np.float64)
+    no sep flag, at most ``MAX_STARS``) in its ``windows``, brightest first."""
+    found = []
+    for y0, y1, x0, x1 in windows(image.shape):
+        data = image.read(y0, y1, x0, x1)
+        part = image_sources(data, ~np.isfinite(data), threshold=DETECT_THRESHOLD)
+        part = part[(part["flags"] == 0) & (part["snr"] >= MIN_SNR)]
+        found.append(np.column_stack([part["y"] + y0, part["x"] + x0, part["flux_auto"]]))
+    stars = np.concatenate(found)
+    stars = stars[np.argsort(-stars[:, 2], kind="stable")]
+    twice = {j for _, j in cKDTree(stars[:, :2]).query_pairs(1.0)}  # in two windows
+    keep = [k for k in range(len(stars)) if k not in twice]
+    return stars[keep][:MAX_STARS, :2]
 
 
 def vote_shift(reference: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, int]:
