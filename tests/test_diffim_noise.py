@@ -162,3 +162,30 @@ def test_images_in_mjy_per_sr_give_the_same_score_and_scaled_fluxes(tmp_path):
     np.testing.assert_allclose(score_s[0], score_1[0], atol=1e-3, equal_nan=True)
     np.testing.assert_allclose(table_s["flux"], table_1["flux"] * scale, rtol=1e-4)
     assert table_1["flux"].size >= 2
+
+
+def test_saturated_pixels_are_left_out_not_subtracted(tmp_path):
+    """The target's brightest star clipped at a level, as a CCD saturates: with SATURATE in
+    the header (or --saturation) its pixels read as NaN, are bad, and nothing is reported on
+    it; without, the clipped core leaves a strong negative residual there."""
+    sim = simulate_pair((256, 256), seed=12, stars=12, star_snr=(100.0, 2000.0))
+    brightest = int(np.argmax(sim.stars["flux"]))
+    x, y = sim.stars["x"][brightest], sim.stars["y"][brightest]
+    tables = {}
+    for saturate in (False, True):
+        folder = tmp_path / f"saturate-{saturate}"
+        item = write_pair(sim, folder, "p", psf=False)
+        path = folder / item["target"]["path"]
+        with fits.open(path, mode="update") as hdul:
+            data = hdul[0].data
+            level = float(data[int(round(y)), int(round(x))]) * 0.5
+            hdul[0].data = np.minimum(data, level)
+            if saturate:
+                hdul[0].header["SATURATE"] = level
+        item["target"]["sha256"] = sha256_file(path)
+        pairs, _ = read_manifest(write_manifest([item], folder / "pairs.json"))
+        assert np.isnan(pairs[0].target.read(0, 256, 0, 256)).any() == saturate
+        tables[saturate] = _run(folder, [item])[2]
+    near = {k: np.hypot(t["x"] - x, t["y"] - y) < 5 for k, t in tables.items()}
+    assert near[False].any() and np.abs(tables[False]["snr"][near[False]]).max() > 10
+    assert not near[True].any()

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "for the mag column (default: a MAGZP, MAGZERO, ZEROPT, MAGZPT, "
                         "PHOTZP or ZP header keyword of the reference, else of the target)")
     g.add_argument("--item-id", default="pair", help="item_id of the pair")
+    g.add_argument("--saturation", type=float, default=None, metavar="LEVEL",
+                   help="pixels at or above LEVEL (the images' units) are saturated and left "
+                        "out (default: a SATURATE, SATLEVEL or SATURATN header keyword)")
     g.add_argument("--stack", default="median", choices=METHODS,
                    help="how a group of exposures (a glob as --reference or --target) is "
                         "combined: median, or mean (inverse-variance weighted)")
@@ -133,6 +136,7 @@ def check_options(args: argparse.Namespace) -> None:
              "a box side of 8 or more, e.g. --background-box 64")
     positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
     positive(args.flux_ratio, "--flux-ratio", "the target's flux scale, e.g. --flux-ratio 1")
+    positive(args.saturation, "--saturation", "the saturation level, e.g. --saturation 65000")
     need(args.lightcurves or args.time_key is None, "--time-key applies with --lightcurves.",
          "add --lightcurves, or leave out --time-key.")
     at_least(args.min_detections, "--min-detections", 1,
@@ -152,7 +156,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     check_options(args)
     grid = "aligned" if args.aligned else "stars" if args.register else "wcs"
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
-                              args.flux_ratio, args.item_id, args.zeropoint, grid, args.stack)
+                              args.flux_ratio, args.item_id, args.zeropoint, grid, args.stack,
+                              args.saturation)
     given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
                     tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
                     psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
@@ -201,6 +206,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
             "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint, "stack": args.stack,
+            "saturation": args.saturation,
             "item_id": args.item_id, "aligned": args.aligned, "register": args.register})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],

@@ -51,7 +51,7 @@ PSF_KEYS = FILE_KEYS[7:]
 #: Noise (sigma) maps, read as their square: the variance of the same image.
 NOISE_KEYS = {"reference_noise": "reference_variance", "target_noise": "target_variance"}
 ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint", "aligned", "register",
-             "stack")
+             "stack", "saturation")
 #: Files that may be groups of exposures, stacked as they are read (``stack``).
 STACK_KEYS = ("reference", "target")
 #: How the target of a pair gets onto the reference's grid: the reference's WCS (checked
@@ -66,6 +66,8 @@ ITEM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 FITS_SUFFIXES = (".fits", ".fit", ".fts", ".fits.gz", ".fz")
 #: Header keywords of an image's gain (electrons per unit of its pixels), in order.
 GAIN_KEYS = ("GAIN", "EGAIN", "CCDGAIN")
+#: Header keywords of an image's saturation level (its pixel units), in order.
+SATURATION_KEYS = ("SATURATE", "SATLEVEL", "SATURATN")
 #: Smallest image edge (pixels) a pair may have.
 MIN_IMAGE_EDGE = 32
 #: WCS agreement needed between reference and target, in pixels (at the corners and centre).
@@ -75,7 +77,9 @@ WCS_TOLERANCE_PX = 0.01
 @dataclass(frozen=True)
 class ImageFile:
     """One 2-D FITS image HDU: where it is and what it holds (picklable; read per tile);
-    ``gain`` (electrons per unit of its pixels) from its header's ``GAIN_KEYS``, if any."""
+    ``gain`` (electrons per unit of its pixels) from its header's ``GAIN_KEYS``, if any;
+    ``saturation`` the level at and above which a pixel is saturated (``SATURATION_KEYS``,
+    or the item's ``saturation``), read as NaN, so every step treats it as bad."""
 
     path: str
     hdu: int
@@ -83,11 +87,14 @@ class ImageFile:
     sha256: str
     squared: bool = False
     gain: float | None = None
+    saturation: float | None = None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels ``[y0:y1, x0:x1]`` as float64 (``_read``), squared for a noise map given
-        where a variance is wanted (``squared``)."""
+        where a variance is wanted (``squared``), NaN where saturated."""
         pixels = self._read(y0, y1, x0, x1)
+        if self.saturation is not None:
+            pixels[pixels >= self.saturation] = np.nan
         return pixels * pixels if self.squared else pixels
 
     def _read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
@@ -211,9 +218,9 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
             ref = _file_entry(item[key], f"{where} {key}", base)
             image = _image_file(ref, f"{where} {key}")
             if key in NOISE_KEYS:
-                images[NOISE_KEYS[key]] = replace(image, squared=True)
+                images[NOISE_KEYS[key]] = replace(image, squared=True, saturation=None)
             else:
-                images[key] = image
+                images[key] = image if key in STACK_KEYS else replace(image, saturation=None)
             files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
     psfs: dict[str, np.ndarray] = {}
     for key in PSF_KEYS:
@@ -221,6 +228,10 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
             ref = _file_entry(item[key], f"{where} {key}", base)
             psfs[key] = read_psf(ref["path"], f"{where} {key}")
             files.append((f"{item_id}:{key}", ref["path"], ref["sha256"]))
+    level = _saturation(item.get("saturation"), where)
+    if level is not None:
+        for key in STACK_KEYS:
+            images[key] = _saturating(images[key], level)
     grid = _grid(item, where)
     shape = images["reference"].shape
     for key, image in images.items():
@@ -282,6 +293,23 @@ def _stack(entries: Any, method: Any, key: str, where: str, base: Path
         if _celestial(members[0]) is not None:
             _check_wcs(members[0], member, f"{where} {key}[{n}]")
     return stack_images(members, method), [(r["path"], r["sha256"]) for r in refs]
+
+
+def _saturation(given: Any, where: str) -> float | None:
+    """The item's ``saturation`` (a positive number or absent)."""
+    if given is not None and (isinstance(given, bool) or not isinstance(given, (int, float))
+                              or not math.isfinite(given) or given <= 0):
+        _fail(where, f"saturation {given!r} is not a positive number.",
+              "give the level (in the images' units) at which pixels saturate, e.g. 65000.")
+    return None if given is None else float(given)
+
+
+def _saturating(image: ImageFile | StackedImage, level: float) -> ImageFile | StackedImage:
+    """``image`` (or each exposure of a stack) saturating at ``level``."""
+    if isinstance(image, StackedImage):
+        return replace(image, members=tuple(replace(m, saturation=level)
+                                            for m in image.members))
+    return replace(image, saturation=level)
 
 
 def _grid(item: dict[str, Any], where: str) -> str:
@@ -352,17 +380,19 @@ def _image_file(ref: dict[str, Any], where: str) -> ImageFile:
         with fits.open(path, memmap=True) as hdul:
             index = hdu_index(hdul, ref["hdu"], path, axes=2)
             shape = tuple(int(n) for n in hdul[index].shape)
-            gain = _gain(hdul[index].header)
+            header = hdul[index].header
     except LayoutError as err:
         _fail(where, err.problem, 'set "hdu" to the index or EXTNAME of a 2-D image HDU.')
     except OSError as err:
         _fail(where, f"{path!r} cannot be read as FITS ({err}).", "check the file.")
-    return ImageFile(path, index, shape, ref["sha256"], gain=gain)  # type: ignore[arg-type]
+    return ImageFile(path, index, shape, ref["sha256"],  # type: ignore[arg-type]
+                     gain=_positive(header, GAIN_KEYS),
+                     saturation=_positive(header, SATURATION_KEYS))
 
 
-def _gain(header: Any) -> float | None:
-    """The first positive ``GAIN_KEYS`` value of a header (electrons per pixel unit)."""
-    for key in GAIN_KEYS:
+def _positive(header: Any, keys: tuple[str, ...]) -> float | None:
+    """The first positive value of ``keys`` in a header, None without one."""
+    for key in keys:
         value = header.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and math.isfinite(value) and value > 0:
@@ -446,7 +476,8 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
 
 def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
              item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs",
-             stack: str = "median") -> tuple[list[Pair], list]:
+             stack: str = "median", saturation: float | None = None
+             ) -> tuple[list[Pair], list]:
     """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
     file keys to paths (None: not given); each file is hashed here and checked as in a
     manifest; ``grid`` is one of ``GRIDS`` (``--aligned``, ``--register stars``). A glob as
@@ -477,6 +508,8 @@ def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
         item["flux_ratio"] = flux_ratio
     if zeropoint is not None:
         item["zeropoint"] = zeropoint
+    if saturation is not None:
+        item["saturation"] = saturation
     pair, found = _read_item(item, 0, Path.cwd())
     return [pair], found
 
@@ -504,10 +537,10 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
 
 def read_pairs(manifest: str | None, files: dict[str, str | None],
                flux_ratio: float | None = None, item_id: str = "pair",
-               zeropoint: float | None = None, grid: str = "wcs", stack: str = "median"
-               ) -> tuple[list[Pair], list]:
+               zeropoint: float | None = None, grid: str = "wcs", stack: str = "median",
+               saturation: float | None = None) -> tuple[list[Pair], list]:
     """The checked pairs and their files: those of the ``manifest`` when one is given, else
     the one pair of ``files`` (``one_pair``)."""
     if manifest:
         return read_manifest(manifest)
-    return one_pair(files, flux_ratio, item_id, zeropoint, grid, stack)
+    return one_pair(files, flux_ratio, item_id, zeropoint, grid, stack, saturation)
