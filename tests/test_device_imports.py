@@ -25,7 +25,7 @@ GPU = REPO / "benchmarks" / "gpu"
 #: The benchmark scripts benchmarks/gpu/run.py starts, and the modules they import.
 GPU_BENCHMARKS = ("bench_fit.py", "bench_tomo.py", "bench_ptycho.py", "common.py")
 #: Modules of this repository that the files import by their own names.
-LOCAL = {"outcore", "tests", "common", "bench_cli", "ptycho_cases", "raw_scan"}
+LOCAL = {"outcore", "tests", "common", "bench_cli", "bench_real", "ptycho_cases", "raw_scan"}
 #: The distribution of a module that is not installed here (the GPU extra's, the machine's).
 NOT_HERE = {"cupy": "cupy-cuda13x", "cupyx": "cupy-cuda13x", "dask_cuda": "dask-cuda",
             "pynvml": "nvidia-ml-py", "cuda": "cuda-bindings", "skimage": "scikit-image"}
