@@ -157,7 +157,10 @@ def started():
     scheduler = dask.config.get("scheduler", None)
 
     def start(kind: str, workers: int):
-        clients.append(cluster.start(kind, workers=workers, memory_limit="1GiB",
+        # in-process workers pause on the whole test process's memory, which the test files
+        # run before this one in the same process have grown: at 1 GiB one paused for good
+        limit = "8GiB" if kind == "threads" else "1GiB"
+        clients.append(cluster.start(kind, workers=workers, memory_limit=limit,
                                      dashboard_address="127.0.0.1:0"))
         return clients[-1]
 
