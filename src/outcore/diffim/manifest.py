@@ -290,8 +290,7 @@ def _stack(entries: Any, method: Any, key: str, where: str, base: Path
                   f"{key}[0] is {members[0].shape[0]} x {members[0].shape[1]}; the exposures "
                   "of a stack must be on one pixel grid.",
                   "resample them onto one grid first (e.g. with reproject or SWarp).")
-        if _celestial(members[0]) is not None:
-            _check_wcs(members[0], member, f"{where} {key}[{n}]")
+        _check_wcs(members[0], member, f"{where} {key}[{n}]")
     return stack_images(members, method), [(r["path"], r["sha256"]) for r in refs]
 
 

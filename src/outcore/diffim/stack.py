@@ -51,10 +51,6 @@ class StackedImage:
         return self.members[0].shape
 
     @property
-    def squared(self) -> bool:
-        return False
-
-    @property
     def gain(self) -> float | None:
         """Electrons per unit of the stack's pixels, None when a member has no gain."""
         gains = [m.gain for m in self.members]
