@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
 from outcore.ptycho.reconstruct import model as physics
@@ -290,3 +291,34 @@ def write_truth(scan: TrueScan, path: Path) -> Path:
         coords={"xy": ["x", "y"], "yx": ["y", "x"]},
         attrs={"outcore_layout": "ptycho-truth", "pixel_size": PIXEL, "wavelength": WAVELENGTH})
     return write_zarr(ds, path)
+
+
+def assert_gradients_match(obj: np.ndarray, probe: np.ndarray, coords: np.ndarray,
+                           measured: np.ndarray, model: physics.Model,
+                           rng: np.random.Generator, draws: int, pick=None) -> None:
+    """The exact gradients of ``physics.batch_terms`` (object slices, probe modes, positions)
+    against central differences of ``physics.loss``, at ``draws`` random elements of each
+    (both the real and the imaginary direction of a complex one); ``pick(name, idx, rng)``
+    may move a drawn index (to a pixel that some window covers, say)."""
+    terms = physics.batch_terms(obj, probe, coords, measured, model,
+                                index=np.arange(len(coords)))
+    assert terms.loss == pytest.approx(physics.loss(obj, probe, coords, measured, model))
+    cases = {"object": (obj, terms.full_grad_obj(obj.shape),
+                        lambda t: physics.loss(t, probe, coords, measured, model)),
+             "probe": (probe, terms.grad_probe,
+                       lambda t: physics.loss(obj, t, coords, measured, model)),
+             "positions": (coords, terms.grad_pos,
+                           lambda t: physics.loss(obj, probe, t, measured, model))}
+    for name, (target, grad, loss) in cases.items():
+        for _ in range(draws):
+            idx = tuple(int(rng.integers(0, n)) for n in target.shape)
+            if pick is not None:
+                idx = pick(name, idx, rng)
+            for direction in ((1.0, 1j) if np.iscomplexobj(target) else (1.0,)):
+                h = 1e-6 * direction
+                plus, minus = target.copy(), target.copy()
+                plus[idx] += h
+                minus[idx] -= h
+                fd = (loss(plus) - loss(minus)) / 2e-6
+                analytic = (np.conj(grad[idx]) * direction).real
+                assert fd == pytest.approx(analytic, rel=1e-5, abs=1e-7), (name, idx)

@@ -14,7 +14,7 @@ from outcore.ptycho.memory import scratch_per_pixel
 from outcore.ptycho.reconstruct import model as physics
 from outcore.ptycho.reconstruct.model import Model
 
-from .ptycho_cases import aperture_probe, true_scan
+from .ptycho_cases import aperture_probe, assert_gradients_match, true_scan
 
 
 @pytest.fixture(scope="module")
@@ -47,28 +47,8 @@ def test_gradients_match_finite_differences(problem, noise):
     positions."""
     obj, probe, coords, propagator, valid = problem
     model = Model(noise, valid, propagator)
-    measured = _measured(problem, model)
-    terms = physics.batch_terms(obj, probe, coords, measured, model,
-                                index=np.arange(len(coords)))
-    assert terms.loss == pytest.approx(physics.loss(obj, probe, coords, measured, model))
-    cases = {"object": (obj, terms.full_grad_obj(obj.shape),
-                        lambda t: physics.loss(t, probe, coords, measured, model)),
-             "probe": (probe, terms.grad_probe,
-                       lambda t: physics.loss(obj, t, coords, measured, model)),
-             "positions": (coords, terms.grad_pos,
-                           lambda t: physics.loss(obj, probe, t, measured, model))}
-    rng = np.random.default_rng(1)
-    for name, (target, grad, loss) in cases.items():
-        for _ in range(8):
-            idx = tuple(int(rng.integers(0, n)) for n in target.shape)
-            for direction in ((1.0, 1j) if np.iscomplexobj(target) else (1.0,)):
-                h = 1e-6 * direction
-                plus, minus = target.copy(), target.copy()
-                plus[idx] += h
-                minus[idx] -= h
-                fd = (loss(plus) - loss(minus)) / 2e-6
-                analytic = (np.conj(grad[idx]) * direction).real
-                assert fd == pytest.approx(analytic, rel=1e-5, abs=1e-7), (name, idx)
+    assert_gradients_match(obj, probe, coords, _measured(problem, model), model,
+                           np.random.default_rng(1), draws=8)
 
 
 def test_position_curvature_gives_the_gauss_newton_step():
