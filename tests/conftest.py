@@ -64,3 +64,21 @@ def shared_cluster():
 def real_data() -> Path:
     """The folder of the measured data sets (tests using it carry the ``realdata`` mark)."""
     return REAL_DATA
+
+
+@pytest.fixture(scope="session")
+def p25_stores(real_data, tmp_path_factory) -> tuple[Path, Path]:
+    """PETRA III P25's CXI file converted with its focus-to-sample distance and
+    preprocessed, as docs/real-data.md runs it: ``(diffraction store, preprocessed store)``,
+    read-only for the tests that share them."""
+    from outcore.cli import main
+
+    folder = tmp_path_factory.mktemp("p25")
+    cxi = real_data / "ptycho" / "petra3_p25_nearfield" / "PETRAIII_P25_Near_Field_Ptycho.cxi"
+    raw, pre = folder / "p25.zarr", folder / "pre.zarr"
+    runs = ["--output-dir", str(folder / "runs"), "--cluster", "threads", "--no-progress"]
+    assert main(["convert", str(cxi), str(raw), "--attr", "focus_sample_distance=3.65e-3",
+                 "--name", "convert", *runs]) == 0
+    assert main(["ptycho", "preprocess", "--input", str(raw), "--output", str(pre),
+                 "--object-padding", "4", "--name", "pre", *runs]) == 0
+    return raw, pre

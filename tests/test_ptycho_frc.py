@@ -227,7 +227,7 @@ def test_frc_refuses_bad_options_before_compute(scan, args, message, capsys):
 
 
 @pytest.mark.realdata
-def test_frc_of_p25_near_field_halves(real_data, tmp_path):
+def test_frc_of_p25_near_field_halves(p25_stores, tmp_path):
     """PETRA III P25's near-field Siemens star (no reference reconstruction is published):
     its 200 positions (no raster) split into two halves that together are the scan, whose
     reconstructions (20 iterations, positions refined from the 10th) are registered within
@@ -239,14 +239,9 @@ def test_frc_of_p25_near_field_halves(real_data, tmp_path):
     from outcore.cli import main
     from outcore.runs import load_summary
 
-    cxi = real_data / "ptycho" / "petra3_p25_nearfield" / "PETRAIII_P25_Near_Field_Ptycho.cxi"
+    _, pre = p25_stores
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
-    assert main(["convert", str(cxi), str(tmp_path / "p25.zarr"), "--attr",
-                 "focus_sample_distance=3.65e-3", "--name", "convert", *runs]) == 0
-    assert main(["ptycho", "preprocess", "--input", str(tmp_path / "p25.zarr"), "--output",
-                 str(tmp_path / "pre.zarr"), "--object-padding", "4", "--name", "pre",
-                 *runs]) == 0
-    assert main(["ptycho", "frc", "--input", str(tmp_path / "pre.zarr"), "--iterations", "20",
+    assert main(["ptycho", "frc", "--input", str(pre), "--iterations", "20",
                  "--batch-size", "25", "--refine-positions", "--refine-from", "10", "--name",
                  "frc", *runs]) == 0
     run = tmp_path / "runs" / "frc"

@@ -304,7 +304,7 @@ def _shift(moved: np.ndarray, still: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.realdata
-def test_p25_nearfield_scan_converts_registers_and_reconstructs(real_data, tmp_path):
+def test_p25_nearfield_scan_converts_registers_and_reconstructs(p25_stores, tmp_path):
     """PETRA III P25's near-field scan (a Siemens star) from its CXI file.
 
     Positions: each frame is the star's magnified image moved by the scan, so phase
@@ -322,18 +322,13 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(real_data, tmp_p
     from outcore.ptycho.reconstruct import model as physics
     from outcore.ptycho.reconstruct import solver, start
 
-    cxi = real_data / "ptycho" / "petra3_p25_nearfield" / "PETRAIII_P25_Near_Field_Ptycho.cxi"
+    raw, store = p25_stores
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
-    assert main(["convert", str(cxi), str(tmp_path / "p25.zarr"), "--attr",
-                 "focus_sample_distance=3.65e-3", "--name", "convert", *runs]) == 0
-    assert main(["ptycho", "preprocess", "--input", str(tmp_path / "p25.zarr"), "--output",
-                 str(tmp_path / "pre.zarr"), "--object-padding", "4", "--name", "pre",
-                 *runs]) == 0
-    pre = start.open_input(tmp_path / "pre.zarr")
+    pre = start.open_input(store)
     assert pre.attrs["pixel_size"] == pytest.approx(55e-6 * 3.65e-3 / (1.12 + 3.65e-3))
     assert pre.attrs["magnification"] == pytest.approx(307.85, abs=0.01)
 
-    frames = io.open(tmp_path / "p25.zarr")["data"].values.astype(np.float64)
+    frames = io.open(raw)["data"].values.astype(np.float64)
     mean = frames.mean(axis=0)
     flat = np.where(mean > 200, frames / np.maximum(mean, 1) - 1, 0)
     moves = (pre["positions"].values - pre["positions"].values[0])[:, ::-1] \
@@ -343,16 +338,16 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(real_data, tmp_p
     errors = [np.hypot(*(_shift(flat[j], flat[0]) + moves[j])) for j in near]
     assert max(errors) <= 3 and np.median(errors) <= 1.5, errors
 
-    assert main(["ptycho", "reconstruct", "--input", str(tmp_path / "pre.zarr"),
+    assert main(["ptycho", "reconstruct", "--input", str(store),
                  "--iterations", "30", "--batch-size", "50", "--refine-positions",
                  "--refine-from", "10", "--name", "rec", *runs]) == 0
     recon = xr.open_zarr(tmp_path / "runs" / "rec" / "reconstruction.zarr",
                          consolidated=False)
     settings = start.settings_for(pre, solver.Settings(
         iterations=30, batch_size=50, noise="poisson", refine_positions=True, refine_from=10))
-    initial = start.prepare(tmp_path / "pre.zarr", pre, settings)
-    final = start.prepare(tmp_path / "pre.zarr", pre, settings, start=recon)
-    amplitudes = read_amplitudes(tmp_path / "pre.zarr", np.arange(pre.sizes["position"]))
+    initial = start.prepare(store, pre, settings)
+    final = start.prepare(store, pre, settings, start=recon)
+    amplitudes = read_amplitudes(store, np.arange(pre.sizes["position"]))
     loss_start = physics.loss(initial.obj, initial.probe, initial.coords, amplitudes,
                               initial.model)
     loss_end = physics.loss(final.obj, final.probe, final.coords, amplitudes, final.model)
