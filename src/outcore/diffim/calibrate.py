@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 from scipy.ndimage import binary_dilation
+from scipy.stats import iqr
 
 from outcore.diffim import detect
 from outcore.diffim.background import Sky, source_mask
@@ -44,10 +45,9 @@ MIN_SAMPLE = 200
 
 
 def robust_spread(values: np.ndarray) -> float:
-    """The interquartile range of ``values`` over 1.349: a normal's sigma, robust to the
-    tails of sources."""
-    q1, q3 = np.percentile(values, [25, 75])
-    return float(q3 - q1) / 1.349
+    """The interquartile range of ``values`` scaled to a normal's sigma (scipy's ``iqr``),
+    robust to the tails of sources."""
+    return float(iqr(values, scale="normal"))
 
 
 def sample_window(shape: tuple[int, int]) -> tuple[int, int, int, int]:
