@@ -103,3 +103,22 @@ def test_the_decam_exposures_stack_like_sfft_s_stacks(real_data):
         sfft = fits.getdata(folder / "4check" / theirs).astype(np.float64)
         mine = image.read(0, 256, 0, 256)
         assert np.corrcoef(mine.ravel(), sfft.ravel())[0, 1] >= 0.99
+
+
+def test_a_glob_that_matches_nothing_and_a_bad_saturation_are_one_line_each(tmp_path, capsys):
+    from outcore.cli import main
+
+    paths, _ = _exposures(tmp_path, [5.0, 5.0])
+    common = ["--aligned", "--cluster", "threads", "--no-progress", "--output-dir",
+              str(tmp_path / "runs")]
+    cases = {(str(tmp_path / "none*.fits"), "--saturation", "65000"):
+             "No FITS image files match",
+             (str(tmp_path / "exp?.fits"), "--saturation", "-1"):
+             "--saturation -1.0 must be positive"}
+    for (reference, *options), message in cases.items():
+        assert main(["diffim", "--reference", reference, "--target", str(paths[0]), *options,
+                     *common]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Fix:" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
