@@ -310,3 +310,24 @@ def test_a_cone_beam_scan_is_refused_before_compute(tmp_path, capsys):
     outcore.save(projections_dataset(da.ones(geometry.projection_shape, np.float32), geometry,
                                      (8, 16, 16), "none"), store, layout="projections")
     _both_verbs_refuse(store, tmp_path, capsys, "parallel-beam")
+
+
+def test_vo_wedge_is_its_integer_definition_at_every_width():
+    """The wedge's edges (``q >= 2``, ``q <= top``, ``|p| > pi ratio q``) on integer
+    frequency indices, built here by loops, for every width up to 5000: ``rfftfreq(nu) * nu``
+    once put ``q = 2`` at 1.999.. for 540 widths (49, 98, 103, ..) and dropped that column."""
+    n_views = 90
+    p = np.array([abs(row if row < n_views else row - 2 * n_views)
+                  for row in range(2 * n_views)])
+    wrong = []
+    for nu in range(8, 5001):
+        got = centre._wedge(n_views, nu, centre.RATIO)
+        top = min(n_views / np.pi, nu / 4)
+        want = np.zeros_like(got)
+        for q in range(2, nu // 2 + 1):
+            if q > top:
+                break
+            want[:, q] = p > np.pi * centre.RATIO * q
+        if not np.array_equal(got, want):
+            wrong.append(nu)
+    assert not wrong, f"{len(wrong)} widths, e.g. {wrong[:10]}"

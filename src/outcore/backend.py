@@ -104,6 +104,15 @@ def fft(xp: ModuleType) -> ModuleType:
     return cupyx.scipy.fft
 
 
+def fft_indices(n: int) -> np.ndarray:
+    """The integer frequency indices of an FFT of ``n`` samples, in FFT order
+    (``0, 1, .., -2, -1``; ``fftfreq(n) * n`` exactly). Rules on a frequency grid (odd taps,
+    a wedge's edge, a ring's radius) compare these integers, never ``fftfreq`` scaled back
+    to integers: ``fftfreq(1458, 1 / 1458)`` holds 3.0000000000000004 and 0.9999999999999999,
+    whose parity and comparisons are wrong."""
+    return np.fft.ifftshift(np.arange(-(n // 2), n - n // 2))
+
+
 def twin_of(x: Any) -> str:
     """``"cpu"`` for a numpy array (or anything not cupy's), ``"gpu"`` for a cupy array."""
     return "gpu" if type(x).__module__.startswith("cupy") else "cpu"

@@ -26,6 +26,7 @@ import numpy as np
 from scipy import fft, ndimage, optimize
 from scipy.spatial import cKDTree
 
+from outcore.backend import fft_indices
 from outcore.ptycho.reconstruct.quality import phase_ramp
 
 #: Width of the apodisation's cosine edge, as a fraction of the region's smaller side.
@@ -195,8 +196,8 @@ def ring_correlation(a: np.ndarray, b: np.ndarray, window: np.ndarray) -> RingCo
     side = max(a.shape)
     spectra = [fft.fft2(_less_mean(np.asarray(x, np.complex128), window) * window,
                         s=(side, side)) for x in (a, b)]
-    f = fft.fftfreq(side) * side
-    ring = np.floor(np.hypot(f[:, None], f[None, :]) + 0.5).astype(np.int64).ravel()
+    f = fft_indices(side)
+    ring = np.rint(np.hypot(f[:, None], f[None, :])).astype(np.int64).ravel()
     keep = ring <= side // 2
     ring = ring[keep]
 

@@ -37,6 +37,7 @@ import dask
 import numpy as np
 from scipy import fft as sfft
 
+from outcore.backend import fft_indices
 from outcore.errors import OutcoreError
 from outcore.plan import TaskMemory
 
@@ -168,8 +169,8 @@ def _wedge(n_views: int, nu: int, ratio: float) -> np.ndarray:
     detector gains and the fringes of phase contrast pull the centre by 0.16 and 1.1 px, and
     a smoothing along the views (against noise too) the fringes by 0.76 px (the table above
     ``COARSE_COLUMNS``)."""
-    p = np.abs(sfft.fftfreq(2 * n_views) * 2 * n_views)[:, None]
-    q = (sfft.rfftfreq(nu) * nu)[None, :]
+    p = np.abs(fft_indices(2 * n_views))[:, None]  # integers: the edges are exact
+    q = np.arange(nu // 2 + 1)[None, :]
     top = min(n_views / np.pi, nu / 4)
     return ((p > np.pi * ratio * q) & (q >= 2) & (q <= top)).astype(np.float64)
 

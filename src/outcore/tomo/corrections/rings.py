@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from outcore.backend import fft_indices
 from outcore.errors import OutcoreError
 from outcore.plan import F64, Resources, TaskMemory
 from outcore.tomo.corrections import reslice
@@ -78,7 +79,7 @@ def remove_stripes_sort(sinogram: np.ndarray, size: int) -> np.ndarray:
 
 def _damping(n: int, sigma: float) -> np.ndarray:
     """``1 - exp(-k^2 / (2 sigma^2))`` for the FFT frequency indices ``k`` of ``n`` samples."""
-    k = np.fft.fftfreq(n, 1.0 / n)
+    k = fft_indices(n)
     return -np.expm1(-(k**2) / (2 * sigma**2))
 
 

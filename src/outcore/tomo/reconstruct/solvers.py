@@ -57,10 +57,10 @@ def ramp_filter(n: int, spacing: float, window: str = "ram-lak") -> np.ndarray:
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {WINDOWS}, not {window!r}.")
     size = padded(n)
-    k = np.fft.fftfreq(size, 1.0 / size)
+    k = backends.fft_indices(size)  # integers: the parity test is exact at every size
     h = np.zeros(size)
     h[0] = 1.0 / (4 * spacing**2)
-    odd = k % 2 == 1
+    odd = k % 2 != 0
     h[odd] = -1.0 / (np.pi * k[odd] * spacing) ** 2
     response = np.fft.rfft(h).real * spacing
     f = np.fft.rfftfreq(size)  # cycles per sample, 0 .. 0.5
