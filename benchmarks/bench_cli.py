@@ -12,7 +12,7 @@ outcore's own commands (``outcore tomo simulate``, ``outcore ptycho simulate`` a
 ``preprocess``, ``outcore convert``), except the dipole stamps, which are written to an NPZ by
 ``outcore.fit.simulate_catalog`` (a file the user holds). The judge of each tool's quality uses
 outcore's definitions on every tool's saved output alike: the truth of the dipole catalog,
-the Shepp-Logan phantom (``outcore.tomo.phantom``), ``outcore.ptycho.reconstruct.quality``.
+the Shepp-Logan phantom (``outcore.tomo.phantom``), ``outcore.ptycho.reconstruction.quality``.
 
 Cases (``--cases``):
 
@@ -37,10 +37,11 @@ Cases (``--cases``):
   quantEM (``peers/quantem_reconstruct.py``, ``--quantem-modes``) and Pty-chi
   (``peers/ptychi_runner.py``, ``--ptychi-engines``; own venvs) on the same patterns,
   positions and probe guess (exported once to ``.npz``), the same iterations and batch size.
-  ``quality.object_error``: ``outcore.ptycho.reconstruct.quality.object_error`` of each tool's saved
-  object against the simulation's truth on the well-lit pixels (global phase, scale and phase
-  ramp removed). torch's peers keep their default threads with ``OMP_WAIT_POLICY=PASSIVE``
-  (its spinning threads cost several times the work on a shared machine).
+  ``quality.object_error``: ``outcore.ptycho.reconstruction.quality.object_error`` of each
+  tool's saved object against the simulation's truth on the well-lit pixels (global phase,
+  scale and phase ramp removed). torch's peers keep their default threads with
+  ``OMP_WAIT_POLICY=PASSIVE`` (its spinning threads cost several times the work on a shared
+  machine).
 - ``demo``: ``outcore demo`` end to end; ``quality`` holds the demo's own checks.
 - ``startup``: ``outcore --help`` and ``outcore info`` as processes, the import time of
   ``python -X importtime -m outcore.cli --help`` (and whether numba or pyarrow are among its
@@ -695,10 +696,10 @@ def make_scan(args: argparse.Namespace, folder: Path) -> dict:
 
 def object_judge(folder: Path) -> Callable[[np.ndarray], float]:
     """The object error of a reconstruction in the preprocessed store's frame (outcore's
-    definition, ``outcore.ptycho.reconstruct.quality``) against the simulation's truth."""
+    definition, ``outcore.ptycho.reconstruction.quality``) against the simulation's truth."""
     import zarr
 
-    from outcore.ptycho.reconstruct.quality import illuminated, object_error
+    from outcore.ptycho.reconstruction.quality import illuminated, object_error
 
     truth = zarr.open_group(folder / "scan.truth.zarr", mode="r")
     pre = zarr.open_group(folder / "pre.zarr", mode="r")

@@ -5,14 +5,14 @@ Prints one JSON line per tool and case (DESIGN.md, "Benchmark lines"), then one 
 per comparison. Each *setting* (``--settings``: ``base`` one probe mode, fixed positions;
 ``modes3`` three probe modes; ``refine`` position refinement from the first iteration on) is
 run by every tool with the same batch size (``--batch``, several allowed), and every line
-carries ``object_error`` (``outcore.ptycho.reconstruct.quality.object_error`` of the tool's
+carries ``object_error`` (``outcore.ptycho.reconstruction.quality.object_error`` of the tool's
 final object against the truth, after global phase, scale and phase ramp; a benchmark runs few
 iterations, so it compares tools, it is no converged error). One simulated stack (a raster
 of ``--scan`` x ``--scan`` positions, ``--step`` object pixels apart, ``--k`` x ``--k``
 patterns of a smooth complex object seen through a defocused aperture probe, straight from
 the far-field model, noise-free) is reconstructed by
 
-- ``outcore``: ``outcore.ptycho.reconstruct.engine.run`` on a local cluster of 1 and 2 worker
+- ``outcore``: ``outcore.ptycho.reconstruction.engine.run`` on a local cluster of 1 and 2 worker
   processes (one thread each, ``--workers``; ``--cluster threads``: workers in this process),
   once per residency (``--residency``: ``device`` keeps each
   shard's amplitudes resident, ``host`` keeps them in host memory and copies each sub-batch,
@@ -35,7 +35,7 @@ the far-field model, noise-free) is reconstructed by
   every temporary over 128 KiB of the kernels is a fresh ``mmap`` with its page faults,
   about doubling the kernels' time);
 - ``outcore-kernels``: the same batches, sub-batches and updates as a plain loop
-  (``outcore.ptycho.reconstruct.solver.serial``, the engine's numpy twin) in this process, no
+  (``outcore.ptycho.reconstruction.solver.serial``, the engine's numpy twin) in this process, no
   cluster: the compute the engine schedules, so that ``engine 1 worker - kernels`` is the
   engine's own cost (actor calls, transfers, the state after each iteration);
   ``engine_overhead_s_per_step`` spreads it over
@@ -114,11 +114,11 @@ from common import add_backend, check_backend, line, machine
 
 import outcore
 from outcore import cluster
-from outcore.ptycho.reconstruct import engine, solver
-from outcore.ptycho.reconstruct import model as physics
-from outcore.ptycho.reconstruct import probe as probes
-from outcore.ptycho.reconstruct.model import Model
-from outcore.ptycho.reconstruct.quality import illuminated, object_error
+from outcore.ptycho.reconstruction import engine, solver
+from outcore.ptycho.reconstruction import model as physics
+from outcore.ptycho.reconstruction import probe as probes
+from outcore.ptycho.reconstruction.model import Model
+from outcore.ptycho.reconstruction.quality import illuminated, object_error
 from outcore.runner import peak_worker_rss
 from outcore.runs import versions
 

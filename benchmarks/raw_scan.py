@@ -55,7 +55,7 @@ import numpy as np
 
 from outcore.tomo.geometry import Geometry, uniform_angles
 from outcore.tomo.phantom import shepp_logan
-from outcore.tomo.reconstruct.projector import Projector
+from outcore.tomo.reconstruction.projector import Projector
 
 #: hc in keV * m: a photon of E keV has the wavelength HC_KEV_M / E.
 HC_KEV_M = 12.398419843320026e-10

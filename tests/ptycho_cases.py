@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zarr
 
-from outcore.ptycho.reconstruct import model as physics
+from outcore.ptycho.reconstruction import model as physics
 
 
 @dataclass
@@ -204,9 +204,9 @@ def solve(scan: TrueScan, probe: np.ndarray, coords: np.ndarray | None = None,
     """``solver.serial`` from a flat object (of ``len(scan.slices)`` slices unless
     ``slices`` is given): the final state, the trajectory and the object error (of the
     product of the slices, against the truth's product, on the well-lit pixels)."""
-    from outcore.ptycho.reconstruct import solver
-    from outcore.ptycho.reconstruct.model import Model
-    from outcore.ptycho.reconstruct.quality import illuminated, object_error
+    from outcore.ptycho.reconstruction import solver
+    from outcore.ptycho.reconstruction.model import Model
+    from outcore.ptycho.reconstruction.quality import illuminated, object_error
 
     amplitudes = scan.amplitudes() if amplitudes is None else amplitudes
     slices = settings.get("slices", 1)

@@ -25,7 +25,7 @@ CORE_LAYERS: list[set[str]] = [
     {"outcore.checks"},
     {"outcore.backend", "outcore.io"},
     {"outcore.cluster", "outcore.plan"},
-    {"outcore.runs", "outcore.progress", "outcore.reduce", "outcore.figures"},
+    {"outcore.runs", "outcore.progress", "outcore.reduce", "outcore.figures", "outcore.settings"},
     {"outcore.verbs"},
     {"outcore.runner"},
 ]

@@ -166,7 +166,7 @@ def test_the_note_on_a_capped_limit_compares_sizes_only(given, got, noted):
     error here)."""
     from outcore.cluster import ClusterOptions
     from outcore.plan import Resources
-    from outcore.verbs import RunSettings
+    from outcore.settings import RunSettings
 
     settings = RunSettings(ClusterOptions(kind="local", memory_limit=given))
     note = settings.memory_limit_note(Resources(2, 1, got))

@@ -170,8 +170,8 @@ def test_a_plan_that_cannot_fit_names_the_fixes_that_would():
 
     from outcore.errors import PlanError
     from outcore.plan import Resources
-    from outcore.ptycho.reconstruct import planning
-    from outcore.ptycho.reconstruct.engine import Settings
+    from outcore.ptycho.reconstruction import planning
+    from outcore.ptycho.reconstruction.engine import Settings
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},
@@ -195,8 +195,8 @@ def test_a_plan_over_the_stated_device_memory_names_host_residency():
 
     from outcore.errors import PlanError
     from outcore.plan import Resources
-    from outcore.ptycho.reconstruct import planning
-    from outcore.ptycho.reconstruct.solver import Settings
+    from outcore.ptycho.reconstruction import planning
+    from outcore.ptycho.reconstruction.solver import Settings
 
     ds = xr.Dataset({"amplitudes": (("position", "k_y", "k_x"),
                                     da.zeros((100_000, 128, 128), "f4", chunks=(64, -1, -1)))},

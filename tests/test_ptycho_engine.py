@@ -12,10 +12,10 @@ import pytest
 import zarr
 
 from outcore import cluster
-from outcore.ptycho.reconstruct import engine, solver
-from outcore.ptycho.reconstruct import probe as probes
-from outcore.ptycho.reconstruct.model import Model
-from outcore.ptycho.reconstruct.quality import illuminated, object_error
+from outcore.ptycho.reconstruction import engine, solver
+from outcore.ptycho.reconstruction import probe as probes
+from outcore.ptycho.reconstruction.model import Model
+from outcore.ptycho.reconstruction.quality import illuminated, object_error
 
 from .ptycho_cases import make_scan, pupil_guess, true_scan, write_store
 
@@ -97,7 +97,7 @@ def test_one_trajectory_for_1_2_3_workers_and_every_residency_with_every_option(
 def test_serial_twin_gives_the_same_trajectory(scan, store, shared_cluster):
     """The cluster's run against a plain loop over the same batches with the model's terms and
     update."""
-    from outcore.ptycho.reconstruct import model as physics
+    from outcore.ptycho.reconstruction import model as physics
 
     settings = engine.Settings(iterations=4, batch_size=40, probe_start=1)
     obj, probe, losses = np.ones(scan.truth.shape, np.complex64), scan.guess, []

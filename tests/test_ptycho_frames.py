@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import zarr
 
-from outcore.ptycho.reconstruct.frames import FrameReader
+from outcore.ptycho.reconstruction.frames import FrameReader
 
 
 @pytest.mark.parametrize("compressed", [False, True])

@@ -1,4 +1,4 @@
-"""Fourier ring correlation (outcore.ptycho.reconstruct.frc) against known answers: an image
+"""Fourier ring correlation (outcore.ptycho.reconstruction.frc) against known answers: an image
 with itself, independent noise, a known shift and phase, the half-bit formula, a
 band-limited image's cut-off, and the checkerboard split of grids and jittered rasters."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from outcore.ptycho.reconstruct import frc
+from outcore.ptycho.reconstruction import frc
 
 
 def _complex_noise(shape: tuple[int, int], seed: int) -> np.ndarray:

@@ -11,8 +11,8 @@ import pytest
 
 from outcore.ptycho import kernels
 from outcore.ptycho.memory import scratch_per_pixel
-from outcore.ptycho.reconstruct import model as physics
-from outcore.ptycho.reconstruct.model import Model
+from outcore.ptycho.reconstruction import model as physics
+from outcore.ptycho.reconstruction.model import Model
 
 from .ptycho_cases import aperture_probe, assert_gradients_match, true_scan
 
@@ -54,7 +54,7 @@ def test_gradients_match_finite_differences(problem, noise):
 def test_position_curvature_gives_the_gauss_newton_step():
     """On noise-free data the Gauss-Newton step of a position moved by (0.4, -0.3) pixels
     brings it back to within 0.05 pixel."""
-    from outcore.ptycho.reconstruct.solver import gauss_newton
+    from outcore.ptycho.reconstruction.solver import gauss_newton
 
     scan = true_scan(side=3, k=32, step=6, seed=2)
     corners = scan.corners()

@@ -136,8 +136,8 @@ def test_nearfield_model_is_the_propagated_exit_wave_and_its_adjoint():
     as written in this test, in the detector's own (centred) frame; and the detector
     operator and its adjoint (the conjugate transfer) pass the dot test."""
     from outcore.ptycho.optics import nearfield_transfer
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction.model import Model
 
     rng = np.random.default_rng(5)
     k, pixel, wavelength, z = 24, 1.8e-7, 9.8e-11, 3.6e-3
@@ -163,8 +163,8 @@ def test_nearfield_gradients_match_finite_differences(noise):
     against central differences of its loss: two slices, two modes, a mask, sub-pixel
     positions."""
     from outcore.ptycho.optics import fresnel_propagator, nearfield_transfer
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction.model import Model
 
     rng = np.random.default_rng(3)
     k, n, pixel, wavelength = 16, 36, 1.8e-7, 9.8e-11
@@ -319,8 +319,8 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(p25_stores, tmp_
     import xarray as xr
 
     from outcore.ptycho.preprocessing.store import read_amplitudes
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct import solver, start
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction import solver, start
 
     raw, store = p25_stores
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
@@ -369,9 +369,9 @@ def test_engine_and_serial_twin_agree_in_the_near_field(tmp_path, shared_cluster
     import zarr
 
     from outcore.ptycho.optics import nearfield_transfer
-    from outcore.ptycho.reconstruct import engine, solver
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruction import engine, solver
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction.model import Model
 
     rng = np.random.default_rng(2)
     k, n, pixel, wavelength = 32, 56, 1.8e-7, 9.8e-11
@@ -410,8 +410,8 @@ def test_cupy_nearfield_terms_match_numpy():
     import cupy
 
     from outcore.ptycho.optics import nearfield_transfer
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction.model import Model
 
     rng = np.random.default_rng(4)
     k, n = 16, 36
@@ -440,8 +440,8 @@ def test_nearfield_scratch_model_bounds_tracemalloc(modes, subpixel):
 
     from outcore.ptycho.memory import scratch_per_pixel
     from outcore.ptycho.optics import nearfield_transfer
-    from outcore.ptycho.reconstruct import model as physics
-    from outcore.ptycho.reconstruct.model import Model
+    from outcore.ptycho.reconstruction import model as physics
+    from outcore.ptycho.reconstruction.model import Model
 
     rng = np.random.default_rng(0)
     k, n, size = 64, 32, 160

@@ -10,8 +10,8 @@ import pytest
 from outcore import cluster
 from outcore.plan import Plan
 from outcore.ptycho.memory import memory_model
-from outcore.ptycho.reconstruct import engine
-from outcore.ptycho.reconstruct import model as physics
+from outcore.ptycho.reconstruction import engine
+from outcore.ptycho.reconstruction import model as physics
 from outcore.runner import peak_worker_rss
 
 from .ptycho_cases import aperture_probe

@@ -26,7 +26,7 @@ from outcore.ptycho import (
     save_preprocessed,
     simulate_stack,
 )
-from outcore.ptycho.reconstruct import model as physics
+from outcore.ptycho.reconstruction import model as physics
 from outcore.runs import load_summary
 
 K = 32

@@ -15,7 +15,7 @@ import outcore
 from outcore.cli import build_parser, main
 from outcore.errors import OutcoreError, RunExistsError
 from outcore.ptycho import open_truth, simulate_stack
-from outcore.ptycho.reconstruct import model as physics
+from outcore.ptycho.reconstruction import model as physics
 from outcore.ptycho.simulate import synthetic_object
 from outcore.ptycho.verbs import simulate as simulate_verb
 from outcore.runs import load_summary

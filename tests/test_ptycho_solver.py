@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from outcore.ptycho.reconstruct import probe as probes
-from outcore.ptycho.reconstruct import quality, solver
-from outcore.ptycho.reconstruct.model import Model
-from outcore.ptycho.reconstruct.start import open_input, prepare
+from outcore.ptycho.reconstruction import probe as probes
+from outcore.ptycho.reconstruction import quality, solver
+from outcore.ptycho.reconstruction.model import Model
+from outcore.ptycho.reconstruction.start import open_input, prepare
 
 from .ptycho_cases import (
     defocus_metres,
@@ -68,7 +68,7 @@ def test_gauss_newton_matrices_are_new_every_curvature_every_iterations(monkeypa
     """Refined from iteration 2 with ``curvature_every=3``: every position gets a new matrix
     on iterations 2, 5 and 8 only (the others step with the latest one), so 3 of the 7
     refined iterations pay for them; with 1, all 7 do, and the two runs differ."""
-    from outcore.ptycho.reconstruct import model as physics
+    from outcore.ptycho.reconstruction import model as physics
 
     scan = true_scan(side=6, k=32, step=4, jitter=0.5, seed=4)
     errors = np.random.default_rng(6).uniform(-1, 1, scan.centres.shape)

@@ -17,7 +17,8 @@ from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources, TaskMemory
 from outcore.progress import compute
 from outcore.runs import load_summary
-from outcore.verbs import Job, RunSettings
+from outcore.settings import RunSettings
+from outcore.verbs import Job
 
 
 def _job() -> Job:

@@ -11,7 +11,7 @@ import pytest
 
 from outcore.tomo import Geometry, Projector, fbp, ramp_filter, uniform_angles
 from outcore.tomo.memory import padded
-from outcore.tomo.reconstruct.solvers import WINDOWS
+from outcore.tomo.reconstruction.solvers import WINDOWS
 
 #: Every width from 16 to 4096 and a few beyond (padded lengths 1458, 2916 and 5832, whose
 #: float frequency grid is not integral, are among them: widths 721-729, 1441-1458, 2881-2916).

@@ -12,7 +12,7 @@ from distributed import Client, LocalCluster
 
 from outcore.errors import PlanError
 from outcore.tomo import Geometry, Projector, kernels, suggest_blocks, uniform_angles
-from outcore.tomo.reconstruct.projector import _back_task, _forward_task
+from outcore.tomo.reconstruction.projector import _back_task, _forward_task
 
 SHAPE = (14, 16, 18)
 GEOMETRIES = {

@@ -34,8 +34,8 @@ from outcore.tomo.corrections import reslice, rings, steps
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.phantom import shepp_logan
-from outcore.tomo.reconstruct.projector import Projector
-from outcore.tomo.reconstruct.solvers import fbp
+from outcore.tomo.reconstruction.projector import Projector
+from outcore.tomo.reconstruction.solvers import fbp
 
 N, VIEWS = 384, 180
 

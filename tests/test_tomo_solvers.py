@@ -25,7 +25,7 @@ from outcore.tomo import (
     uniform_angles,
 )
 from outcore.tomo.memory import filter_row_bytes, padded
-from outcore.tomo.reconstruct.solvers import filter_rows
+from outcore.tomo.reconstruction.solvers import filter_rows
 
 N = 64
 

@@ -30,7 +30,7 @@ from outcore.plan import Resources
 from outcore.tomo import Geometry, Projector, ball, fbp, scan_for
 from outcore.tomo.corrections import steps, stitch
 from outcore.tomo.corrections.stitch import HalfAcquisition
-from outcore.tomo.reconstruct import solvers
+from outcore.tomo.reconstruction import solvers
 
 N, NZ, HALF, NU, SUB = 48, 2, 96, 44, 4
 SHAPE = (NZ, N, N)

@@ -105,7 +105,7 @@ _WARM_SNIPPET = """
 import time
 t0 = time.perf_counter()
 from outcore.fit.kernels import warm as fit
-from outcore.ptycho.reconstruct.model import warm as ptycho
+from outcore.ptycho.reconstruction.model import warm as ptycho
 from outcore.tomo.kernels import warm as tomo
 fit("numpy", "gaussian")
 ptycho()

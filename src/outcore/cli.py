@@ -27,15 +27,8 @@ from outcore import __version__, backend, cluster, runs
 from outcore.errors import OutcoreError, translate
 from outcore.families import FAMILIES
 from outcore.plan import Resources
-from outcore.verbs import (
-    Parser,
-    Verb,
-    add_common_options,
-    cluster_options,
-    family_of,
-    load_verbs,
-    run_settings,
-)
+from outcore.settings import Parser, add_common_options, cluster_options, run_settings
+from outcore.verbs import Verb, family_of, load_verbs
 
 #: Commands of the core that are not families: they take no common options.
 CORE_COMMANDS = {

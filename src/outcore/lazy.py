@@ -1,5 +1,5 @@
 """Lazy exports of a package (PEP 562): ``from outcore.tomo import Projector`` imports
-``outcore.tomo.reconstruct.projector`` only then, so a family's ``layouts`` or ``cli`` module
+``outcore.tomo.reconstruction.projector`` only then, so a family's ``layouts`` or ``cli`` module
 can be imported without its kernels (numba, pyarrow) and ``outcore --help`` stays light."""
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, input_record, sha256_path
-from outcore.verbs import Job, RunSettings
+from outcore.settings import RunSettings
+from outcore.verbs import Job
 
 log = logging.getLogger(__name__)
 

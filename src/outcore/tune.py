@@ -34,18 +34,8 @@ from outcore.errors import OutcoreError, PlanError, refuse_existing
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, check_png
-from outcore.verbs import (
-    Job,
-    Parser,
-    RunSettings,
-    Tunable,
-    Verb,
-    add_common_options,
-    all_verbs,
-    family_of,
-    load_verbs,
-    run_settings,
-)
+from outcore.settings import Parser, RunSettings, add_common_options, run_settings
+from outcore.verbs import Job, Tunable, Verb, all_verbs, family_of, load_verbs
 
 #: Rounds a point runs by default: one warmup, then three timed (their median is reported).
 DEFAULT_ROUNDS = {"warmup_rounds": 1, "measure_rounds": 3}

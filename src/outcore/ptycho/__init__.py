@@ -3,8 +3,8 @@
 Data side: ``simulate_stack`` (a scan with known object and probe), ``preprocess`` (centre,
 crop, bin a ``diffraction`` stack once), ``save_preprocessed`` / ``open_preprocessed`` (the
 ``ptycho-preprocessed`` store reconstructions read). The stages are sub-packages:
-``outcore.ptycho.preprocessing`` and ``outcore.ptycho.reconstruct`` (``reconstruct``; the
-forward model and its gradients in ``outcore.ptycho.reconstruct.model``, over the numpy and
+``outcore.ptycho.preprocessing`` and ``outcore.ptycho.reconstruction`` (``reconstruct``; the
+forward model and its gradients in ``outcore.ptycho.reconstruction.model``, over the numpy and
 cupy twins of ``outcore.ptycho.kernels``). See docs/operators/ptychography.md. Names are
 imported on first use (``outcore.lazy``).
 """

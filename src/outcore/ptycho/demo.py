@@ -8,8 +8,8 @@ import distributed
 from outcore import io
 from outcore.ptycho.preprocessing.pipeline import preprocess
 from outcore.ptycho.preprocessing.store import open_preprocessed, save_preprocessed
-from outcore.ptycho.reconstruct.quality import truth_error
-from outcore.ptycho.reconstruct.run import reconstruct
+from outcore.ptycho.reconstruction.quality import truth_error
+from outcore.ptycho.reconstruction.run import reconstruct
 from outcore.ptycho.simulate import open_truth, simulate_stack
 from outcore.runs import Run
 

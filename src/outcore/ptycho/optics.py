@@ -117,7 +117,7 @@ def fresnel_scaling(detector_pixel: float, focus_sample: float, sample_detector:
 def nearfield_transfer(k: int, pixel_size: float, wavelength: float, distance: float
                        ) -> np.ndarray:
     """The ``(k, k)`` transfer function, FFT order, from a near-field exit wave to its image
-    on the detector as ``outcore.ptycho.reconstruct.model`` holds detector fields:
+    on the detector as ``outcore.ptycho.reconstruction.model`` holds detector fields:
     ``angular_spectrum`` over ``distance`` times the roll by ``k // 2`` pixels (the model's
     fields are stored with the detector's pixel ``k // 2`` at index 0, as ``ifftshift``
     leaves them, and compared with the patterns after ``fftshift``). complex128."""

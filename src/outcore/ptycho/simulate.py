@@ -41,7 +41,7 @@ from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked, write_new
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS
-from outcore.ptycho.reconstruct.model import Model, intensities, warm
+from outcore.ptycho.reconstruction.model import Model, intensities, warm
 
 #: Energy [eV] and object pixel [m] when none are given.
 DEFAULT_ENERGY_EV = 8000.0

@@ -4,7 +4,7 @@
 projects and backprojects dask arrays block by block; ``fbp`` (FDK for the cone beam),
 ``cgls`` and ``sirt`` reconstruct; ``shepp_logan`` and ``ball`` make lazy test volumes;
 ``suggest_blocks`` and ``memory_model`` feed ``outcore.plan``. The code reads as the
-pipeline: ``raw/`` (raw scans in), ``corrections/``, ``center/``, ``reconstruct/``, with
+pipeline: ``raw/`` (raw scans in), ``corrections/``, ``center/``, ``reconstruction/``, with
 ``verbs/`` parsing the command line. See docs/operators/tomography.md. Names are imported on
 first use (``outcore.lazy``).
 """
@@ -16,7 +16,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "geometry": ("Geometry", "scan_for", "uniform_angles"),
     "memory": ("memory_model", "suggest_blocks"),
     "phantom": ("ball", "shepp_logan"),
-    "reconstruct.projector": ("Projector",),
-    "reconstruct.solvers": ("WINDOWS", "Reconstruction", "cgls", "fbp", "fdk", "ramp_filter",
+    "reconstruction.projector": ("Projector",),
+    "reconstruction.solvers": ("WINDOWS", "Reconstruction", "cgls", "fbp", "fdk", "ramp_filter",
                             "sirt"),
 })

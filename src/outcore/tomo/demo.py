@@ -10,8 +10,8 @@ from outcore.progress import compute
 from outcore.runs import Run
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.phantom import shepp_logan
-from outcore.tomo.reconstruct.projector import Projector
-from outcore.tomo.reconstruct.solvers import fbp
+from outcore.tomo.reconstruction.projector import Projector
+from outcore.tomo.reconstruction.solvers import fbp
 
 
 def run_stage(run: Run, client: distributed.Client, size: int) -> None:

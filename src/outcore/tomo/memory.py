@@ -32,7 +32,7 @@ from outcore.plan import F64, Plan, Resources, TaskMemory
 from outcore.tomo.geometry import Geometry
 
 if TYPE_CHECKING:
-    from outcore.tomo.reconstruct.projector import Projector
+    from outcore.tomo.reconstruction.projector import Projector
 
 #: Memory per worker the blocks are chosen for when the cluster sets no limit, bytes.
 DEFAULT_LIMIT = 2 * 2**30

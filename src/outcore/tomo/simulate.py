@@ -16,7 +16,7 @@ from outcore import io
 from outcore.runs import Run
 from outcore.tomo.layouts import projections_dataset
 from outcore.tomo.phantom import make_phantom
-from outcore.tomo.reconstruct.projector import Projector
+from outcore.tomo.reconstruction.projector import Projector
 
 
 def simulate_in_run(run: Run, projector: Projector, phantom: str, voxel_size: float,

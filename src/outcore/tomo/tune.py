@@ -16,7 +16,7 @@ from outcore.plan import Resources
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, Geometry, scan_for
 from outcore.tomo.layouts import default_volume_shape, projections_dataset
 from outcore.tomo.phantom import PHANTOMS, make_phantom
-from outcore.tomo.reconstruct.projector import Projector
+from outcore.tomo.reconstruction.projector import Projector
 from outcore.verbs import Job, Tunable, Verb
 
 #: The synthetic scan ``tune "tomo reconstruct"`` makes without ``--input``: options and

@@ -1,7 +1,7 @@
 """The kernels of ``outcore.ptycho``: the per-chunk array operations that differ between numpy
 and cupy, behind one dispatch: each function looks at the array it gets and runs its twin in
 ``kernels.cpu`` (numpy, numba, scipy.fft) or ``kernels.gpu`` (cupy, cupyx), chosen by
-``outcore.backend.kernels``, so the far-field model (``outcore.ptycho.reconstruct.model``)
+``outcore.backend.kernels``, so the far-field model (``outcore.ptycho.reconstruction.model``)
 and the engine are written once.
 
 - ``fft(x)``: the FFT module for ``x`` (``scipy.fft`` on the host, ``cupyx.scipy.fft`` on a

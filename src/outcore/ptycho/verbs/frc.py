@@ -7,7 +7,7 @@ Writes ``half_a.zarr`` and ``half_b.zarr`` (each as ``reconstruction.zarr``), ``
 ``frc.png`` and, in the summary, the crossing (``frc_crossing_per_px``, per m) and the
 half-period resolution (``frc_resolution_px``, m). ``--truth`` adds each half's object
 error and FRC against the true object. This module parses and checks the options;
-``outcore.ptycho.reconstruct.halves`` does the rest.
+``outcore.ptycho.reconstruction.halves`` does the rest.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import distributed
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES
-from outcore.ptycho.reconstruct import planning
-from outcore.ptycho.reconstruct.halves import HalfScans, halves_of
-from outcore.ptycho.reconstruct.results import open_checked_truth
-from outcore.ptycho.reconstruct.start import check, open_input
+from outcore.ptycho.reconstruction import planning
+from outcore.ptycho.reconstruction.halves import HalfScans, halves_of
+from outcore.ptycho.reconstruction.results import open_checked_truth
+from outcore.ptycho.reconstruction.start import check, open_input
 from outcore.ptycho.verbs.reconstruct import add_settings_arguments, store_settings
 from outcore.runs import Run
 from outcore.verbs import Job

@@ -7,7 +7,7 @@ iterations). ``--resume --resume-from RUN_DIR`` goes on from that run's newest c
 with the same settings, ending bit-identical to an uninterrupted run. ``--truth`` (the
 ``.truth.zarr`` of ``ptycho simulate``) adds the object's (and positions') error to the
 summary. Warnings that the run has not converged go to the terminal and into the summary's
-``warnings``. This module parses and checks the options; ``outcore.ptycho.reconstruct``
+``warnings``. This module parses and checks the options; ``outcore.ptycho.reconstruction``
 does the rest (``run.Reconstruction``, ``planning.plan``, ``checkpoints.earlier_checkpoint``).
 """
 
@@ -25,15 +25,16 @@ from outcore.checks import at_least
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES
-from outcore.ptycho.reconstruct import planning
-from outcore.ptycho.reconstruct.checkpoints import earlier_checkpoint
-from outcore.ptycho.reconstruct.engine import Result
-from outcore.ptycho.reconstruct.results import open_checked_truth
-from outcore.ptycho.reconstruct.run import Reconstruction
-from outcore.ptycho.reconstruct.solver import Settings
-from outcore.ptycho.reconstruct.start import check, default_batch, open_input, settings_for
+from outcore.ptycho.reconstruction import planning
+from outcore.ptycho.reconstruction.checkpoints import earlier_checkpoint
+from outcore.ptycho.reconstruction.engine import Result
+from outcore.ptycho.reconstruction.results import open_checked_truth
+from outcore.ptycho.reconstruction.run import Reconstruction
+from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.start import check, default_batch, open_input, settings_for
 from outcore.runs import Run
-from outcore.verbs import Job, Tunable, add_checkpoint_options, check_resume
+from outcore.settings import add_checkpoint_options, check_resume
+from outcore.verbs import Job, Tunable
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from outcore.runs import Run
 from outcore.tomo.center import search
 from outcore.tomo.center.axis import center_rows, with_center
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.reconstruct.projector import Projector
+from outcore.tomo.reconstruction.projector import Projector
 
 CENTER_JSON = "center.json"
 

@@ -5,10 +5,10 @@ corrected (``outcore.tomo.corrections.steps``); ``--center VALUE`` puts the rota
 detector column VALUE (``detector_offset``), ``--center auto`` finds it first on the cluster
 and adds ``center.json`` (``outcore.tomo.center.run``). ``--resume --resume-from RUN_DIR``
 goes on from the earlier run's last checkpoint with its options
-(``outcore.tomo.reconstruct.resume``). The plan chooses the blocks for the cluster's workers
-and memory limit (``outcore.tomo.reconstruct.planning``) and is printed before any compute;
+(``outcore.tomo.reconstruction.resume``). The plan chooses the blocks for the cluster's workers
+and memory limit (``outcore.tomo.reconstruction.planning``) and is printed before any compute;
 the run directory gets ``volume.zarr`` (``volume`` layout, values in 1/m), ``slices.png``
-and, for ``sirt`` and ``cgls``, the solver's ``work/`` (``outcore.tomo.reconstruct.run``).
+and, for ``sirt`` and ``cgls``, the solver's ``work/`` (``outcore.tomo.reconstruction.run``).
 See docs/operators/tomography.md.
 """
 
@@ -28,6 +28,7 @@ from outcore.errors import OutcoreError
 from outcore.io.importers import is_glob
 from outcore.plan import Plan, Resources
 from outcore.runs import Run
+from outcore.settings import add_checkpoint_options, check_resume
 from outcore.tomo.center import search
 from outcore.tomo.center.axis import refuse_cone, with_center
 from outcore.tomo.corrections import steps
@@ -36,13 +37,13 @@ from outcore.tomo.layouts import default_volume_shape
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
 from outcore.tomo.raw.source import projections_input, scan_source
-from outcore.tomo.reconstruct import planning
-from outcore.tomo.reconstruct.projector import PARTITIONS
-from outcore.tomo.reconstruct.resume import check_corrections, earlier_run, same
-from outcore.tomo.reconstruct.run import Request, fbp_round, reconstruct_in_run
-from outcore.tomo.reconstruct.solvers import WINDOWS
+from outcore.tomo.reconstruction import planning
+from outcore.tomo.reconstruction.projector import PARTITIONS
+from outcore.tomo.reconstruction.resume import check_corrections, earlier_run, same
+from outcore.tomo.reconstruction.run import Request, fbp_round, reconstruct_in_run
+from outcore.tomo.reconstruction.solvers import WINDOWS
 from outcore.tomo.verbs.options import add_block_arguments, check_blocks, check_volume
-from outcore.verbs import Job, add_checkpoint_options, check_resume
+from outcore.verbs import Job
 
 #: Iterations of sirt and cgls when ``--iterations`` is not given.
 DEFAULT_ITERATIONS = 20

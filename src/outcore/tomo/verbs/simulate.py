@@ -25,7 +25,7 @@ from outcore.runs import Run
 from outcore.tomo.geometry import DEFAULT_VOXEL_M, KINDS, scan_for
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES, method_plan
 from outcore.tomo.phantom import PHANTOMS
-from outcore.tomo.reconstruct.projector import PARTITIONS, blocks_config, fitting_projector
+from outcore.tomo.reconstruction.projector import PARTITIONS, blocks_config, fitting_projector
 from outcore.tomo.simulate import simulate_in_run
 from outcore.tomo.verbs.options import add_block_arguments, check_blocks, check_volume
 from outcore.verbs import Job

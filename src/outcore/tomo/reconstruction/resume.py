@@ -16,7 +16,7 @@ from typing import Any
 
 from outcore.errors import OutcoreError
 from outcore.runs import resumed_run
-from outcore.tomo.reconstruct.solvers import STATE
+from outcore.tomo.reconstruction.solvers import STATE
 
 #: The solver's work directory in a run directory (zarr vectors, ``state.json``).
 WORK = "work"

@@ -1,7 +1,7 @@
 """What one reconstruction step and one iteration do to the state, independent of where it
 runs: the settings, the state, the update of a batch (object, probe modes, positions) and the
-constraints applied between iterations. ``outcore.ptycho.reconstruct.engine`` runs these on a Dask
-cluster; ``serial`` runs them in a plain loop in this process (the engine's numpy twin and
+constraints applied between iterations. ``outcore.ptycho.reconstruction.engine`` runs these on
+a Dask cluster; ``serial`` runs them in a plain loop in this process (the engine's numpy twin and
 the benchmark's floor).
 
 Positions are ``coords`` (n, 2) float64, the ``(row, col)`` of each window's corner in
@@ -27,7 +27,7 @@ import numpy as np
 from outcore.backend import array_namespace, to_host
 from outcore.checks import at_least, choice
 from outcore.errors import OutcoreError
-from outcore.ptycho.reconstruct.model import (
+from outcore.ptycho.reconstruction.model import (
     NOISE_MODELS,
     TINY,
     BatchTerms,
@@ -35,7 +35,7 @@ from outcore.ptycho.reconstruct.model import (
     batch_terms,
     update,
 )
-from outcore.ptycho.reconstruct.probe import centred, orthogonal_modes, support
+from outcore.ptycho.reconstruction.probe import centred, orthogonal_modes, support
 
 RESIDENCIES: tuple[str, ...] = ("device", "host", "disk")
 #: Iterations over which the loss must fall by ``tolerance`` each, on average, to go on.

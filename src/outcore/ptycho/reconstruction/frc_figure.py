@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from outcore import figures
-from outcore.ptycho.reconstruct.frc import RingCorrelation
+from outcore.ptycho.reconstruction.frc import RingCorrelation
 
 #: The plot's drawing area and margin, px.
 WIDTH, HEIGHT, MARGIN = 560, 320, 60

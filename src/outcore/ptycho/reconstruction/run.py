@@ -4,7 +4,7 @@ and ``outcore ptycho reconstruct`` (whose run directory ``Reconstruction.record`
 a line and a checkpoint per iteration, ``reconstruction.zarr``, the figures, the warnings
 that the run has not converged and the metrics).
 
-The work happens in ``outcore.ptycho.reconstruct.engine`` on whatever Dask client is given;
+The work happens in ``outcore.ptycho.reconstruction.engine`` on whatever Dask client is given;
 ``start`` opens and checks the store and makes the starting state, ``results`` the result,
 ``checkpoints`` the checkpoints.
 """
@@ -23,13 +23,13 @@ import numpy as np
 import xarray as xr
 
 from outcore.io.store import write_new
-from outcore.ptycho.reconstruct import engine
-from outcore.ptycho.reconstruct.checkpoints import WORK, checkpointer
-from outcore.ptycho.reconstruct.engine import Result
-from outcore.ptycho.reconstruct.quality import convergence_warnings, truth_errors
-from outcore.ptycho.reconstruct.results import RECONSTRUCTION, result_dataset, write_figures
-from outcore.ptycho.reconstruct.solver import Settings, State
-from outcore.ptycho.reconstruct.start import (
+from outcore.ptycho.reconstruction import engine
+from outcore.ptycho.reconstruction.checkpoints import WORK, checkpointer
+from outcore.ptycho.reconstruction.engine import Result
+from outcore.ptycho.reconstruction.quality import convergence_warnings, truth_errors
+from outcore.ptycho.reconstruction.results import RECONSTRUCTION, result_dataset, write_figures
+from outcore.ptycho.reconstruction.solver import Settings, State
+from outcore.ptycho.reconstruction.start import (
     Prepared,
     check,
     default_batch,

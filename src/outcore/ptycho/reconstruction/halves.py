@@ -24,13 +24,13 @@ import xarray as xr
 
 from outcore.io.store import write_new
 from outcore.ptycho.preprocessing.store import open_preprocessed, save_preprocessed
-from outcore.ptycho.reconstruct import frc, quality
-from outcore.ptycho.reconstruct.checkpoints import WORK
-from outcore.ptycho.reconstruct.frc_figure import draw
-from outcore.ptycho.reconstruct.results import result_dataset
-from outcore.ptycho.reconstruct.run import Reconstruction
-from outcore.ptycho.reconstruct.solver import Settings, State
-from outcore.ptycho.reconstruct.start import coords_of, nearfield
+from outcore.ptycho.reconstruction import frc, quality
+from outcore.ptycho.reconstruction.checkpoints import WORK
+from outcore.ptycho.reconstruction.frc_figure import draw
+from outcore.ptycho.reconstruction.results import result_dataset
+from outcore.ptycho.reconstruction.run import Reconstruction
+from outcore.ptycho.reconstruction.solver import Settings, State
+from outcore.ptycho.reconstruction.start import coords_of, nearfield
 from outcore.runs import Run, check_png
 
 HALVES = ("a", "b")

@@ -21,8 +21,8 @@ import xarray as xr
 
 from outcore.errors import OutcoreError
 from outcore.io.store import write_new
-from outcore.ptycho.reconstruct.solver import Settings, State
-from outcore.ptycho.reconstruct.start import as_3d
+from outcore.ptycho.reconstruction.solver import Settings, State
+from outcore.ptycho.reconstruction.start import as_3d
 from outcore.runs import resumed_run
 
 LATEST = "latest.json"

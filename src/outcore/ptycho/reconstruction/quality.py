@@ -20,7 +20,7 @@ import numpy as np
 import xarray as xr
 
 from outcore.ptycho.optics import BORDER_ENERGY, border_energy
-from outcore.ptycho.reconstruct.model import object_illumination
+from outcore.ptycho.reconstruction.model import object_illumination
 
 #: Pixels whose summed probe power is below this fraction of its maximum are not compared.
 ILLUMINATED_FRACTION = 0.3

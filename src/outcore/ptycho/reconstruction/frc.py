@@ -27,7 +27,7 @@ from scipy import fft, ndimage, optimize
 from scipy.spatial import cKDTree
 
 from outcore.backend import fft_indices
-from outcore.ptycho.reconstruct.quality import phase_ramp
+from outcore.ptycho.reconstruction.quality import phase_ramp
 
 #: Width of the apodisation's cosine edge, as a fraction of the region's smaller side.
 TAPER_FRACTION = 1 / 8

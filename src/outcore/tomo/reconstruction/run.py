@@ -2,7 +2,7 @@
 
 :func:`reconstruct_in_run` finds the centre first when asked (``--center auto``,
 ``outcore.tomo.center.run.find_in_run``), reconstructs the :class:`Request` with the plan's
-:class:`~outcore.tomo.reconstruct.planning.Solve` (FBP/FDK in one pass; sirt and cgls in
+:class:`~outcore.tomo.reconstruction.planning.Solve` (FBP/FDK in one pass; sirt and cgls in
 the run's ``work/``, going on from an earlier run's checkpoint when resumed), writes the
 volume (``volume`` layout, values in 1/m) and the three central slices, and records the
 metrics (``projector_passes``, ``gups``, the solver's residuals). :func:`fbp_round` is the
@@ -30,10 +30,10 @@ from outcore.tomo.center.axis import axis_column
 from outcore.tomo.center.run import find_in_run
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import PIXEL_UNIT, volume_dataset
-from outcore.tomo.reconstruct.planning import ITERATIVE, Solve
-from outcore.tomo.reconstruct.projector import Projector
-from outcore.tomo.reconstruct.resume import WORK, Earlier
-from outcore.tomo.reconstruct.solvers import cgls, fbp, sirt
+from outcore.tomo.reconstruction.planning import ITERATIVE, Solve
+from outcore.tomo.reconstruction.projector import Projector
+from outcore.tomo.reconstruction.resume import WORK, Earlier
+from outcore.tomo.reconstruction.solvers import cgls, fbp, sirt
 
 VOLUME = "volume.zarr"
 SLICES = "slices.png"

@@ -14,10 +14,10 @@ import xarray as xr
 from outcore import figures
 from outcore.checks import existing_path
 from outcore.errors import OutcoreError
-from outcore.ptycho.reconstruct import quality
-from outcore.ptycho.reconstruct.engine import Result
-from outcore.ptycho.reconstruct.solver import Settings
-from outcore.ptycho.reconstruct.start import Prepared, as_3d, positions_of
+from outcore.ptycho.reconstruction import quality
+from outcore.ptycho.reconstruction.engine import Result
+from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.start import Prepared, as_3d, positions_of
 from outcore.runs import Run, check_png
 
 RECONSTRUCTION_LAYOUT = "ptycho-reconstruction"

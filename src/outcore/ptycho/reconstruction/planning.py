@@ -10,9 +10,9 @@ import xarray as xr
 
 from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, memory_model
-from outcore.ptycho.reconstruct.model import subpixel
-from outcore.ptycho.reconstruct.solver import Settings
-from outcore.ptycho.reconstruct.start import coords_of, nearfield
+from outcore.ptycho.reconstruction.model import subpixel
+from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.start import coords_of, nearfield
 
 
 def plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:

@@ -41,9 +41,9 @@ import numpy as np
 from outcore.backend import namespace, to_host
 from outcore.errors import OutcoreError
 from outcore.ptycho import kernels
-from outcore.ptycho.reconstruct import solver
-from outcore.ptycho.reconstruct.frames import reader
-from outcore.ptycho.reconstruct.model import (
+from outcore.ptycho.reconstruction import solver
+from outcore.ptycho.reconstruction.frames import reader
+from outcore.ptycho.reconstruction.model import (
     AMPLITUDE,
     BatchTerms,
     Model,
@@ -51,7 +51,7 @@ from outcore.ptycho.reconstruct.model import (
     as_slices,
     warm,
 )
-from outcore.ptycho.reconstruct.solver import RESIDENCIES, Settings, State, Trajectory, batches
+from outcore.ptycho.reconstruction.solver import RESIDENCIES, Settings, State, Trajectory, batches
 
 __all__ = ["RESIDENCIES", "Result", "Settings", "State", "batches", "run", "shard_bounds"]
 

@@ -40,7 +40,7 @@ from outcore.errors import RunExistsError
 from outcore.io.store import COMPRESSOR
 from outcore.tomo import kernels
 from outcore.tomo.memory import padded
-from outcore.tomo.reconstruct.projector import Projector, as_dask
+from outcore.tomo.reconstruction.projector import Projector, as_dask
 
 Window = Literal["ram-lak", "shepp-logan", "hann"]
 WINDOWS: tuple[str, ...] = ("ram-lak", "shepp-logan", "hann")

@@ -14,7 +14,7 @@ import numpy as np
 
 from outcore.backend import array_namespace
 from outcore.ptycho.optics import fresnel_propagator
-from outcore.ptycho.reconstruct.model import TINY
+from outcore.ptycho.reconstruction.model import TINY
 
 #: Power of each added starting probe mode, as a fraction of the first mode's.
 MODE_POWER = 0.2

@@ -21,9 +21,9 @@ from outcore.checks import choice
 from outcore.errors import LayoutError, OutcoreError
 from outcore.ptycho.optics import fresnel_propagator, nearfield_transfer
 from outcore.ptycho.preprocessing.store import open_preprocessed, read_amplitudes
-from outcore.ptycho.reconstruct import probe, quality, solver
-from outcore.ptycho.reconstruct.model import Model
-from outcore.ptycho.reconstruct.solver import Settings, State
+from outcore.ptycho.reconstruction import probe, quality, solver
+from outcore.ptycho.reconstruction.model import Model
+from outcore.ptycho.reconstruction.solver import Settings, State
 
 #: Positions read (evenly spread) to measure the data's power and noise before the run.
 SAMPLE_POSITIONS = 256

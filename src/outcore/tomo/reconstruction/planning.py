@@ -21,7 +21,7 @@ from outcore.tomo.center.run import center_stages
 from outcore.tomo.corrections import steps
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import method_plan
-from outcore.tomo.reconstruct.projector import Projector, blocks_config, fitting_projector
+from outcore.tomo.reconstruction.projector import Projector, blocks_config, fitting_projector
 
 METHODS: tuple[str, ...] = ("fbp", "sirt", "cgls")
 ITERATIVE: tuple[str, ...] = ("sirt", "cgls")
