@@ -220,10 +220,10 @@ CASES = [
     _c("convert-unknown-chunk-dim", "does not have", "convert", "{d}/cat.npz", "{d}/o.zarr",
        "--chunk", "q=4"),
     # demo: sizes and names
-    _c("demo-memory-limit-negative", "--memory-limit '-5' is not a positive size", *DEMO,
+    _c("demo-memory-limit-negative", "--memory-limit -5 is not a positive size", *DEMO,
        "--memory-limit", "-5"),
     _c("demo-memory-limit-zero", "is not a positive size", *DEMO, "--memory-limit", "0"),
-    _c("demo-memory-limit-nonsense", "--memory-limit 'abc' is not a size", *DEMO,
+    _c("demo-memory-limit-nonsense", "--memory-limit abc is not a size", *DEMO,
        "--memory-limit", "abc"),
     _c("demo-name-escapes", "is not a plain name", *DEMO, "--name", "../escape"),
     _c("demo-name-absolute", "is not a plain name", *DEMO, "--name", "/tmp/abs"),

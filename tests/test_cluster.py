@@ -20,10 +20,10 @@ from outcore.errors import ClusterError
     ("kind", "options", "words"),
     [
         ("local", {"device_memory_limit": "1GiB"}, "does not apply"),
-        ("threads", {"device_memory_limit": "1GiB"}, "--device-memory-limit"),
+        ("threads", {"device_memory_limit": "1GiB"}, "device_memory_limit="),
         ("mpi", {"workers": 3}, "mpirun"),
         ("tcp://127.0.0.1:1", {"memory_limit": "1GiB"}, "existing cluster"),
-        ("tcp://127.0.0.1:1", {"workers": 2}, "--workers"),
+        ("tcp://127.0.0.1:1", {"workers": 2}, "workers="),
         ("bogus", {}, "Unknown cluster"),
         ("local", {"workers": 0}, "at least 1"),
         ("local", {"memory_limit": "lots"}, "not a size"),

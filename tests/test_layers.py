@@ -23,9 +23,10 @@ FAMILY_PACKAGES = sorted({f.cli.rpartition(".")[0] for f in FAMILIES if f.cli.en
 CORE_LAYERS: list[set[str]] = [
     {"outcore", "outcore.errors", "outcore.lazy", "outcore.families"},
     {"outcore.checks"},
-    {"outcore.backend", "outcore.io"},
+    {"outcore.backend", "outcore.io", "outcore.arguments"},
     {"outcore.cluster", "outcore.plan"},
-    {"outcore.runs", "outcore.progress", "outcore.reduce", "outcore.figures", "outcore.settings"},
+    {"outcore.runs", "outcore.progress", "outcore.reduce", "outcore.figures", "outcore.settings",
+     "outcore.session"},
     {"outcore.verbs"},
     {"outcore.runner"},
 ]

@@ -31,7 +31,7 @@ def test_device_peak_is_concurrent_device_tasks_plus_the_context():
         plan.check(["use a smaller chunk"], ["keep the targets in host memory"])
     assert "does not fit the GPU" in refused.value.problem and "'a'" in refused.value.problem
     fix = refused.value.fix
-    assert fix.startswith("keep the targets in host memory") and "--workers 4" in fix
+    assert fix.startswith("keep the targets in host memory") and "workers=4" in fix
 
 
 def test_no_device_limit_or_no_device_bytes_means_no_device_check():

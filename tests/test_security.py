@@ -54,7 +54,7 @@ def test_tls_cluster_works_and_a_plain_client_cannot_join(certs):
 
 @pytest.mark.parametrize(
     ("kind", "drop", "words"),
-    [("local", "tls_ca", "--tls-ca is missing"), ("threads", None, "threads"),
+    [("local", "tls_ca", "tls_ca= is missing"), ("threads", None, "threads"),
      ("tcp://127.0.0.1:8786", None, "not tls://")],
 )
 def test_incomplete_or_inapplicable_tls_is_refused(certs, kind, drop, words):

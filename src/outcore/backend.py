@@ -71,7 +71,7 @@ def resolve(name: str = "auto") -> str:
             "The cupy backend was asked for, but no CUDA GPU is usable here"
             " (cupy is missing or cupy.cuda.is_available() is False).",
             "install the gpu extra (pip install 'outcore[gpu]') on a GPU machine,"
-            " or use --backend numpy.",
+            " or use backend='numpy'.",
         )
     return name
 

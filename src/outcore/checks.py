@@ -1,7 +1,9 @@
 """Small checks of user options, one home for each rule: each raises ``OutcoreError`` with
 the problem and the fix, before anything starts.
 
-``flag`` is how the user wrote the option (``--views``); ``what`` says what the value counts.
+``flag`` is how the caller wrote the option: a keyword of a Python function (``views``, said
+``views=4``) or, in the command line's own modules, a flag (``--views``, said ``--views 4``);
+``what`` says what the value counts.
 """
 
 from __future__ import annotations
@@ -17,6 +19,30 @@ from dask.utils import parse_bytes
 
 from outcore.errors import InputNotFoundError, OutcoreError
 
+__all__ = [
+    "at_least",
+    "choice",
+    "existing_path",
+    "key_values",
+    "path_component",
+    "positive",
+    "said",
+    "shape",
+    "size",
+    "writable_directory",
+]
+
+
+def said(flag: str, value: object = None) -> str:
+    """How a message names option ``flag`` with ``value``: ``--views 4`` for a flag,
+    ``views=4`` for a keyword (strings quoted as Python writes them); the name alone without
+    a value (``--views``, ``views=``)."""
+    if flag.startswith("-"):
+        return flag if value is None else f"{flag} {value}"
+    if value is None:
+        return f"{flag}="
+    return f"{flag}={value!r}"
+
 
 def at_least(value: int | None, flag: str, minimum: int = 1, what: str | None = None,
              error: type[OutcoreError] = OutcoreError) -> int | None:
@@ -24,18 +50,18 @@ def at_least(value: int | None, flag: str, minimum: int = 1, what: str | None = 
     ``error``; the fix names ``what`` the value counts (default: the bound itself)."""
     if value is None:
         return None
-    fix = f"give {what}." if what else f"give {flag} {minimum} or more."
+    fix = f"give {what}." if what else f"give {said(flag, minimum)} or more."
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise error(f"{flag} {value!r} is not a whole number.", fix)
+        raise error(f"{said(flag, value)} is not a whole number.", fix)
     if value < minimum:
-        raise error(f"{flag} {value} must be at least {minimum}.", fix)
+        raise error(f"{said(flag, value)} must be at least {minimum}.", fix)
     return int(value)
 
 
 def positive(value: float | None, flag: str, example: str) -> float | None:
     """``value`` when it is None or above 0 (NaN is refused), else OutcoreError."""
     if value is not None and not value > 0:
-        raise OutcoreError(f"{flag} {value} must be positive.", f"give {example}.")
+        raise OutcoreError(f"{said(flag, value)} must be positive.", f"give {example}.")
     return value
 
 
@@ -54,9 +80,9 @@ def size(value: int | str | None, flag: str, error: type[OutcoreError] = Outcore
         try:
             number = float(parse_bytes(value))
         except (TypeError, ValueError) as err:
-            raise error(f"{flag} {value!r} is not a size.", fix) from err
+            raise error(f"{said(flag, value)} is not a size.", fix) from err
     if not (math.isfinite(number) and number > 0):
-        raise error(f"{flag} {value!r} is not a positive size.", fix)
+        raise error(f"{said(flag, value)} is not a positive size.", fix)
     return value
 
 
@@ -64,8 +90,8 @@ def choice(value: str, choices: Sequence[str], flag: str) -> str:
     """``value`` when it is one of ``choices``, else OutcoreError naming them."""
     if value not in choices:
         others = f" (or {', '.join(choices[1:])})" if len(choices) > 1 else ""
-        raise OutcoreError(f"{flag} {value!r} is not one of {', '.join(choices)}.",
-                           f"use {flag} {choices[0]}{others}.")
+        raise OutcoreError(f"{said(flag, value)} is not one of {', '.join(choices)}.",
+                           f"use {said(flag, choices[0])}{others}.")
     return value
 
 
@@ -73,10 +99,11 @@ def shape(values: Sequence[int], flag: str, ndim: int = 3) -> tuple[int, ...]:
     """``ndim`` positive sizes, else OutcoreError with an example."""
     sizes = tuple(int(n) for n in values)
     if len(sizes) != ndim or min(sizes, default=0) < 1:
-        example = " ".join(["128"] * ndim)
-        raise OutcoreError(f"{flag} {' '.join(map(str, values))} is not a shape of {ndim}"
-                           " positive sizes.", f"give {ndim} positive sizes, e.g. {flag}"
-                           f" {example}.")
+        example = (" ".join(["128"] * ndim) if flag.startswith("-")
+                   else tuple([128] * ndim))
+        given = " ".join(map(str, values)) if flag.startswith("-") else tuple(values)
+        raise OutcoreError(f"{said(flag, given)} is not a shape of {ndim} positive sizes.",
+                           f"give {ndim} positive sizes, e.g. {said(flag, example)}.")
     return sizes
 
 
@@ -84,10 +111,11 @@ def path_component(name: str, flag: str) -> str:
     """``name`` when it is one plain path component (no separator, not ``.`` or ``..``)."""
     if not name or name in (".", "..") or PurePath(name).name != name or "\\" in name \
             or "/" in name or "\0" in name:
-        raise OutcoreError(f"{flag} {name!r} is not a plain name: it must be one path"
-                           " component, without '/' and not '.' or '..'.",
-                           f"give {flag} a plain name such as run1; put the parent folder in"
-                           " --output-dir.")
+        raise OutcoreError(f"{said(flag, repr(name) if flag.startswith('-') else name)} is"
+                           " not a plain name: it must be one path component, without '/'"
+                           " and not '.' or '..'.",
+                           f"give {said(flag)} a plain name such as run1; put the parent"
+                           " folder in output_dir=.")
     return name
 
 
@@ -109,7 +137,8 @@ def key_values(items: Sequence[str], flag: str) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise OutcoreError(f"{flag} {item!r} is not KEY=VALUE.", f"write {flag} key=value.")
+            raise OutcoreError(f"{said(flag, repr(item))} is not KEY=VALUE.",
+                               f"write {said(flag, 'key=value')}.")
         pairs[key] = value
     return pairs
 
@@ -121,18 +150,23 @@ def writable_directory(path: str | PathLike[str], flag: str) -> Path:
     Nothing is created here: the run creates the directory when it starts."""
     path = Path(path).expanduser()
     if path.exists() and not path.is_dir():
-        raise OutcoreError(f"{flag} {str(path)!r} is a file, not a directory.",
-                           f"give {flag} a directory (it is made when missing), or move the"
-                           " file away.")
+        raise OutcoreError(f"{said(flag, _path(flag, path))} is a file, not a directory.",
+                           f"give {said(flag)} a directory (it is made when missing), or move"
+                           " the file away.")
     parent = path
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise OutcoreError(f"{flag} {str(path)!r} cannot be made: {str(parent)!r} is a file.",
-                           f"give {flag} a path under a directory.")
+        raise OutcoreError(f"{said(flag, _path(flag, path))} cannot be made: {str(parent)!r}"
+                           " is a file.", f"give {said(flag)} a path under a directory.")
     if not os.access(parent, os.W_OK | os.X_OK):
         where = "" if parent == path else f" (its parent {str(parent)!r})"
-        raise OutcoreError(f"{flag} {str(path)!r}{where} is not writable by this user.",
-                           f"give {flag} a directory you can write to, or change its"
-                           " permissions.")
+        raise OutcoreError(f"{said(flag, _path(flag, path))}{where} is not writable by this"
+                           " user.", f"give {said(flag)} a directory you can write to, or"
+                           " change its permissions.")
     return path
+
+
+def _path(flag: str, path: Path) -> str:
+    """A path as ``said`` shows it: quoted after a flag; a keyword's ``repr`` quotes it."""
+    return repr(str(path)) if flag.startswith("-") else str(path)

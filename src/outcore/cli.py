@@ -27,7 +27,14 @@ from outcore import __version__, backend, cluster, runs
 from outcore.errors import OutcoreError, translate
 from outcore.families import FAMILIES
 from outcore.plan import Resources
-from outcore.settings import Parser, add_common_options, cluster_options, run_settings
+from outcore.settings import (
+    Parser,
+    add_common_options,
+    cluster_options,
+    flags_of,
+    in_flags,
+    run_settings,
+)
 from outcore.verbs import Verb, family_of, load_verbs
 
 #: Commands of the core that are not families: they take no common options.
@@ -81,6 +88,7 @@ def _plan(args: argparse.Namespace) -> int:
     parser = Parser(prog=f"outcore plan {verb.name}")
     verb.add_arguments(parser)
     add_common_options(parser, verb.defaults)
+    args.flags = flags_of(parser)
     vargs = parser.parse_args(rest)
     if verb.fill_defaults:
         verb.fill_defaults(vargs)
@@ -121,6 +129,7 @@ def _add_verb(p: argparse.ArgumentParser, verb: Verb) -> None:
     p.set_defaults(verb=verb)
     verb.add_arguments(p)
     add_common_options(p, verb.defaults)
+    p.set_defaults(flags=flags_of(p))  # the keywords its errors name, as its flags
 
 
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
@@ -190,10 +199,11 @@ def _runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def error_line(name: str, error: BaseException) -> str:
-    """The one line that reports ``error`` of ``outcore NAME``: a user's error with its fix,
-    or an unexpected exception said to be a bug, with how to see its traceback."""
-    user = translate(error)
+def error_line(name: str, error: BaseException, flags: dict[str, str] | None = None) -> str:
+    """The one line that reports ``error`` of ``outcore NAME``: a user's error with its fix
+    (the keywords it names written as the verb's ``flags``), or an unexpected exception said
+    to be a bug, with how to see its traceback."""
+    user = translate(in_flags(error, flags or {}))
     if user is not None:
         text = f"outcore {name}: error: {user}"
     else:
@@ -242,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"outcore {name}: interrupted (Ctrl-C); a run that had started is recorded"
                   " as failed.", file=sys.stderr)
             return 130
-        print(error_line(name, err), file=sys.stderr)
+        print(error_line(name, err, getattr(args, "flags", None)), file=sys.stderr)
         return 1
 
 

@@ -1,6 +1,12 @@
 """Errors a user can meet. Each names the problem and the fix, and is raised before compute
 where it can be known then.
 
+Errors name options in the caller's words. Outside the command line's own modules (``cli.py``,
+the families' ``cli`` and ``verbs``, ``settings``, ``runner``) a message names a keyword as a
+Python caller writes it, ``name=`` or ``name=value`` (``memory_limit=``, ``block=64``), never a
+``--flag``; the command line rewrites each keyword its verb has as that flag when it reports
+the error (``settings.in_flags``).
+
 This module is also the one place where library exceptions become user errors: ``reading``
 turns what a reader library raises on an unreadable file (``zipfile.BadZipFile``, h5py's
 ``OSError``, astropy's and tifffile's errors, a ``JSONDecodeError`` in zarr metadata, a
@@ -30,6 +36,11 @@ class OutcoreError(Exception):
     def __reduce__(self) -> tuple:
         # raised inside dask tasks too: keep problem and fix apart on the way to the client
         return type(self), (self.problem, self.fix)
+
+
+class ArgumentError(OutcoreError, TypeError):
+    """A public function was called with an argument it does not take, or of the wrong kind
+    (an unknown keyword, a numpy array where it needs dims, a missing argument)."""
 
 
 class LayoutError(OutcoreError, ValueError):
@@ -68,15 +79,15 @@ class OutputWriteError(OutcoreError, OSError):
 #: errno of a failed write, and what it means for the user: (problem, fix).
 _WRITE_ERRNOS = {
     errno.ENOSPC: ("No space left on the device", "free space there, or write to another"
-                   " place (--output-dir, or the output path)."),
+                   " place (output_dir=, or the output path)."),
     errno.EDQUOT: ("The disk quota is exceeded", "free space in your quota, or write to another"
-                   " place (--output-dir, or the output path)."),
+                   " place (output_dir=, or the output path)."),
     errno.EFBIG: ("A file grew too large (over the filesystem's or the process's file size"
                   " limit, see ulimit -f)", "raise the limit (ulimit -f unlimited), or write"
                   " to another filesystem."),
-    errno.EROFS: ("The filesystem is read-only", "write to another place (--output-dir, or"
+    errno.EROFS: ("The filesystem is read-only", "write to another place (output_dir=, or"
                   " the output path)."),
-    errno.EACCES: ("Permission denied", "write where you may (--output-dir, or the output"
+    errno.EACCES: ("Permission denied", "write where you may (output_dir=, or the output"
                    " path), or fix the permissions."),
 }
 
@@ -98,7 +109,7 @@ def translate(error: BaseException, inputs: Sequence[str | PathLike[str]] = ()
     if type(error).__name__ == "KilledWorker":  # distributed's, known by name: no import here
         return OutcoreError(f"Every worker that ran a task died ({error}); usually the task"
                             " needs more memory than a worker has.", "use a smaller chunk size"
-                            " or a higher --memory-limit, and compare the summary's"
+                            " or a higher memory_limit=, and compare the summary's"
                             " peak_worker_rss_bytes with the plan.")
     if isinstance(error, OSError) and error.errno in _WRITE_ERRNOS:
         problem, fix = _WRITE_ERRNOS[error.errno]
@@ -145,7 +156,7 @@ def refuse_existing(path: str | PathLike[str]) -> Path:
     if path.exists():
         raise RunExistsError(
             f"{str(path)!r} already exists; outcore never overwrites a run or an output.",
-            "choose another --name, --output-dir or output path, or move the old one away.",
+            "choose another name=, output_dir= or output path, or move the old one away.",
         )
     return path
 

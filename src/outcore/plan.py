@@ -270,7 +270,7 @@ class Plan:
         task = self.largest_device_task
         needed = int(self.device_peak_bytes / self.device_fraction) + 1
         advice = [*(fixes or ["use a smaller chunk size"]),
-                  f"use more GPUs (--workers {2 * self.workers} or more), where the work"
+                  f"use more GPUs (workers={2 * self.workers} or more), where the work"
                   " splits over them",
                   f"give each worker a GPU with {format_bytes(needed)} or more free"]
         raise PlanError(
@@ -287,7 +287,7 @@ class Plan:
     def _refuse_host(self, fixes: Sequence[str]) -> None:
         task = self.largest_task
         advice = [*(fixes or ["use a smaller chunk size"]),
-                  f"raise --memory-limit to {format_bytes(self.needed_limit_bytes)} or more"]
+                  f"raise memory_limit= to {format_bytes(self.needed_limit_bytes)} or more"]
         if self.threads_per_worker > 1:
             advice.append("use fewer threads per worker")
         raise PlanError(

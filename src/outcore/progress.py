@@ -45,9 +45,18 @@ class LineProgress(TextProgressBar):
 
 
 def follow(futures: list[distributed.Future]) -> None:
-    """Show the progress of ``futures`` until they finish (in a notebook: a widget)."""
+    """Show the progress of ``futures`` until they finish: in a notebook a widget where
+    ipywidgets is installed (displayed: ``distributed.progress`` only returns it) and dask's
+    text bar where it is not; a bar on a terminal; plain lines elsewhere."""
     if is_kernel():
-        distributed.progress(futures, notebook=True, multi=False)
+        try:
+            import ipywidgets  # noqa: F401  (the widget's own import, tried first)
+        except ImportError:
+            distributed.progress(futures, notebook=False, multi=False)
+            return
+        from IPython.display import display
+
+        display(distributed.progress(futures, notebook=True, multi=False))
     elif sys.stdout.isatty():
         distributed.progress(futures, notebook=False, multi=False)
         print(flush=True)

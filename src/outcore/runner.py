@@ -28,7 +28,7 @@ from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, input_record, sha256_path
-from outcore.settings import RunSettings
+from outcore.settings import RunSettings, in_flags
 from outcore.verbs import Job
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     try:
         print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
         if why:
-            print(f"note: {why}", flush=True)
+            print(f"note: {why}; --cluster local starts worker processes", flush=True)
         resources = Resources.of_client(client, backend_name,
                                         settings.cluster.device_memory_limit)
         plan = job.plan(resources)
@@ -148,6 +148,8 @@ def _execute(
         return run.finish()
     except Exception as err:
         user = translate(err, job.inputs)  # a full disk, a damaged input: the user's error
+        if user is not None and settings.flags:
+            user = in_flags(user, settings.flags)  # type: ignore[assignment]
         if user is None or user is err:
             run.fail(err)
             raise

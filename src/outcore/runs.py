@@ -241,7 +241,7 @@ class Run:
         try:
             path.mkdir()
         except FileExistsError as err:  # raced with another run of the same name
-            raise RunExistsError(f"{path} already exists.", "choose another --name.") from err
+            raise RunExistsError(f"{path} already exists.", "choose another name=.") from err
         run = cls(path, command, config)
         (path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=True))
         run._write()
@@ -341,7 +341,7 @@ class Run:
         if warmup < 0 or measure < 1:
             raise OutcoreError(
                 f"rounds need warmup >= 0 and measure >= 1 (got {warmup}, {measure}).",
-                "pass --warmup-rounds 0 or more and --measure-rounds 1 or more.",
+                "pass warmup_rounds=0 or more and measure_rounds=1 or more.",
             )
         result = None
         walls = []
@@ -465,7 +465,7 @@ def run_directories(parent: str | Path) -> list[Path]:
     parent = existing_path(parent, "folder of runs")
     if not parent.is_dir():
         raise InputNotFoundError(f"{str(parent)!r} is not a folder of run directories.",
-                                 "give the --output-dir of the runs (default runs), or one run"
+                                 "give the output_dir= of the runs (default runs), or one run"
                                  " directory.")
     if (parent / SUMMARY).is_file():
         return [parent]
@@ -476,8 +476,8 @@ def resumed_run(run_dir: str | Path, command: str) -> tuple[Path, dict[str, Any]
     """The directory and summary of an earlier run of ``command`` named by ``--resume-from``
     (an interrupted run is recorded as such first, ``check_run``); OutcoreError when it is
     missing, not a run directory, a run of another command, or still running here."""
-    path = existing_path(run_dir, "run directory of --resume-from").resolve()
-    fix = f"point --resume-from at the run directory of an earlier outcore {command}."
+    path = existing_path(run_dir, "run directory of resume_from=").resolve()
+    fix = f"point resume_from= at the run directory of an earlier outcore {command}."
     if not (path / SUMMARY).is_file():
         raise InputNotFoundError(f"{str(path)!r} has no {SUMMARY}: not a run directory.", fix)
     record = check_run(path)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +19,7 @@ from dask.utils import format_bytes, parse_bytes
 
 from outcore import backend, cluster
 from outcore.checks import path_component, positive, size, writable_directory
-from outcore.errors import OutcoreError
+from outcore.errors import OutcoreError, translate
 from outcore.plan import WORKER_BASELINE_BYTES, Resources, least_memory_limit, worker_memory_limit
 
 __all__ = [
@@ -27,8 +29,70 @@ __all__ = [
     "add_common_options",
     "check_resume",
     "cluster_options",
+    "flags_of",
+    "in_flags",
     "run_settings",
 ]
+
+#: Keywords of the Python functions whose flag is not their name with dashes (used where the
+#: parser has that flag).
+KEYWORD_FLAGS = {"kind": "--cluster", "attrs": "--attr", "arrays": "--array"}
+
+#: A keyword as errors name it: ``name=``, ``name=value``, ``name='text'``, ``name=(1, 2)``,
+#: ``name={'key': value}``.
+_KEYWORD = re.compile(r"(?<![\w.\-])([a-z][a-z0-9_]*)="
+                      r"(\{[^}]*\}|'[^']*'|\"[^\"]*\"|\([^)]*\)|[^\s,;)]*)")
+_PAIR = re.compile(r"""['"]([^'"]+)['"]\s*:\s*('[^']*'|"[^"]*"|[^,}]+)""")
+
+
+def flags_of(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Keyword -> flag for ``parser``'s options: each option's ``dest`` -> its first long
+    option string (``memory_limit`` -> ``--memory-limit``), and those of ``KEYWORD_FLAGS``
+    whose flag it has."""
+    flags = {}
+    for action in parser._actions:
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs and action.dest != "help":
+            flags[action.dest] = longs[0]
+    given = set(flags.values())
+    return {k: f for k, f in KEYWORD_FLAGS.items() if f in given} | flags
+
+
+def in_flags(error: BaseException, flags: Mapping[str, str]) -> BaseException:
+    """``error`` as the command line reports it: a user's error (``errors.translate``) with
+    each keyword of ``flags`` that its problem or fix names written as its flag
+    (``memory_limit='2GiB'`` -> ``--memory-limit 2GiB``, ``block=`` -> ``--block``,
+    ``attrs={'energy': 12658}`` -> ``--attr energy=12658``); anything else as it is."""
+    user = translate(error)
+    if user is None:
+        return error
+    problem, fix = (_flag_words(text, flags) for text in (user.problem, user.fix))
+    if (problem, fix) == (user.problem, user.fix):
+        return user
+    rewritten = type(user)(problem, fix)
+    rewritten.__cause__ = error
+    return rewritten
+
+
+def _flag_words(text: str, flags: Mapping[str, str]) -> str:
+    def swap(match: re.Match[str]) -> str:
+        flag = flags.get(match.group(1))
+        if flag is None:
+            return match.group(0)
+        value, tail = match.group(2), ""
+        if value.endswith(".") and not value.startswith(("'", '"')):
+            value, tail = value[:-1], "."
+        if value.startswith("{"):
+            pairs = [f"{flag} {k}={v.strip(chr(39) + chr(34) + ' ')}"
+                     for k, v in _PAIR.findall(value)]
+            return " ".join(pairs or [flag]) + tail
+        if value[:1] in ("'", '"'):
+            value = value[1:-1]
+        elif value.startswith("("):
+            value = " ".join(v.strip() for v in value[1:-1].split(",") if v.strip())
+        return (f"{flag} {value}" if value else flag) + tail
+
+    return _KEYWORD.sub(swap, text)
 
 
 class Parser(argparse.ArgumentParser):
@@ -103,6 +167,8 @@ class RunSettings:
     measure_rounds: int = 1
     progress: bool = True
     worker_timeout: float | None = None
+    #: keyword -> flag of the verb's parser (``flags_of``): the run's errors name flags.
+    flags: Mapping[str, str] | None = None
 
     def to_record(self) -> dict[str, Any]:
         """The settings as the effective config records them."""
@@ -197,4 +263,5 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         measure_rounds=args.measure_rounds,
         progress=not args.no_progress,
         worker_timeout=args.worker_timeout,
+        flags=getattr(args, "flags", None),
     )

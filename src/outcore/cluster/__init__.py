@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -99,11 +100,26 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
     resolved = opts.validate()
     opts.warn_if_exposed()
     quiet_size_probes()  # the client's (and an in-process scheduler's) comms
+    previous = _default_client()
     client = ENGINES[resolved](opts)
+    if previous is not None and previous is not client:
+        warnings.warn(
+            f"outcore started a new {resolved} cluster ({client.dashboard_link}); it is now"
+            f" the default client, in place of the one you had ({previous.scheduler.address})."
+            " To run outcore on yours, do not start one: its functions use your default"
+            " client, or pass client=.", stacklevel=2)
     if resolved != "address":  # a joined cluster's workers log where their owner looks
         client.register_plugin(QuietTaskErrors())
     client.outcore_kind = resolved  # type: ignore[attr-defined]
     return client
+
+
+def _default_client() -> distributed.Client | None:
+    """The default client of this process, or None."""
+    try:
+        return distributed.default_client()
+    except ValueError:
+        return None
 
 
 def stop(client: distributed.Client, exit_code: int = 0, timeout: float = 30.0) -> None:

@@ -31,13 +31,13 @@ def check_usable() -> None:
     dask-cuda importing (the error names why it does not)."""
     if not backend.gpu_available():
         raise ClusterError(
-            "--cluster cuda needs a CUDA GPU, and none is visible here.",
-            "use --cluster local (CPU workers) or run on a GPU machine.",
+            "kind='cuda' needs a CUDA GPU, and none is visible here.",
+            "use kind='local' (CPU workers) or run on a GPU machine.",
         )
     failure = import_failure()
     if failure is not None:
         raise ClusterError(
-            f"--cluster cuda needs dask-cuda, which does not import here ({failure}).",
+            f"kind='cuda' needs dask-cuda, which does not import here ({failure}).",
             "install the gpu extra: pip install 'outcore[gpu]'.",
         )
 

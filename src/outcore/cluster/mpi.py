@@ -33,7 +33,7 @@ def _mpi_comm() -> Any:
         from mpi4py import MPI
     except ImportError as err:
         raise ClusterError(
-            "--cluster mpi needs mpi4py and an MPI runtime, which do not import here.",
+            "kind='mpi' needs mpi4py and an MPI runtime, which do not import here.",
             "install the mpi extra: pip install 'outcore[mpi]', then run under mpirun.",
         ) from err
     return MPI.COMM_WORLD
@@ -80,9 +80,9 @@ def start(opts: ClusterOptions) -> distributed.Client:
     comm = _mpi_comm()
     if comm.Get_size() < 3:
         raise ClusterError(
-            f"--cluster mpi needs at least 3 MPI ranks (scheduler, client, a worker); this job"
+            f"kind='mpi' needs at least 3 MPI ranks (scheduler, client, a worker); this job"
             f" has {comm.Get_size()}.",
-            "run it as mpirun -n 3 (or more) outcore ... --cluster mpi.",
+            "run it under mpirun -n 3 (or more ranks).",
         )
     _pin_gpu_by_node_rank(comm)
     if comm.Get_rank() > MPI_CLIENT_RANK:
@@ -134,7 +134,7 @@ def mpi_worker_class(opts: ClusterOptions) -> tuple[str, dict[str, Any]]:
                     "plain worker, with no device memory management", _mpi_comm().Get_rank(),
                     failure)
     if opts.device_memory_limit is not None and _mpi_comm().Get_rank() > MPI_CLIENT_RANK:
-        log.warning("--device-memory-limit is ignored on MPI rank %d: it sees no GPU (or "
+        log.warning("device_memory_limit= is ignored on MPI rank %d: it sees no GPU (or "
                     "dask-cuda is not installed)", _mpi_comm().Get_rank())
     return "distributed.Worker", {}
 

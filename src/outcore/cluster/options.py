@@ -91,43 +91,43 @@ class ClusterOptions:
                 " tcp://127.0.0.1:8786.",
             )
         kind = self.resolved_kind()
-        at_least(self.workers, "--workers", what="a positive number of workers",
+        at_least(self.workers, "workers", what="a positive number of workers",
                  error=ClusterError)
-        at_least(self.threads_per_worker, "--threads-per-worker",
+        at_least(self.threads_per_worker, "threads_per_worker",
                  what="a positive number of threads", error=ClusterError)
         for name in ("memory_limit", "device_memory_limit"):
-            size(getattr(self, name), f"--{name.replace('_', '-')}", error=ClusterError)
+            size(getattr(self, name), name, error=ClusterError)
         if self.device_memory_limit is not None and kind not in ("cuda", "mpi"):
             raise ClusterError(
-                f"--device-memory-limit does not apply to the {kind!r} cluster: only dask-cuda"
-                " workers (--cluster cuda, or --cluster mpi on GPU ranks) spill device memory"
-                " to the host.",
-                "drop --device-memory-limit, or use --cluster cuda or mpi.",
+                f"device_memory_limit= does not apply to the {kind!r} cluster: only dask-cuda"
+                " workers (kind='cuda', or kind='mpi' on GPU ranks) spill device memory to the"
+                " host.",
+                "drop device_memory_limit=, or use kind='cuda' or kind='mpi'.",
             )
         if self.interface is not None and kind != "mpi":
             raise ClusterError(
-                f"--interface does not apply to the {kind!r} cluster (local clusters use"
+                f"interface= does not apply to the {kind!r} cluster (local clusters use"
                 " loopback; an existing cluster chose its own).",
-                "drop --interface, or use --cluster mpi.",
+                "drop interface=, or use kind='mpi'.",
             )
         if kind == "mpi" and self.workers is not None:
             raise ClusterError(
-                "--workers does not apply to --cluster mpi: the number of workers is set by"
+                "workers= does not apply to kind='mpi': the number of workers is set by"
                 " mpirun (ranks minus 2: one scheduler, one client).",
-                "drop --workers and run under mpirun -n WORKERS+2.",
+                "drop workers= and run under mpirun -n WORKERS+2.",
             )
         if self.tls:
             self._validate_tls(kind)
         if kind == "address" and self.kind.startswith("tls://") and not self.tls:
             raise ClusterError(
                 f"{self.kind} is a TLS scheduler, and no certificate was given.",
-                "give --tls-cert, --tls-key and --tls-ca (signed by the scheduler's CA).",
+                "give tls_cert=, tls_key= and tls_ca= (signed by the scheduler's CA).",
             )
         if kind == "address":
             given = [n for n in ("workers", "memory_limit", "device_memory_limit", "spill_dir")
                      if getattr(self, n) is not None]
             if given:
-                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                flags = ", ".join(n + "=" for n in given)
                 raise ClusterError(
                     f"{flags} cannot be applied to an existing cluster at {self.kind}.",
                     "set them where that cluster's workers are started, or drop them.",
@@ -137,27 +137,28 @@ class ClusterOptions:
         return kind
 
     def _validate_tls(self, kind: str) -> None:
-        files = {"--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--tls-ca": self.tls_ca}
+        files = {"tls_cert": self.tls_cert, "tls_key": self.tls_key, "tls_ca": self.tls_ca}
         missing = [flag for flag, value in files.items() if not value]
         if missing:
             raise ClusterError(
-                f"TLS needs a certificate, its key and the CA that signed it; {', '.join(missing)}"
-                " is missing.",
-                "give all three of --tls-cert, --tls-key and --tls-ca.",
+                "TLS needs a certificate, its key and the CA that signed it; "
+                f"{', '.join(m + '=' for m in missing)} is missing.",
+                "give all three of tls_cert=, tls_key= and tls_ca=.",
             )
-        absent = [f"{flag} {value}" for flag, value in files.items() if not os.path.isfile(value)]
+        absent = [f"{flag}={value!r}" for flag, value in files.items() if not os.path.isfile(value)]
         if absent:
             raise ClusterError(f"TLS file not found: {'; '.join(absent)}.",
                                "check the paths of the certificate, key and CA files.")
         if kind == "threads":
             raise ClusterError(
-                "TLS does not apply to --cluster threads: its workers share one process.",
-                "use --cluster local (or mpi, cuda, an address) with TLS, or drop the --tls-*"
-                " options.",
+                "TLS does not apply to kind='threads': its workers share one process.",
+                "use kind='local' (or mpi, cuda, an address) with TLS, or drop tls_cert=,"
+                " tls_key= and tls_ca=.",
             )
         if self.is_address and not self.kind.startswith("tls://"):
             raise ClusterError(
-                f"--tls-* options were given but the address {self.kind} is not tls://.",
+                f"tls_cert=, tls_key= and tls_ca= were given but the address {self.kind} is"
+                " not tls://.",
                 f"use tls://{self.kind.split('://')[-1]}, the scheduler's TLS address.",
             )
 
@@ -174,7 +175,7 @@ class ClusterOptions:
         if self.resolved_kind() == "mpi" and self.interface not in (None, "lo") and not self.tls:
             warnings.warn(
                 f"The MPI cluster talks over {self.interface} without TLS: anyone on that"
-                " network can connect to its scheduler. Give --tls-cert, --tls-key, --tls-ca.",
+                " network can connect to its scheduler. Give tls_cert=, tls_key= and tls_ca=.",
                 stacklevel=3,
             )
 
@@ -204,4 +205,4 @@ def in_process_reason(opts: ClusterOptions, data_bytes: int) -> str | None:
     from dask.utils import format_bytes
 
     return (f"auto: {format_bytes(data_bytes)} of data, at most {format_bytes(ceiling)},"
-            " so the workers run in this process; --cluster local starts worker processes")
+            " so the workers run in this process")

@@ -91,7 +91,7 @@ def read_source(
     if importer.needs_layout and layout is None:
         raise LayoutError(
             f"A {fmt} file does not say which layout it holds.",
-            f"pass layout= one of {sorted(LAYOUTS)} (CLI: --layout).",
+            f"pass layout= one of {sorted(LAYOUTS)}.",
         )
     ds = importer.read(source, layout=layout, attrs=attrs,
                        **{name: given[name] for name in importer.options})

@@ -18,6 +18,7 @@ import functools
 import math
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
@@ -29,6 +30,7 @@ import dask.threaded
 import distributed
 import numpy as np
 import xarray as xr
+import zarr
 from dask.array.core import getter
 from dask.base import get_scheduler
 from dask.delayed import Delayed
@@ -168,12 +170,24 @@ def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
     ds = zarr_strings(ds)
     try:
         _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
+        consolidate(partial)
         refuse_existing(path)
         partial.rename(path)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return path
+
+
+def consolidate(path: str | PathLike[str]) -> None:
+    """Gather the metadata of the zarr v3 store at ``path`` into its root ``zarr.json``, so
+    that a plain ``xr.open_zarr(path)`` opens it in one read and without xarray's warning
+    about missing consolidated metadata. zarr's own warning that consolidated metadata is
+    not yet in the v3 specification is the writer's concern, silenced here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Cc]onsolidated metadata",
+                                category=UserWarning)
+        zarr.consolidate_metadata(str(path))
 
 
 def _run(write: Delayed) -> None:

@@ -62,7 +62,7 @@ def read_cxi(path: str | PathLike[str], *, layout: str | None = None,
     """
     if layout not in (None, "diffraction"):
         raise LayoutError(f"A CXI file holds a diffraction stack, not {layout}.",
-                          "leave --layout out (or pass --layout diffraction).")
+                          "leave layout= out (or pass layout='diffraction').")
     h5py = require("h5py")
     path = existing_path(path, "CXI file")
     given = dict(attrs or {})
@@ -73,8 +73,8 @@ def read_cxi(path: str | PathLike[str], *, layout: str | None = None,
             raise LayoutError(
                 f"{str(path)!r} has no {DETECTOR}/data of 3 axes (frame, row, column); "
                 f"found {'nothing' if node is None else node.shape}.",
-                "convert it as HDF5 instead: outcore convert FILE --format hdf5 --layout "
-                "diffraction --dataset PATH --array positions=... .")
+                "convert it as HDF5 instead: format='hdf5', layout='diffraction',"
+                " dataset='PATH' and arrays={'positions': ...}.")
         reader = HDF5Frames(node.shape, native(node.dtype), str(path), node.name)
         found = _physics(f, h5py)
         mask = _first(f, (f"{DETECTOR}/mask",), h5py)
@@ -121,16 +121,17 @@ def _physics(f: Any, h5py: Any) -> dict[str, Any]:
 
 
 def _require(attrs: Mapping[str, Any], path: Any) -> None:
-    """LayoutError naming the first physical field neither the file nor ``--attr`` gives."""
-    needs = ((("energy", "wavelength"), f"{SOURCE}/energy [J]", "--attr energy=12658 (eV)"),
+    """LayoutError naming the first physical field neither the file nor ``attrs`` gives."""
+    needs = ((("energy", "wavelength"), f"{SOURCE}/energy [J]",
+              "attrs={'energy': 12658} (eV)"),
              (("detector_distance",), f"{DETECTOR}/distance [m]",
-              "--attr detector_distance=1.12 (m)"),
+              "attrs={'detector_distance': 1.12} (m)"),
              (("detector_pixel_size",), f"{DETECTOR}/x_pixel_size and y_pixel_size [m]",
-              "--attr detector_pixel_size=55e-6 (m)"))
+              "attrs={'detector_pixel_size': 55e-6} (m)"))
     for names, field, option in needs:
         if not any(name in attrs for name in names):
             raise LayoutError(f"The CXI file {str(path)!r} has no {field}.",
-                              f"give it with {option} in outcore convert.")
+                              f"give it with {option}.")
 
 
 def _positions(f: Any, h5py: Any, path: Any, frames: int) -> np.ndarray:
@@ -140,14 +141,14 @@ def _positions(f: Any, h5py: Any, path: Any, frames: int) -> np.ndarray:
     if node is None:
         raise LayoutError(f"The CXI file {str(path)!r} has no "
                           f"{ENTRY}/sample_1/geometry_1/translation (the scan positions).",
-                          "give them with --array positions=POSITIONS.npy ((n, 2) x y, "
-                          "metres) in outcore convert.")
+                          "give them with arrays={'positions': 'POSITIONS.npy'} ((n, 2)"
+                          " x y, metres).")
     translation = np.asarray(node[()], np.float64)
     if translation.ndim != 2 or translation.shape[0] != frames or translation.shape[1] < 2:
         raise LayoutError(f"The CXI file's translation has shape {translation.shape}; the "
                           f"file has {frames} frames.",
-                          "give the positions with --array positions=POSITIONS.npy ((n, 2) "
-                          "x y, metres).")
+                          "give the positions with arrays={'positions': 'POSITIONS.npy'}"
+                          " ((n, 2) x y, metres).")
     translation = np.pad(translation, ((0, 0), (0, 3 - translation.shape[1])))
     rows, cols = _basis(f, h5py)
     return -np.stack([translation @ cols, translation @ rows], axis=1)

@@ -99,7 +99,7 @@ def read_raw(
     if size != expected:
         raise LayoutError(
             f"{str(path)!r} has {size} bytes; shape {shape} of {dtype.str} needs {expected}.",
-            "give the file's true --shape and --dtype (a file with a header cannot be read "
+            "give the file's true shape= and dtype= (a file with a header cannot be read "
             "as raw: strip the header first).",
         )
     reader = _reader(path, shape, dtype, 0, False)
@@ -112,8 +112,8 @@ def _read_raw_file(path: str | PathLike[str], *, dtype: Any, shape: Sequence[int
     """``read_raw`` for the registry: a raw file needs its dtype and shape given."""
     if dtype is None or shape is None:
         raise LayoutError(f"A raw file such as {str(path)!r} does not say its dtype "
-                          "and shape.", "pass dtype= and shape= (CLI: --dtype uint16 "
-                          "--shape N KY KX).")
+                          "and shape.", "pass dtype= and shape=, e.g. dtype='uint16',"
+                          " shape=(N, KY, KX).")
     return read_raw(path, dtype=dtype, shape=shape, **options)
 
 
