@@ -1,0 +1,89 @@
+"""Integers computed in floating point, at the sizes and values that once broke them: counts
+and cuts from ratios of lengths (``backend.whole_floor``, ``whole_ceil``, ``nearest_whole``),
+the default volume of a detector, the detector of a simulated scan, the windows that
+ptychography's preprocessing stores against those the reconstruction cuts, and the
+projector's rays a rounding error off an axis (``cos(pi / 2)``) against a Joseph projector
+written here in numpy. Each truth is built here from integers or from the geometry's
+definitions (``outcore.tomo.geometry``, ``outcore.ptycho.reconstruction.model``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import xarray as xr
+
+from outcore.backend import nearest_whole, whole_ceil, whole_floor
+from outcore.tomo import Geometry
+from outcore.tomo.geometry import scan_for
+from outcore.tomo.layouts import default_volume_shape
+
+#: Pixel sizes (any unit) whose ratios come back off the grid: ``2951 * 3.25e-6 / 3.25e-6``
+#: is 2950.9999999999995.
+PIXELS = (1.0, 6.5e-6, 3.25e-6, 0.1, 0.7, 1e-3, 6.5e-7)
+
+
+def test_whole_numbers_of_ratios_are_those_numbers():
+    n = np.arange(1, 5001)
+    for d in PIXELS:
+        ratio = n * d / d
+        assert np.array_equal(whole_floor(ratio), n) and np.array_equal(whole_ceil(ratio), n)
+        assert np.array_equal(nearest_whole((n + 0.5) * d / d), n + 1)  # halves up
+        assert np.array_equal(nearest_whole((n + 0.49) * d / d), n)
+    assert whole_floor(2.9999) == 2 and whole_ceil(3.0001) == 4 and nearest_whole(-0.5) == 0
+    assert isinstance(whole_floor(2.5), int) and whole_floor(np.ones(2)).dtype == np.int64
+
+
+def test_default_volume_is_the_detector_at_every_width():
+    """At the default voxel (the detector pixel at the axis) a detector of ``nu x nu`` pixels
+    sees ``nu`` voxels each way: ``floor(nu * du / (M * voxel))`` once gave ``nu - 1`` for
+    4566 of these 24576 cases (parallel, ``du = 6.5e-6``: widths 11, 22, 44, 57, ..)."""
+    wrong = []
+    for du in (1.0, 6.5e-6, 3.25e-6, 0.1):
+        for distances in (None, (0.1, 3.3), (1.0, 0.07)):
+            attrs = {"geometry": "parallel" if distances is None else "cone",
+                     "detector_pixel_size": du}
+            if distances:
+                attrs.update(source_distance=distances[0], detector_distance=distances[1])
+            ds = xr.Dataset({"projections": (("view", "v", "u"), np.zeros((1, 1, 1))),
+                             "angles": ("view", [0.0])}, attrs=attrs)
+            base = Geometry.from_attrs(ds)
+            for nu in range(1, 2049):
+                geometry = dataclasses.replace(base, detector_shape=(nu, nu))
+                if default_volume_shape(ds, geometry) != (nu, nu, nu):
+                    wrong.append((attrs["geometry"], du, nu))
+    assert not wrong, f"{len(wrong)} cases, e.g. {wrong[:5]}"
+
+
+def _least_half_width(nx: int, ny: int) -> int:
+    """The least whole ``m`` with ``2 m >= hypot(nx, ny)``, in integers."""
+    t = math.isqrt(nx * nx + ny * ny - 1) + 1  # the least t with t^2 >= nx^2 + ny^2
+    return (t + 1) // 2
+
+
+def test_simulated_detector_does_not_depend_on_the_unit():
+    """``scan_for``'s detector: parallel ``2 m + 2`` columns (``m`` the least whole half
+    width holding the volume's diagonal), cone ``ceil(6 (nz + 2) / 5) + 2`` rows and ``2
+    ceil((3 h + 6) / 5) + 2`` columns for a whole diagonal ``h`` (its distances, 6 and 4 half
+    diagonals from the axis, magnify the volume 2x at its edge and the pixel is 10 / 6 of
+    the voxel), whatever the voxel size. A ceil of a ratio of lengths once added two columns
+    (parallel 18 x 24 at voxel 0.7) and one row (cone nz = 3, 8, 13, ..)."""
+    wrong = []
+    for voxel in (1.0, 1e-3, 0.7, 6.5e-7, 0.1):
+        for nx in range(1, 61):
+            for ny in range(1, 61):
+                width = scan_for("parallel", (2, ny, nx), 2, voxel).detector_shape[1]
+                if width != 2 * _least_half_width(nx, ny) + 2:
+                    wrong.append(("parallel", voxel, nx, ny, width))
+        for nz in range(1, 41):
+            for n in range(2, 41, 3):
+                rows, cols = scan_for("cone", (nz, n, n), 2, voxel).detector_shape
+                if rows != -(-6 * (nz + 2) // 5) + 2:
+                    wrong.append(("cone rows", voxel, nz, n, rows))
+        for nx, ny in ((3, 4), (6, 8), (5, 12), (8, 15), (20, 21), (12, 16), (24, 18)):
+            h = math.isqrt(nx * nx + ny * ny)
+            cols = scan_for("cone", (4, ny, nx), 2, voxel).detector_shape[1]
+            if cols != 2 * -(-(3 * h + 6) // 5) + 2:
+                wrong.append(("cone columns", voxel, nx, ny, cols))
+    assert not wrong, f"{len(wrong)} cases, e.g. {wrong[:5]}"
