@@ -13,15 +13,18 @@ import math
 import warnings
 
 import numpy as np
+import pytest
 import xarray as xr
+from scipy import ndimage
 
 from outcore.backend import nearest_whole, whole_ceil, whole_floor
 from outcore.ptycho import simulate_stack
 from outcore.ptycho.preprocessing.scan import setup
 from outcore.ptycho.reconstruction.model import split
 from outcore.ptycho.reconstruction.start import coords_of
-from outcore.tomo import Geometry
+from outcore.tomo import Geometry, kernels
 from outcore.tomo.geometry import scan_for
+from outcore.tomo.kernels import cpu
 from outcore.tomo.layouts import default_volume_shape
 
 #: Pixel sizes (any unit) whose ratios come back off the grid: ``2951 * 3.25e-6 / 3.25e-6``
@@ -118,3 +121,102 @@ def test_reconstruction_cuts_the_windows_the_preprocessing_stored():
                     if not (np.array_equal(cut, top_left) and inside):
                         wrong.append((k, step, pixel))
     assert not wrong, f"{len(wrong)} scans, e.g. {wrong[:5]}"
+
+
+# --- the projector at angles a rounding error off an axis -----------------------------------
+
+
+def _joseph_reference(volume: np.ndarray, geometry: Geometry) -> np.ndarray:
+    """Joseph's projection from the geometry's definitions (``outcore.tomo.geometry``): each
+    ray sampled on every plane of its driving axis (``x`` where ``|d_x| >= |d_y|``, else
+    ``y``), bilinear in the other two axes with zeros outside, times its length per plane."""
+    nz, ny, nx = volume.shape
+    nv, nu = geometry.detector_shape
+    dv, du = geometry.detector_pixel_size
+    ov, ou = geometry.detector_offset
+    vox = geometry.voxel_size
+    centre = np.array([(nx - 1) / 2, (ny - 1) / 2, (nz - 1) / 2])
+    v, u = np.meshgrid((np.arange(nv) - (nv - 1) / 2) * dv + ov,
+                       (np.arange(nu) - (nu - 1) / 2) * du + ou, indexing="ij")
+    padded = np.pad(volume, 2)
+    out = np.zeros(geometry.projection_shape)
+    for a, theta in enumerate(geometry.angles):
+        e_u = np.array([math.cos(theta), math.sin(theta), 0.0])
+        e_d = np.array([-math.sin(theta), math.cos(theta), 0.0])
+        e_z = np.array([0.0, 0.0, 1.0])
+        pixel = u[..., None] * e_u + v[..., None] * e_z  # (nv, nu, xyz)
+        if geometry.kind == "parallel":
+            origin, direction = pixel, np.broadcast_to(e_d, pixel.shape)
+        else:
+            rs, rd = geometry.source_distance, geometry.detector_distance
+            origin = np.broadcast_to(-rs * e_d, pixel.shape)
+            direction = pixel + rd * e_d - origin
+        origin, direction = origin / vox + centre, direction / vox  # index coordinates
+        drive = np.where(np.abs(direction[..., 0]) >= np.abs(direction[..., 1]), 0, 1)
+        d_drive = np.take_along_axis(direction, drive[..., None], -1)[..., 0]
+        o_drive = np.take_along_axis(origin, drive[..., None], -1)[..., 0]
+        length = vox * np.linalg.norm(direction, axis=-1) / np.abs(d_drive)
+        for m in range(max(nx, ny)):
+            t = (m - o_drive) / d_drive
+            point = origin + t[..., None] * direction
+            point[..., 0] = np.where(drive == 0, m, point[..., 0])  # exactly on the plane
+            point[..., 1] = np.where(drive == 1, m, point[..., 1])
+            on = np.where(drive == 0, m < nx, m < ny)
+            zyx = np.stack([point[..., 2], point[..., 1], point[..., 0]]) + 2
+            sample = ndimage.map_coordinates(padded, zyx.reshape(3, -1), order=1, cval=0.0)
+            out[a] += np.where(on, sample.reshape(nv, nu), 0.0) * length
+    return out
+
+
+def _near_axes() -> np.ndarray:
+    """The axes' angles ``k pi / 2`` (k = -1 .. 4, as floats: ``cos`` 6e-17, not 0) and
+    their neighbours one ulp and 1e-12 rad either side."""
+    angles = []
+    for k in range(-1, 5):
+        a = k * np.pi / 2
+        angles += [a, np.nextafter(a, -np.inf), np.nextafter(a, np.inf), a - 1e-12, a + 1e-12]
+    return np.array(angles)
+
+
+GEOMETRIES = {
+    "parallel": Geometry.parallel(_near_axes(), (9, 17), detector_pixel_size=(1.1, 0.9),
+                                  detector_offset=(0.3, -0.2)),
+    "cone": Geometry.cone(_near_axes(), (11, 21), 40.0, 20.0, detector_pixel_size=(1.2, 1.3),
+                          detector_offset=(0.3, -0.2)),
+    # a row whose height cancels to 5.6e-17 (``-3 * 0.1 + 0.3``), a source far away and slabs
+    # far from it: steps near 1e20 in the ray's z, past int64
+    "cone, near-flat rows": Geometry.cone(_near_axes(), (11, 21), 600.0, 300.0,
+                                          detector_pixel_size=(0.1, 0.15), voxel_size=0.1,
+                                          detector_offset=(0.3, 0.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_projector_near_the_axes_is_joseph_and_its_adjoint(name):
+    geometry = GEOMETRIES[name]
+    shape = (40, 10, 12) if "near-flat" in name else (7, 10, 12)
+    rng = np.random.default_rng(5)
+    volume = rng.standard_normal(shape)
+    want = _joseph_reference(volume, geometry)
+    slabs = sum(kernels.forward(volume[z0:z0 + 4], geometry.angles, geometry, z0=z0,
+                                depth=shape[0]) for z0 in range(0, shape[0], 4))
+    whole = kernels.forward(volume, geometry.angles, geometry)
+    scale = np.abs(want).max()
+    assert np.abs(whole - want).max() < 1e-9 * scale
+    assert np.abs(slabs - want).max() < 1e-9 * scale
+    y = rng.standard_normal(geometry.projection_shape)
+    back = kernels.adjoint(y, geometry.angles, geometry, shape)
+    lhs, rhs = np.vdot(whole, y), np.vdot(volume, back)
+    assert abs(lhs - rhs) < 1e-10 * max(abs(lhs), abs(rhs))
+
+
+def test_compiled_ray_steps_are_their_python_source_at_near_zero_slopes():
+    """``_steps`` (the steps of a ray inside a band) compiled as written: a slope a
+    rounding error from 0 put ``(lower - a) / b`` past int64, whose conversion numba leaves
+    undefined (it gave ``(0, 20)`` where Python gives ``(2.9e20, 20)``)."""
+    for a in (-30.0, -1.0, 3.0, 7.5, 8.0, 30.0):
+        for b in (1e-19, -1e-19, 6e-17, -1.2e-16, 1e-300, 5e-324, 0.5, -2.0):
+            got = cpu._steps(a, b, -1.0, 8.0, 20)
+            assert got == cpu._steps.py_func(a, b, -1.0, 8.0, 20), (a, b, got)
+            inside = [m for m in range(20) if -1.0 < a + b * m < 8.0]
+            assert set(inside) <= set(range(*got)) <= set(range(20)), (a, b, got)
