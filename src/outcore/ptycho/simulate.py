@@ -36,6 +36,7 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
+from outcore.backend import nearest_whole
 from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked, write_new
@@ -228,7 +229,7 @@ class SimulatedFrames:
         if len(index) == 0:
             return np.empty((0, k, k), self.dtype)
         corners = self.coords[index]
-        whole = np.floor(corners + 0.5).astype(np.int64)
+        whole = nearest_whole(corners)
         r0, c0 = whole.min(axis=0)
         r1, c1 = whole.max(axis=0) + k
         patch = np.stack([o.region(int(r0), int(r1), int(c0), int(c1)) for o in self.objects])
@@ -368,7 +369,7 @@ def simulate_stack(
                          mode_power, mode_tilt)
     coords = scan_coords(scan, step, jitter, seed,
                          at_least(object_padding, "--object-padding", 0), subpixel)
-    top_left = np.floor(coords + 0.5).astype(np.int64)
+    top_left = nearest_whole(coords)
     shape = tuple(int(n) for n in top_left.max(axis=0) + k + object_padding)
     objects = tuple(synthetic_object(shape, k, seed, layer,  # type: ignore[arg-type]
                                      object_detail) for layer in range(slices))

@@ -5,7 +5,8 @@ carries out.
 
 Position ``p`` [m] (``xy`` order) is the centre of its window in object coordinates, where
 object pixel ``i`` sits at ``i * pixel_size``:
-``top_left = floor(p / pixel_size - K / 2 + 0.5)`` (row from y, column from x).
+``top_left = floor(p / pixel_size - K / 2 + 0.5)`` (row from y, column from x; by
+``backend.nearest_whole``, as the reconstruction cuts its windows).
 
 A near-field scan (``focus_sample_distance`` given, as an attr or an option) is an image on
 the detector magnified by a point focus upstream (Fresnel scaling): its object pixel is the
@@ -26,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
+from outcore.backend import nearest_whole
 from outcore.checks import at_least, existing_path
 from outcore.errors import LayoutError, OutcoreError
 from outcore.ptycho.layouts import PIXEL_UNIT
@@ -125,7 +127,7 @@ class Setup:
         (n, 2) float64 metres (x, y), and the object shape (rows, cols)."""
         ps, k = self.pixel_size, self.k
         rows_cols = self.positions[:, ::-1] / ps - k / 2  # (y, x) -> (row, col) floats
-        raw = np.floor(rows_cols + 0.5).astype(np.int64)
+        raw = nearest_whole(rows_cols)
         offset = self.padding - raw.min(axis=0)
         top_left = raw + offset
         positions = self.positions + offset[::-1] * ps

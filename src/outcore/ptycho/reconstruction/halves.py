@@ -22,6 +22,7 @@ import distributed
 import numpy as np
 import xarray as xr
 
+from outcore.backend import nearest_whole
 from outcore.io.store import write_new
 from outcore.ptycho.preprocessing.store import open_preprocessed, save_preprocessed
 from outcore.ptycho.reconstruction import frc, quality
@@ -74,7 +75,7 @@ class HalfScans:
         for name, index, settings in zip(HALVES, self.index, self.settings, strict=True):
             recon, ds, summary = self._half(run, client, name, index, settings)
             obj = quality.projected(recon["object"].values)
-            top_left = np.floor(coords_of(ds, recon["positions"].values) + 0.5).astype(int)
+            top_left = nearest_whole(coords_of(ds, recon["positions"].values))
             objects.append(obj)
             lit.append(quality.illuminated(recon["probe"].values, top_left, obj.shape))
             if truth is not None:

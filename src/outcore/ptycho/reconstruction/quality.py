@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from outcore.backend import nearest_whole
 from outcore.ptycho.optics import BORDER_ENERGY, border_energy
 from outcore.ptycho.reconstruction.model import object_illumination
 
@@ -195,8 +196,8 @@ def aligned_truth(truth: xr.Dataset, ds: xr.Dataset, shape: tuple[int, int]
     aligned[rows.start + shift[0]:rows.stop + shift[0],
             cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
     true_probe = truth["probe"].values
-    corners = np.floor(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2 + 0.5)
-    return aligned, illuminated(true_probe, corners.astype(np.int64), shape)
+    corners = nearest_whole(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2)
+    return aligned, illuminated(true_probe, corners, shape)
 
 
 def projected(obj: np.ndarray) -> np.ndarray:

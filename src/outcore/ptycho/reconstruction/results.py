@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from outcore import figures
+from outcore.backend import nearest_whole
 from outcore.checks import existing_path
 from outcore.errors import OutcoreError
 from outcore.ptycho.reconstruction import quality
@@ -38,7 +39,7 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
     pixel = float(ds.attrs["pixel_size"])
     unit = ds.attrs.get("length_unit", "m")
     obj, modes = as_3d(result.obj), as_3d(result.probe)
-    top_left = np.floor(result.coords + 0.5).astype(np.int64)
+    top_left = nearest_whole(result.coords)
     lit = quality.illuminated(modes, top_left, obj.shape[-2:])
     obj, modes, phases = quality.without_global_phase(obj, modes, lit)
     ramp = quality.phase_ramp(obj.prod(axis=0), lit)

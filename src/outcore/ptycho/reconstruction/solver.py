@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from outcore.backend import array_namespace, to_host
+from outcore.backend import WHOLE_TOLERANCE, array_namespace, nearest_whole, to_host
 from outcore.checks import at_least, choice
 from outcore.errors import OutcoreError
 from outcore.ptycho.reconstruction.model import (
@@ -210,7 +210,7 @@ def summed_terms(state: State, pieces: Sequence[np.ndarray], frames: Iterable[An
     ``frames`` entry each), added in order into one region that holds all their windows;
     ``curvature`` as in ``terms_of``."""
     k = state.probe.shape[-1]
-    corners = np.floor(state.coords[np.concatenate(pieces)] + 0.5).astype(np.int64)
+    corners = nearest_whole(state.coords[np.concatenate(pieces)])
     origin = tuple(int(v) for v in corners.min(axis=0))
     extent = tuple(int(v) for v in corners.max(axis=0) - np.asarray(origin) + k)
     total: BatchTerms | None = None
@@ -296,8 +296,8 @@ def end_iteration(state: State, settings: Settings, iteration: int, start: np.nd
 
 def inside(coords: np.ndarray, state: State) -> np.ndarray:
     """``coords`` clipped so that every window lies in the object (its corner rounds to
-    0 .. N - K on each axis)."""
-    last = np.asarray(state.obj.shape[-2:]) - state.probe.shape[-1] + 0.5 - 1e-9
+    0 .. N - K on each axis, ``nearest_whole``'s halves up)."""
+    last = np.asarray(state.obj.shape[-2:]) - state.probe.shape[-1] + 0.5 - 2 * WHOLE_TOLERANCE
     return np.clip(coords, -0.5, last)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from outcore.backend import nearest_whole
 from outcore.checks import choice
 from outcore.errors import LayoutError, OutcoreError
 from outcore.ptycho.optics import fresnel_propagator, nearfield_transfer
@@ -93,8 +94,8 @@ def model_of(ds: xr.Dataset, settings: Settings) -> Model:
 def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: float) -> None:
     """Refuse positions whose windows could leave the object when refinement moves them by up
     to ``bound`` pixels (OutcoreError, before any compute)."""
-    low = np.floor(coords - bound + 0.5)
-    high = np.floor(coords + bound + 0.5) + k
+    low = nearest_whole(coords - bound)
+    high = nearest_whole(coords + bound) + k
     outside = (low < 0).any(axis=1) | (high > np.asarray(shape)).any(axis=1)
     if outside.any():
         first = int(np.argmax(outside))
@@ -181,8 +182,8 @@ def _searched(path: str | Path, ds: xr.Dataset, guess: np.ndarray, coords: np.nd
     best (``probe.search_defocus``), in this process, and the record of the search."""
     index = probe.central_positions(coords)
     amplitudes = read_amplitudes(path, index)
-    local = coords[index] - np.floor(coords[index].min(axis=0) + 0.5)
-    shape = tuple(int(v) for v in np.floor(local.max(axis=0) + 0.5) + ds.sizes["k_y"] + 1)
+    local = coords[index] - nearest_whole(coords[index].min(axis=0))
+    shape = tuple(int(v) for v in nearest_whole(local.max(axis=0)) + ds.sizes["k_y"] + 1)
     trial_settings = Settings(iterations=probe.SEARCH_ITERATIONS, batch_size=min(len(index), 16),
                               probe_start=probe.SEARCH_ITERATIONS, noise=settings.noise,
                               probe_centring=False)

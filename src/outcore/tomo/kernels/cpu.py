@@ -126,7 +126,9 @@ def _z_tap(z, nz):
 
 @numba.njit(inline="always", **_JIT)
 def _steps(a, b, lower, upper, n):
-    """The steps ``m`` of ``[0, n)`` with ``lower < a + b m < upper``, or a few more."""
+    """The steps ``m`` of ``[0, n)`` with ``lower < a + b m < upper``, or a few more. Both
+    ends are clamped to ``[-1, n + 1]`` before ``int``: a near-zero ``b`` (a ray a rounding
+    error off an axis, ``cos(pi / 2)``) puts them near +-1e20, past int64."""
     if b == 0.0:
         if lower < a < upper:
             return 0, n
@@ -135,8 +137,8 @@ def _steps(a, b, lower, upper, n):
     m2 = (upper - a) / b
     if m1 > m2:
         m1, m2 = m2, m1
-    m1 = max(m1, -1.0)
-    m2 = min(m2, n + 1.0)
+    m1 = min(max(m1, -1.0), n + 1.0)
+    m2 = min(max(m2, -1.0), n + 1.0)
     return max(0, int(math.floor(m1))), min(n, int(math.ceil(m2)) + 1)
 
 
