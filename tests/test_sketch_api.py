@@ -167,7 +167,8 @@ def components(client, exact) -> xr.Dataset:
 
 BATTERY = {
     "sketch-wrong-type": (lambda ds, c: svd(np.zeros((4, 4, 8, 8)), 2), ArgumentError,
-                          "data= is a ndarray, not an xarray Dataset"),
+                          r"data= is a ndarray without dimension names.*Fix: wrap it:"
+                          r" data=xr\.DataArray\(array, dims="),
     "sketch-unknown-keyword": (lambda ds, c: svd(ds, 2, power_iteration=1), ArgumentError,
                                r"takes no keyword power_iteration=\. Fix: did you mean"
                                r" power_iterations=\?"),

@@ -18,7 +18,7 @@ import xarray as xr
 
 from outcore.arguments import keywords_checked
 from outcore.checks import at_least, choice
-from outcore.errors import OutcoreError
+from outcore.errors import LayoutError
 from outcore.fit.models import MODELS, Model, get_model, normalise_psf
 
 __all__ = ["moffat_psf", "simulate_catalog"]
@@ -184,8 +184,8 @@ def simulate_catalog(
     if get_model(model).needs_psf:
         psf = moffat_psf() if psf is None else normalise_psf(np.asarray(psf))
     elif psf is not None:
-        raise OutcoreError("psf= applies to model='psf' only.", "drop psf=, or use"
-                           " model='psf'.")
+        raise LayoutError("psf= applies to model='psf' only.", "drop psf=, or use"
+                          " model='psf'.")
     sim = _Simulator(n, (stamp, stamp), seed, separation, sigma, snr, flux_ratio, background,
                      noise, noise_variance, get_model(model), psf, mask_fraction, np.dtype(dtype))
     dims = ("candidate", "y", "x")

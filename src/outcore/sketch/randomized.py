@@ -225,6 +225,12 @@ def _sketch_of(data: Data, rank: int, var: str | None, oversample: int,
     if isinstance(data, str | PathLike):
         source = Path(data).expanduser()
         data = open_stack(source)[0]
+    if isinstance(data, np.ndarray | da.Array):
+        raise ArgumentError(f"data= is a {type(data).__name__} without dimension names:"
+                            " outcore needs to know which axes are the items and which the"
+                            " pixels.", "wrap it: data=xr.DataArray(array, dims=('scan_y',"
+                            " 'scan_x', 'k_y', 'k_x')), the items first, the pixels (the last"
+                            " two) last.")
     if isinstance(data, xr.DataArray) and var is None:
         var = str(data.name) if data.name is not None else "data"
     ds = ordered(dataset(data, "data"), var)
