@@ -89,6 +89,8 @@ def test_svd_computes_numpy_s_factors_with_coordinates_and_units(client, exact):
 def test_a_transposed_stack_an_array_in_memory_and_a_store_give_the_same_factors(
         client, exact, tmp_path):
     reference = svd(exact, 4, power_iterations=1)
+    blocks = svd(exact.compute(), 4, power_iterations=1, chunks={"scan_y": 6})
+    assert blocks.attrs["block_items"] == [6, 10]  # in memory, a dim left out stays whole
     turned = exact["data"].transpose("k_x", "scan_y", "k_y", "scan_x")
     for given in (turned, exact.compute(), outcore.save(exact, tmp_path / "s.zarr")):
         other = svd(given, 4, power_iterations=1)

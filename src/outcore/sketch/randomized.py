@@ -258,8 +258,10 @@ def _sketch_of(data: Data, rank: int, var: str | None, oversample: int,
                 raise LayoutError(f"chunks={{'{dim}': {items!r}}} is not a positive number of"
                                   " items.", f"give chunks={{'{dim}': 8}} or another whole"
                                   " number of 1 or more.")
+        kept = (stack.item_chunk if isinstance(ds[stack.var].data, da.Array)
+                else stack.item_shape)  # dims left out: their chunks, or whole in memory
         item_chunk = tuple(int(chunks.get(d, c))
-                           for d, c in zip(stack.item_dims, stack.item_chunk, strict=True))
+                           for d, c in zip(stack.item_dims, kept, strict=True))
     return _Sketch(ds, stack, width, rank, power_iterations, backends.resolve(backend),
                    source, item_chunk, hold)
 
