@@ -4,7 +4,7 @@ store's path or a Dataset), the settings of ``reconstruct``'s keyword options
 (``check``), and the state a run starts from (``prepare``): the model (noise, detector mask,
 the propagator between slices) and a flat object with probe modes from the store's guess
 with the data's power (optionally with a searched defocus), or the state of an earlier
-reconstruction or checkpoint (``start_of``). ``coords_of`` and ``positions_of`` convert
+reconstruction or checkpoint (``run.start_of``). ``coords_of`` and ``positions_of`` convert
 between the store's positions (metres) and window corners (object pixels).
 """
 

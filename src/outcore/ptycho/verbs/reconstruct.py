@@ -211,9 +211,15 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                outputs: Mapping[str, Path]) -> Callable[[], xr.Dataset]:
         """The iterations alone, from the starting state made once, nothing written
         (``outcore tune``)."""
-        initial = starting_state(ds, settings, args.input, options["defocus_search"])
-        return lambda: reconstruct(args.input, **options, start=initial,
+        initial = starting_state(args.input, ds, settings, options["defocus_search"])
+
+        def one_round() -> xr.Dataset:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)  # a round is not a run
+                return reconstruct(args.input, **options, start=initial,
                                    backend=resources.backend, client=client, plan=plan)
+
+        return one_round
 
     return Job(
         command="ptycho reconstruct",
