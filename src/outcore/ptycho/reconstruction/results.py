@@ -52,12 +52,14 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
     probe_dims = ("k_y", "k_x") if len(modes) == 1 else ("mode", "k_y", "k_x")
     variables: dict[str, Any] = {
         "object": (object_dims, obj[0] if len(obj) == 1 else obj,
-                   {"long_name": "object transmission (complex)", "units": "1"}),
+                   {"long_name": "object", "units": "1",
+                    "description": "complex transmission of each slice"}),
         "probe": (probe_dims, modes[0] if len(modes) == 1 else modes,
-                  {"long_name": "probe modes on their window (real space), in the square "
-                                "root of the patterns' intensity unit"}),
+                  {"long_name": "probe", "description": "probe modes on their window (real "
+                   "space), in the square root of the patterns' intensity unit"}),
         "loss": ("iteration", result.loss,
-                 {"long_name": f"{settings.noise} loss summed over the iteration's batches"}),
+                 {"long_name": f"{settings.noise} loss",
+                  "description": "the loss summed over the iteration's batches"}),
         "positions": (("position", "xy"), positions_of(ds, result.coords),
                       {"units": unit, "long_name": "window centres the reconstruction used"}),
     }
@@ -65,11 +67,14 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
         variables["input_positions"] = (("position", "xy"), ds["positions"].values,
                                         {"units": unit, "long_name": "positions of the input"})
     coords: dict[str, Any] = {
-        "y": ("y", np.arange(ny) * pixel, {"units": unit, "long_name": "object row"}),
-        "x": ("x", np.arange(nx) * pixel, {"units": unit, "long_name": "object column"}),
-        "k_y": ("k_y", window, {"units": unit, "long_name": "probe window row from its centre"}),
-        "k_x": ("k_x", window, {"units": unit,
-                                "long_name": "probe window column from its centre"}),
+        "y": ("y", np.arange(ny) * pixel, {"units": unit, "long_name": "y",
+                                            "description": "object row from its corner"}),
+        "x": ("x", np.arange(nx) * pixel, {"units": unit, "long_name": "x",
+                                            "description": "object column from its corner"}),
+        "k_y": ("k_y", window, {"units": unit, "long_name": "window y",
+                                "description": "probe window row from its centre"}),
+        "k_x": ("k_x", window, {"units": unit, "long_name": "window x",
+                                "description": "probe window column from its centre"}),
         "iteration": ("iteration", np.arange(len(result.loss)), {"long_name": "iteration"}),
         "xy": ["x", "y"],
     }
