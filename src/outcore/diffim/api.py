@@ -141,11 +141,11 @@ def _prepare(reference: Any, target: Any, pairs: Any, files: dict[str, Any],
              psfs: dict[str, Any], per_pair: dict[str, Any], options: Options,
              tile: int | None, workdir: Any, client: distributed.Client | None,
              plan: Plan | None, catalog: bool) -> _Prepared:
-    """The pairs of the arguments, checked; the plan for ``client``'s workers (or ``plan``),
-    checked before any task; the arrays written where the workers read them; targets
-    registered; the models; the exact plan checked."""
-    client = session.client_for(client)
+    """The pairs of the arguments, checked (before any cluster is started for them); the
+    plan for ``client``'s workers (or ``plan``), checked before any task; the arrays written
+    where the workers read them; targets registered; the models; the exact plan checked."""
     checked, arrays, single = _pairs(reference, target, pairs, files, psfs, per_pair, workdir)
+    client = session.client_for(client)
     plan = session.fitted_plan(lambda r: plan_pairs(checked, options, r, tile=tile,
                                                     catalog=catalog),
                                client, options.backend, plan=plan, fixes=PLAN_FIXES,
@@ -154,13 +154,13 @@ def _prepare(reference: Any, target: Any, pairs: Any, files: dict[str, Any],
     options = replace(options, tile=choice_.options.tile)
     if arrays:
         images.write_arrays(checked[0], arrays, client)
-    checked, fits = register_pairs(checked, client)
+    checked, registrations = register_pairs(checked, client)
     models = operator.compute_models(checked, options, client)
     plan_pairs(checked, options, choice_.resources, tile=options.tile,
                halo=max(m.halo for m in models), catalog=catalog).check(PLAN_FIXES,
                                                                         PLAN_FIXES)
-    facts = [operator.pair_facts(p, m, fits.get(p.item_id)) for p, m in zip(checked, models,
-                                                                             strict=True)]
+    facts = [operator.pair_facts(p, m, registrations.get(p.item_id))
+             for p, m in zip(checked, models, strict=True)]
     return _Prepared(client, checked, models, options,
                      operator.result_attrs(checked, facts), single)
 
