@@ -44,7 +44,8 @@ from outcore.errors import ArgumentError, OutcoreError, refuse_existing
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
 
-__all__ = ["Catalog", "catalog", "difference", "plan_pairs"]
+__all__ = ["FIT_MODELS", "METHODS", "PLAN_FIXES", "REGISTRATIONS", "Catalog", "Choice",
+           "catalog", "difference", "options_of", "plan_pairs"]
 
 #: Subtraction methods (issue 37 adds the kernel-fitting ones).
 METHODS = ("zogy",)

@@ -180,14 +180,14 @@ def difference_dataset(pairs: Sequence[Pair], models: Sequence[PairModel],
                                   {"long_name": "P_D, the PSF of D (unit sum)"})},
             coords={"pair": pair.item_id, "y": np.arange(pair.shape[0]),
                     "x": np.arange(pair.shape[1]), "psf_y": offsets, "psf_x": offsets}))
-    out = xr.concat(parts, dim="pair", join="outer", combine_attrs="drop",
+    out = xr.concat(parts, dim="pair", join="outer", combine_attrs="override",
                     fill_value={"psf_difference": 0.0} | {name: np.nan for name in IMAGES_OUT})
     for name, doc in (("y", "row of the reference's pixel grid, from 0"),
                       ("x", "column of the reference's pixel grid, from 0"),
                       ("psf_y", "row from the PSF's centre"),
                       ("psf_x", "column from the PSF's centre")):
-        out[name].attrs.update(long_name=doc, units="pixel")
-    out["pair"].attrs["long_name"] = "item_id of the pair"
+        out[name].attrs.update(description=doc, units="pixel")
+    out["pair"].attrs["description"] = "item_id of the pair"
     return out.assign_attrs(attrs)
 
 
