@@ -41,6 +41,7 @@ from dask.delayed import Delayed
 from outcore.diffim import wcs
 from outcore.diffim.calibrate import calibrate
 from outcore.diffim.manifest import Pair
+from outcore.diffim.memory import TABLE_CHUNK
 from outcore.diffim.prepare import (
     SURVEY_BOXES,
     Options,
@@ -254,11 +255,13 @@ def table_columns(table: np.ndarray, item_ids: Sequence[str]) -> dict[str, np.nd
 def sources(futures: Sequence, counts: Sequence[int], item_ids: Sequence[str],
             attrs: dict[str, Any]) -> xr.Dataset:
     """The lazy catalog over the tiles' results (``futures``, with ``counts`` rows each):
-    ``table_columns``'s columns along ``source``, in tile order, each chunk one tile's rows,
-    with their units (``SOURCE_UNITS``) and ``attrs``."""
+    ``table_columns``'s columns along ``source``, in tile order, in chunks of
+    ``memory.TABLE_CHUNK`` rows (as ``sources.zarr`` stores them), with their units
+    (``SOURCE_UNITS``) and ``attrs``."""
     parts = [da.from_delayed(dask.delayed(tile_table)(f), shape=(n, len(COLUMNS)),
                              dtype=np.float64) for f, n in zip(futures, counts, strict=True) if n]
-    packed = da.concatenate(parts) if parts else da.zeros((0, len(COLUMNS)), chunks=(1, -1))
+    packed = (da.concatenate(parts).rechunk((min(TABLE_CHUNK, sum(counts)), -1)) if parts
+              else da.zeros((0, len(COLUMNS)), chunks=(1, -1)))
     data = {name: ("source", _typed(name, packed[:, j]),
                    {"units": SOURCE_UNITS[name]} if name in SOURCE_UNITS else {})
             for j, name in enumerate(COLUMNS)}
