@@ -182,6 +182,22 @@ def test_the_command_line_writes_what_python_returns(client, pairs, tmp_path):
     np.testing.assert_array_equal(cutouts["images"].values, result.cutouts["images"].values)
 
 
+def test_arrays_without_wcs_are_registered_on_their_stars(client):
+    """A target of another shape, moved by (3, -5) px, no WCS: ``register='stars'`` finds
+    the shift the test applied and the transient at its S/N."""
+    sim = simulate_pair((256, 256), seed=7, stars=80, transient_snr=[30.0], margin=40.0)
+    reference = xr.DataArray(sim.image("reference"), dims=("y", "x"))
+    moved = np.roll(sim.image("target"), (3, -5), axis=(0, 1))[:240, :250]
+    d = difference(reference, xr.DataArray(moved, dims=("y", "x")), register="stars",
+                   tile=TILE)
+    fit = d.attrs["pairs"]["pair"]["registration"]
+    np.testing.assert_allclose(fit["offset_yx"], (3, -5), atol=0.1)
+    assert "wcs" not in d.attrs and d.sizes == {"y": 256, "x": 256, "psf_y": d.sizes["psf_y"],
+                                                "psf_x": d.sizes["psf_x"]}
+    x, y = (int(round(v[0])) for v in (sim.transients["x"], sim.transients["y"]))
+    assert float(d["score"][y - 1: y + 2, x - 1: x + 2].max()) == pytest.approx(30, rel=0.15)
+
+
 def test_the_pair_level_functions_keep_working(pairs):
     """``read_manifest`` and ``catalog_pairs`` (the pandas catalog of checked pairs, on
     dask's local scheduler): the public catalog's rows."""
