@@ -1,6 +1,7 @@
 """CPU kernels (numba): Joseph's forward projector, its exact transpose, and a voxel-driven
 weighted backprojector for FBP/FDK. One call works on a block of views and a z-slab. And the
-ramp filter of a block of rows (``filter_rows``, scipy's FFT).
+ramp filter of a block of rows (``filter_rows``, scipy's FFT), and gridrec's planes of a slab
+(``gridrec``: scipy's FFT and ducc0's NUFFT).
 
 Joseph's method walks each ray one voxel at a time along its *driving* axis (``x`` or ``y``,
 whichever the ray is closer to) and, in every plane of that axis, interpolates the volume
