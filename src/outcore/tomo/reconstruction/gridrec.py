@@ -207,14 +207,17 @@ class Gridrec:
     def memory(self, input_chunks: tuple[tuple[int, ...], ...] | None = None
                ) -> list[TaskMemory]:
         """The stages of ``reconstruct`` (bytes per task): reading the projections stored in
-        ``input_chunks`` (default: blocks of 16 views, not read), their re-slice and the
-        slabs."""
+        ``input_chunks`` (None: nothing read), their re-slice (from blocks of 16 views when
+        the store is not what is reconstructed: corrections such as stitching come between)
+        and the slabs."""
         g = self.geometry
         n_views, nv, nu = g.projection_shape
         reads = [] if input_chunks is None else read_stages(
             (math.prod(len(c) for c in input_chunks),
              math.prod(max(c) for c in input_chunks) * self.dtype.itemsize))
-        chunks = input_chunks or (_blocks_of(n_views, 16), (nv,), (nu,))
+        chunks = input_chunks
+        if chunks is None or tuple(sum(c) for c in chunks) != g.projection_shape:
+            chunks = (_blocks_of(n_views, 16), (nv,), (nu,))
         return [*reads, *reslice.stages(chunks, self.sinogram_chunks, self.dtype.itemsize,
                                         "gridrec-reslice"),
                 *gridrec_stages(g, self.volume_shape, self.blocks, dtype=self.dtype,
