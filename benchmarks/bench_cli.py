@@ -292,10 +292,12 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
               work: Path) -> None:
     """``--repeats`` runs of each contender, interleaved, forwards then backwards."""
     able = [c for c in contenders if c.note is None]
+    peer_repeats = args.repeats if args.peer_repeats is None else args.peer_repeats
     for repeat in range(args.repeats):
         order = able if repeat % 2 == 0 else able[::-1]
         for contender in order:
-            if contender.failure:
+            if contender.failure or (not contender.tool.startswith("outcore")
+                                     and repeat >= peer_repeats):
                 continue
             folder = work / "runs" / f"{bench}-{contender.label}-{repeat}".replace(" ", "_")
             if folder.exists():
@@ -1031,6 +1033,9 @@ def add_harness_options(parser: argparse.ArgumentParser) -> None:
     workers, the time limit, the work folder, keeping outputs and the seed."""
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each contender (3 or more for figures; 1 for a check)")
+    parser.add_argument("--peer-repeats", type=int, default=None,
+                        help="runs of each peer, in the first rounds (default --repeats): "
+                             "fewer for peers that take minutes a run")
     parser.add_argument("--workers", type=int, default=None,
                         help="outcore's --workers (default: outcore's own choice)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
@@ -1048,6 +1053,8 @@ def check_harness_options(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Refuse a harness option that cannot run."""
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
+    if args.peer_repeats is not None and not 1 <= args.peer_repeats <= args.repeats:
+        parser.error("--peer-repeats must be between 1 and --repeats")
 
 
 def main() -> None:
