@@ -308,7 +308,7 @@ def test_every_gpu_kernel_has_a_cpu_twin():
 
     public = {name for name, f in inspect.getmembers(gpu, inspect.isfunction)
               if not name.startswith("_") and f.__module__ == gpu.__name__}
-    assert public == {"adjoint", "backproject", "filter_rows", "forward"}
+    assert public == {"adjoint", "backproject", "filter_rows", "forward", "gridrec"}
     assert all(callable(getattr(cpu, name, None)) for name in public)
 
 

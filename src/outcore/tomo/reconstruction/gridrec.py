@@ -63,7 +63,6 @@ from outcore.tomo.memory import (
     Range,
     blocks,
     gridrec_stages,
-    overlap,
     padded,
     read_stages,
 )
@@ -194,7 +193,7 @@ class Gridrec:
         cut = self.blocks
         graph: dict = {}
         for s, (z0, z1) in enumerate(cut.slabs):
-            pieces = [r for r, rows in enumerate(cut.row_chunks) if overlap(rows, cut.bands[s])]
+            pieces = cut.pieces(s)
             graph[(name, s, 0, 0)] = (
                 _slab_task, [(sinograms.name, 0, r, 0) for r in pieces],
                 [cut.row_chunks[r] for r in pieces], cut.bands[s],
