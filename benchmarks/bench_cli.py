@@ -116,6 +116,7 @@ VENVS = {name: PEERS / f".venv-{name}" / "bin" for name in
 MAKERS = {name: f"benchmarks/peers/make_{name}_venv.sh" for name in VENVS}
 PEER_NAMES = ("cuphoton", "scipy-loop", "astra", "quantem", "ptychi", "algotom")
 CASES = ("startup", "fit-dipoles", "tomo", "slices", "ptycho", "demo")
+SLICES_TOOLS = ("gridrec", "fbp", "algotom-fbp", "algotom-dfi", "astra")
 #: This process's environment at start, handed to every command.
 START_ENVIRON = dict(os.environ)
 RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -720,6 +721,8 @@ def slices_size(args: argparse.Namespace, work: Path, n: int, z: int) -> None:
     if "astra" in args.peers:
         contenders.append(astra_contender(args, folder, {**case, "method": "fbp"}, "fbp",
                                           truth, prefer="algotom"))
+    contenders = [c for c in contenders if c.label.replace(" ", "-").replace(
+        "outcore-", "") in args.slices_tools]
     alternate(f"slices-{n}x{z}", contenders, args, work)
     emit("slices", contenders, prepare)
 
@@ -1077,6 +1080,9 @@ def main() -> None:
     parser.add_argument("--slices-z", type=int, nargs="+", default=[8],
                         help="slices case: planes, one per --slices-n (8 and 16 or more)")
     parser.add_argument("--slices-views", type=int, default=1500)
+    parser.add_argument("--slices-tools", nargs="+", default=list(SLICES_TOOLS),
+                        choices=SLICES_TOOLS,
+                        help="slices case: the contenders to run (the peers also by --peers)")
     parser.add_argument("--astra-projector", choices=["linear", "strip", "line"],
                         default="linear")
     parser.add_argument("--ptycho-scan", type=int, default=32, help="positions per side")
