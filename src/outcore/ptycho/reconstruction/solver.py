@@ -45,21 +45,29 @@ from outcore.ptycho.reconstruction.model import (
     update,
 )
 from outcore.ptycho.reconstruction.probe import centred, initial_modes, orthogonal_modes, support
-from outcore.ptycho.reconstruction.steps import chosen_update, scan_illumination
+from outcore.ptycho.reconstruction.steps import chosen_update
 
 RESIDENCIES: tuple[str, ...] = ("device", "host", "disk")
-#: Iterations over which the loss must fall by ``tolerance`` each, on average, to go on.
-STOP_WINDOW = 5
+#: Iterations over which the loss must fall by ``tolerance`` each (the median slope of its
+#: logarithm, so one iteration's spike of a mini-batch's noise neither stops nor holds a
+#: run), to go on.
+STOP_WINDOW = 8
 #: Nor does a run stop on the loss while an iteration still moves a position this far (px).
 POSITIONS_SETTLED = 0.01
 #: A loss within this many times the noise floor of counting data has converged (the stop,
 #: and the warning beyond it).
-NOISE_FACTOR = 1.5
+NOISE_FACTOR = 1.0
 #: For data that are not counts: a loss above this share of ``sum a^2`` leaves more than
 #: noise (more probe modes may fit it; the warning beyond it).
 RESIDUAL_LIMIT = 1e-2
 #: Probe modes a run takes when one mode leaves more than noise.
 AUTO_MODES = 3
+#: A run far from the noise floor changes its model (probe modes, refinement) once the loss
+#: falls too slowly to reach the floor within this many iterations.
+ADAPT_HORIZON = 50
+#: Within this many times the noise floor the object is good enough to tell whether the
+#: positions are off (a trial of position refinement does not wait for a slow loss).
+NEAR_FLOOR = 3.0
 #: Positions are refined when their Gauss-Newton steps' mean square is this many times what
 #: the noise makes and their RMS at least ``POSITION_LEAST`` pixels.
 POSITION_SIGNIFICANCE, POSITION_LEAST = 4.0, 0.02
@@ -76,7 +84,7 @@ class Settings:
     ``step_object`` / ``step_probe``: step lengths of the preconditioned updates (1 = the
     ePIE/rPIE projection; None: the batch's own, ``steps``). ``probe_start``: first
     iteration (0-based) that updates the probe. ``alpha``: rPIE's regularisation of the
-    preconditioner (None: the scan's illumination, ``steps``). ``seed``: the batch permutations.
+    preconditioner (None: ``steps.REGULARISATION``). ``seed``: the batch permutations.
     ``noise``: ``amplitude`` or ``poisson`` (``kernels``). ``probe_modes``: incoherent probe
     modes (the caller makes the starting modes). ``refine_positions`` from iteration
     ``refine_from`` on, steps of ``position_step`` times the Gauss-Newton step, each at most
@@ -185,8 +193,7 @@ class State:
     float64 (window corners, pixels), the loss summed over the steps of the current
     iteration so far and, once positions are refined, each position's latest Gauss-Newton
     matrix ``curvature`` (n, 3) float64 (NaN rows: none yet). What an iteration measures on
-    the side: ``illumination``, the scan's (``steps.scan_illumination``, made at its first
-    batch); ``steps``, the mean steps of its batches ``[object, probe modes...]``;
+    the side: ``steps``, the mean steps of its batches ``[object, probe modes...]``;
     ``positions``, the positions' Gauss-Newton steps ``[sum |step|^2, sum of their noise
     variance per unit noise, positions, positions held at their bound or the object's
     edge]``."""
@@ -196,7 +203,6 @@ class State:
     coords: np.ndarray
     loss: float = 0.0
     curvature: np.ndarray | None = None
-    illumination: Any = None
     steps: np.ndarray | None = None
     positions: np.ndarray | None = None
 
@@ -269,23 +275,19 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
     windows out of the object), the batch's loss added to the iteration's (or starting it,
     when ``first``)."""
     probe_on = iteration >= settings.probe_start
-    illumination, taken = state.illumination, state.steps
+    taken = state.steps
     if settings.step_object is not None and settings.step_probe is not None:
         obj, probe = update(state.obj, state.probe, terms, state.coords[batch],
                             step_obj=settings.step_object,
                             step_probe=settings.step_probe if probe_on else 0.0,
                             alpha=0.02 if settings.alpha is None else settings.alpha)
     else:
-        if first or illumination is None:
-            illumination = None if settings.alpha is not None else scan_illumination(
-                state.probe, state.coords, state.obj.shape[-2:])
         obj, probe, chosen = chosen_update(
-            state.obj, state.probe, terms, state.coords[batch], illumination=illumination,
-            positions=len(start), step_obj=settings.step_object,
+            state.obj, state.probe, terms, state.coords[batch], step_obj=settings.step_object,
             step_probe=settings.step_probe, alpha=settings.alpha, probe_on=probe_on)
         now = np.concatenate([[chosen.object.sum()], chosen.probe, [1.0]])
         taken = now if first or taken is None or len(taken) != len(now) else taken + now
-    coords, curvature, measured = state.coords, state.curvature, state.positions
+    coords, curvature, measured = state.coords, state.curvature, None
     if terms.index is not None:
         curvature = kept_curvature(curvature, terms, len(coords))
         newton = gauss_newton(terms.grad_pos, curvature[terms.index])
@@ -298,10 +300,10 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
         coords[terms.index] = inside(moved, state)
         held = np.abs(coords[terms.index] - start[terms.index]) >= bound - WHOLE_TOLERANCE
         held |= coords[terms.index] != moved
-        measured = _measured(measured if not first else None, newton,
+        measured = _measured(state.positions if not first else None, newton,
                              curvature[terms.index], held.any(axis=1))
     return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss), curvature,
-                 illumination, taken, measured)
+                 taken, measured)
 
 
 def _measured(before: np.ndarray | None, newton: np.ndarray, curvature: np.ndarray,
@@ -362,7 +364,7 @@ def end_iteration(state: State, settings: Settings, iteration: int, start: np.nd
             design = np.column_stack([start, np.ones(len(start))])
             correction = design @ np.linalg.lstsq(design, correction, rcond=None)[0]
         coords = inside(start + correction - correction.mean(axis=0), state)
-    return replace(state, obj=obj, probe=probe, coords=coords, illumination=None)
+    return replace(state, obj=obj, probe=probe, coords=coords)
 
 
 def inside(coords: np.ndarray, state: State) -> np.ndarray:
@@ -421,31 +423,49 @@ class Trajectory:
     steps: list[list[float]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     settings: Settings | None = None
+    positions: list[list[float] | None] = field(default_factory=list)
 
     def record(self, loss: float, before: np.ndarray, after: np.ndarray,
-               steps: np.ndarray | None = None) -> None:
+               steps: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
         """One more iteration: its loss, how far (pixels) it moved the positions at most
-        (``before`` and ``after`` it) and its summed steps (``State.steps``)."""
+        (``before`` and ``after`` it), its summed steps (``State.steps``) and its
+        positions' Gauss-Newton steps (``State.positions``, when it refined them)."""
         self.losses.append(loss)
         self.moves.append(float(np.abs(after - before).max()) if len(after) else 0.0)
         if steps is not None:
             self.steps.append([round(float(v), 6) for v in steps[:-1] / max(steps[-1], 1)])
+        self.positions.append(None if positions is None else [float(v) for v in positions])
+
+    def positions_settled(self, goal: Goal | None) -> bool:
+        """Whether the last iteration left the positions where they are: no refinement, its
+        positions' Gauss-Newton steps within ``POSITION_SIGNIFICANCE`` times their noise
+        (``goal``'s), or, without a goal, no move of ``POSITIONS_SETTLED`` pixels."""
+        measured = self.positions[-1] if self.positions else None
+        if goal is None or measured is None:
+            return not self.moves or self.moves[-1] < POSITIONS_SETTLED
+        squares, spread = measured[0], measured[1]
+        return squares < POSITION_SIGNIFICANCE * goal.amplitude_var(self.losses[-1]) * spread
 
     def change(self, window: int = STOP_WINDOW) -> float:
-        """The relative fall of the loss per iteration over the last ``window`` iterations."""
-        before, now = self.losses[-1 - window], self.losses[-1]
-        return (before - now) / before / window if before > 0 else 0.0
+        """The relative fall of the loss per iteration over the last ``window`` iterations:
+        minus the median slope of its logarithm over every pair of them (Theil-Sen)."""
+        recent = np.log(np.maximum(np.asarray(self.losses[-window:], np.float64), TINY))
+        first, second = np.triu_indices(len(recent), 1)
+        if not len(first):
+            return 0.0
+        return float(-np.median((recent[second] - recent[first]) / (second - first)))
 
     def since_change(self) -> int:
         """Iterations since the last change of what runs (an event), or since the start."""
         last = max((event["iteration"] for event in self.events), default=-1)
         return len(self.losses) - 1 - last
 
-    def settled(self, settings: Settings) -> bool:
+    def settled(self, settings: Settings, goal: Goal | None = None) -> bool:
         """Whether the loss has stopped falling (by ``tolerance`` per iteration over
-        ``STOP_WINDOW`` since the last change) with no position still moving."""
-        return (self.since_change() > STOP_WINDOW and self.change() < settings.tolerance
-                and (not self.moves or self.moves[-1] < POSITIONS_SETTLED))
+        ``STOP_WINDOW`` since the last change) with no position still moving
+        (``positions_settled``)."""
+        return (self.since_change() >= STOP_WINDOW and self.change() < settings.tolerance
+                and self.positions_settled(goal))
 
     def done(self, settings: Settings, goal: Goal | None = None) -> bool:
         """Whether to stop after the iterations so far (and say why in ``stopped``)."""
@@ -458,10 +478,21 @@ class Trajectory:
                 self.stopped = "iterations"
         elif len(self.losses) >= settings.max_iterations:
             self.stopped = "max_iterations"
-        elif (goal is not None and goal.floor is not None and self.losses
-              and goal.excess(self.losses[-1]) <= 1):
+        elif (goal is not None and self.at_floor(goal) and not self.trial_pending()
+              and self.positions_settled(goal)):
             self.stopped = "noise floor"
+        elif goal is None and self.settled(settings):
+            self.stopped = "settled"  # nothing to adapt without a goal
         return bool(self.stopped)
+
+    def at_floor(self, goal: Goal) -> bool:
+        """Whether the last loss is within ``NOISE_FACTOR`` of the noise floor."""
+        return goal.floor is not None and bool(self.losses) and goal.excess(self.losses[-1]) <= 1
+
+    def trial_pending(self) -> bool:
+        """Whether a trial of position refinement starts after the last iteration."""
+        trials = [e["iteration"] for e in self.events if e["name"] == "position_trial"]
+        return bool(trials) and trials[-1] == len(self.losses) - 1
 
     def event(self, iteration: int, name: str, value: Any, why: str) -> None:
         self.events.append({"iteration": iteration, "name": name, "value": value, "why": why})
@@ -472,36 +503,50 @@ class Trajectory:
 
 def adapt(trajectory: Trajectory, settings: Settings, state: State, goal: Goal,
           start: np.ndarray, iteration: int) -> tuple[Settings, State]:
-    """After ``iteration``: what the data change when the loss has settled (or a trial of
-    position refinement ends), in order: ``AUTO_MODES`` probe modes when one mode leaves
+    """After ``iteration``: what the data change when the loss has settled, reached the
+    noise floor or falls too slowly to reach it (``ADAPT_HORIZON``), or a trial of position
+    refinement ends, in order: ``AUTO_MODES`` probe modes when one mode leaves
     more than noise (``Goal.excess``), position refinement tried for one iteration and kept
     when the positions' Gauss-Newton steps are beyond noise (``POSITION_SIGNIFICANCE``;
-    only when ``goal.refinable``: the object has room for it), twice the batch while it is not
-    the whole scan; else the run has settled (``trajectory.stopped``, unless it runs a
+    only when ``goal.refinable``: the object has room for it; tried too once the loss is
+    within ``NEAR_FLOOR`` of the floor), then, once settled, twice the batch while it is
+    not the whole scan; else the run has settled (``trajectory.stopped``, unless it runs a
     fixed number of ``iterations``). Each change is an
     event of ``trajectory``; the settings and state to go on with."""
-    if trajectory.done(settings, goal):
+    if trajectory.stopped or not trajectory.losses or not math.isfinite(trajectory.losses[-1]):
         return settings, state
     trial = [e for e in trajectory.events if e["name"] == "position_trial"]
     if trial and trial[-1]["iteration"] == iteration - 1 and not trajectory.checked_positions():
         return _judged_positions(trajectory, settings, state, goal, start, iteration)
-    if not trajectory.settled(settings):
-        return settings, state
+    floor = trajectory.at_floor(goal)
     loss = trajectory.losses[-1]
-    if settings.adapt_modes and settings.probe_modes < AUTO_MODES and goal.excess(loss) > 1:
+    slow = (trajectory.since_change() >= STOP_WINDOW and goal.excess(loss) > 1
+            and trajectory.change() < math.log(goal.excess(loss)) / ADAPT_HORIZON)
+    settled = trajectory.settled(settings, goal)
+    near = trajectory.since_change() >= STOP_WINDOW and goal.excess(loss) < NEAR_FLOOR
+    if not (settled or floor or slow or near):
+        return settings, state
+    if (settings.adapt_modes and settings.probe_modes < AUTO_MODES and goal.excess(loss) > 1
+            and (slow or settled)):
         trajectory.event(iteration, "probe_modes", AUTO_MODES, _excess_words(goal, loss) +
                          f": one probe mode leaves more than noise, so {AUTO_MODES} modes "
                          "(partial coherence); probe_modes= sets them")
         probe = initial_modes(to_host(state.probe), AUTO_MODES)
         xp = array_namespace(state.probe)
         return (replace(settings, probe_modes=AUTO_MODES),
-                replace(state, probe=xp.asarray(probe), illumination=None, steps=None))
+                replace(state, probe=xp.asarray(probe), steps=None))
     if (settings.adapt_positions and not settings.refine_positions and goal.refinable
             and not trajectory.checked_positions()):
-        trajectory.event(iteration, "position_trial", True, "the loss settled: one iteration "
-                         "of position refinement measures how far the positions are off")
+        trajectory.event(iteration, "position_trial", True,
+                         ("the loss reached the noise floor" if floor else
+                          "the loss came near the noise floor" if near else
+                          "the loss fell too slowly")
+                         + ": one iteration of position refinement measures how far the "
+                         "positions are off")
         return (replace(settings, refine_positions=True, refine_from=iteration + 1),
                 replace(state, positions=None))
+    if floor or not settled:
+        return settings, state
     if settings.adapt_batch and settings.batch_size is not None \
             and settings.batch_size < len(start):
         size = min(len(start), 2 * settings.batch_size)
@@ -516,8 +561,9 @@ def adapt(trajectory: Trajectory, settings: Settings, state: State, goal: Goal,
 
 def _excess_words(goal: Goal, loss: float) -> str:
     if goal.floor is not None:
-        return f"the loss settled at {loss / goal.floor:.1f} times the noise floor"
-    return f"the loss settled at {loss / goal.power:.2%} of the data's power"
+        return (f"the loss fell too slowly to reach the noise floor at {loss / goal.floor:.1f}"
+                " times it")
+    return f"the loss fell too slowly at {loss / goal.power:.2%} of the data's power"
 
 
 def _judged_positions(trajectory: Trajectory, settings: Settings, state: State, goal: Goal,
@@ -530,7 +576,7 @@ def _judged_positions(trajectory: Trajectory, settings: Settings, state: State, 
     noise = goal.amplitude_var(trajectory.losses[-1]) * spread
     ratio = squares / max(noise, TINY)
     rms = math.sqrt(squares / max(count, 1))
-    keep = ratio >= POSITION_SIGNIFICANCE and rms >= POSITION_LEAST
+    keep = bool(ratio >= POSITION_SIGNIFICANCE and rms >= POSITION_LEAST)
     words = (f"the positions' Gauss-Newton steps are {rms:.3g} px RMS, {ratio:.1f} times what "
              "noise makes")
     trajectory.event(iteration, "refine_positions", keep,
@@ -567,7 +613,7 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
                                  iteration, new_curvature(state, batch, settings, iteration))
             state = step(state, terms, batch, settings, iteration, number == 0, start)
         state = end_iteration(state, settings, iteration, start)
-        trajectory.record(state.loss, before, state.coords, state.steps)
+        trajectory.record(state.loss, before, state.coords, state.steps, state.positions)
         if on_iteration is not None:
             on_iteration(iteration, state.loss, state)
         if goal is not None:

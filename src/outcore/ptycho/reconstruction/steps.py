@@ -3,13 +3,14 @@
 maximum-likelihood ptychography").
 
 The directions are the preconditioned gradients: the object's ``d_o = (g_o / 2) / W_o``,
-each probe mode's ``d_m = (g_m / 2) / W_p``, with ``W_o`` the illumination of the whole
-scan (``sum_j sum_m |probe_m|^2`` at every window, the diagonal of the loss's Gauss-Newton
-majorizer over all positions) scaled to the batch's share of the positions, and ``W_p`` the
-batch's ``sum_j |object window j|^2``, each floored at ``REGULARISATION`` of its maximum
-(an ``alpha`` given instead makes both rPIE's weights of the batch, ``(1 - alpha) W +
-alpha max W``). The steps ``(t, s_1 .. s_M)`` of ``obj - t d_o`` and ``probe_m - s_m d_m``
-minimise the majorizer of the loss along them (the exit waves' change against the
+each probe mode's ``d_m = (g_m / 2) / W_p``, with ``W_o`` the batch's illumination
+(``sum_j sum_m |probe_m|^2`` at its windows, the diagonal of the loss's Gauss-Newton
+majorizer) and ``W_p`` the batch's ``sum_j |object window j|^2``, rPIE's weights
+``(1 - alpha) W + alpha max W`` with ``alpha`` given, else ``W`` floored at
+``REGULARISATION`` of its maximum. (The whole scan's illumination scaled to the batch's
+share, tried as ``W_o``, took steps of a third and converged several times slower.)
+The steps ``(t, s_1 .. s_M)`` of ``obj - t d_o`` and ``probe_m - s_m d_m`` minimise the
+majorizer of the loss along them (the exit waves' change against the
 detector's target, the least-squares problem of LSQML),
 
     L0 - t a_o - sum_m s_m a_m + || sum_j sum_m (t P_m d_o[window j] + s_m d_m O[window j]) ||^2
@@ -21,9 +22,9 @@ no term between two modes). Its ``(M + 1) x (M + 1)`` system is solved on the ho
 amplitude loss lies below it everywhere (``|Psi'| - a`` is at most the distance of
 ``Psi'`` from the target ``a Psi / |Psi|``); the Poisson half-deviance has the same
 curvature near the fit. A step given (``step_object``, ``step_probe``) is held and the
-others chosen with it; several slices take each its own step from a diagonal majorizer
-(``B`` blocks: ``|sum v|^2 <= B sum |v|^2``). Sub-pixel shifts of the probe are left out
-of the weights, as in the preconditioner.
+others chosen with it; every step lies in 0 .. ``MAX_STEP``; several slices take each
+its own step from a diagonal majorizer (``B`` blocks: ``|sum v|^2 <= B sum |v|^2``).
+Sub-pixel shifts of the probe are left out of the weights, as in the preconditioner.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from outcore.backend import array_namespace, to_host
+from outcore.backend import array_namespace
 from outcore.ptycho import kernels
 from outcore.ptycho.kernels.arrays import preconditioner
 from outcore.ptycho.reconstruction.model import (
@@ -44,10 +45,14 @@ from outcore.ptycho.reconstruction.model import (
     split,
 )
 
-__all__ = ["REGULARISATION", "Chosen", "chosen_update", "scan_illumination"]
+__all__ = ["MAX_STEP", "REGULARISATION", "Chosen", "chosen_update"]
 
 #: The preconditioners' floor, a fraction of their maximum (where nothing is lit).
 REGULARISATION = 0.01
+#: The longest step the closed form may take (rPIE's projection): a batch whose majorizer
+#: is nearly flat along a direction (spoiled pixels, a probe far off) would otherwise throw
+#: the state away (steps of up to 2 made a scan with hot pixels diverge).
+MAX_STEP = 1.0
 
 
 @dataclass(frozen=True)
@@ -58,21 +63,13 @@ class Chosen:
     probe: np.ndarray  # (M,)
 
 
-def scan_illumination(probe: Any, coords: np.ndarray, object_shape: tuple[int, ...]) -> Any:
-    """``sum_j sum_m |probe_m|^2`` at every window of the scan (``coords`` (n, 2)): (Ny, Nx)
-    float64, the object's weight of every batch (``chosen_update``)."""
-    return object_illumination(probe, split(coords)[0], object_shape)
-
-
 def chosen_update(obj: Any, probe: Any, terms: BatchTerms, coords: np.ndarray, *,
-                  illumination: Any, positions: int, step_obj: float | None = None,
+                  step_obj: float | None = None,
                   step_probe: float | None = None, alpha: float | None = None,
                   probe_on: bool = True) -> tuple[Any, Any, Chosen]:
     """Object (S, Ny, Nx) and probe (M, K, K) after the batch's update (new arrays, dtypes
     kept) and the steps taken (module doc). ``terms``: the batch's, at the windows
-    ``coords`` (b, 2); ``illumination``: ``scan_illumination`` of the ``positions``
-    positions of the scan (None: the batch's, as with ``alpha``); ``probe_on``: False keeps
-    the probe (its steps 0)."""
+    ``coords`` (b, 2); ``probe_on``: False keeps the probe (its steps 0)."""
     obj3, modes = as_slices(obj), probe
     xp = array_namespace(terms.grad_probe)
     r, c = terms.origin
@@ -81,8 +78,8 @@ def chosen_update(obj: Any, probe: Any, terms: BatchTerms, coords: np.ndarray, *
     local = top_left - np.asarray(terms.origin)
     batch_light = object_illumination(modes, local, (h, w))[None] if terms.illum_slices is None \
         else terms.illum_slices
-    d_obj = _object_direction(terms, batch_light, illumination, alpha, len(coords) / positions)
     floor = alpha if alpha is not None else REGULARISATION
+    d_obj = terms.grad_obj * 0.5 / preconditioner(batch_light, floor, TINY)
     weight = preconditioner(terms.illum_probe, floor, TINY) if alpha is not None else \
         terms.illum_probe + max(REGULARISATION * float(terms.illum_probe.max()), TINY)
     d_probe = terms.grad_probe * 0.5 / weight
@@ -105,21 +102,6 @@ def chosen_update(obj: Any, probe: Any, terms: BatchTerms, coords: np.ndarray, *
         scale = xp.asarray(steps[slices:].reshape(-1, 1, 1))
         new_probe = (modes - scale * d_probe).astype(modes.dtype)
     return new_obj.reshape(obj.shape), new_probe, Chosen(steps[:slices], steps[slices:])
-
-
-def _object_direction(terms: BatchTerms, batch_light: Any, illumination: Any,
-                      alpha: float | None, share: float) -> Any:
-    """``d_o`` (S, h, w) complex128 on the terms' region: the gradient over the scan's
-    illumination at the batch's ``share`` of the positions (one slice, no ``alpha``), else
-    over rPIE's weight of the batch's illumination (``alpha``, or ``REGULARISATION``)."""
-    if illumination is None or alpha is not None or terms.grad_obj.shape[0] > 1:
-        floor = REGULARISATION if alpha is None else alpha
-        return terms.grad_obj * 0.5 / preconditioner(batch_light, floor, TINY)
-    r, c = terms.origin
-    h, w = terms.grad_obj.shape[-2:]
-    region = illumination[r:r + h, c:c + w] * share
-    weight = region + max(REGULARISATION * float(illumination.max()) * share, TINY)
-    return terms.grad_obj * 0.5 / weight[None]
 
 
 def _real_dot(a: Any, b: Any) -> float:
@@ -154,18 +136,20 @@ def _gram(obj: Any, probe: Any, terms: BatchTerms, local: np.ndarray, batch_ligh
 def _solve(gram: np.ndarray, gains: np.ndarray, fixed: np.ndarray, diagonal: bool
            ) -> np.ndarray:
     """The steps minimising ``-steps . gains + steps' gram steps`` with the ``fixed`` ones
-    (not NaN) held; with ``diagonal`` (several slices) each from its own curvature over
-    the number of blocks. Directions with no curvature (nothing to change) step 0."""
+    (not NaN) held; with ``diagonal`` (several slices), or where the joint form is not
+    positive definite or wants a step back, each from its own curvature over the number of
+    blocks; all within 0 .. ``MAX_STEP``. Directions with no curvature step 0."""
     free = np.isnan(fixed)
     steps = np.where(free, 0.0, fixed)
-    if not free.any():
-        return steps
+    if not free.any() or not (np.isfinite(gram).all() and np.isfinite(gains).all()):
+        return steps  # nothing to choose, or a diverged state (its loss says so)
     rhs = gains[free] - 2 * gram[np.ix_(free, ~free)] @ steps[~free]
     block = gram[np.ix_(free, free)]
-    if diagonal:
+    solution = None
+    if not diagonal and np.linalg.eigvalsh(block).min() > 0:
+        solution = np.linalg.solve(2 * block, rhs)
+    if solution is None or (solution < 0).any():  # the joint form is not to be trusted
         curvature = np.diag(block) * len(gains)
         solution = np.where(curvature > 0, rhs / (2 * np.maximum(curvature, TINY)), 0.0)
-    else:
-        solution = np.linalg.lstsq(2 * block, rhs, rcond=1e-10)[0]
-    steps[free] = solution
-    return to_host(steps)
+    steps[free] = np.clip(solution, 0.0, MAX_STEP)
+    return steps

@@ -43,7 +43,7 @@ from outcore.ptycho.reconstruction.run import (
     record,
     starting_state,
 )
-from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.solver import STOP_WINDOW, Settings
 from outcore.ptycho.reconstruction.start import OPTIONS, scan_of, settings_of
 from outcore.ptycho.verbs import in_flag_words, print_choices
 from outcore.runs import Run, resumed_run
@@ -66,11 +66,11 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="preprocessed store (outcore ptycho "
                    "preprocess)")
     p.add_argument("--iterations", type=int, default=None,
-                   help="iterations to run (default: until the loss is within 1.5 times "
-                        "the noise floor, or settles with nothing left to change)")
+                   help="iterations to run (default: until the loss reaches the noise floor, "
+                        "or settles with nothing left to change)")
     p.add_argument("--tolerance", type=float, default=defaults.tolerance,
                    help="the loss has settled when it falls by less than this fraction per "
-                        "iteration (over the last 5)")
+                        f"iteration (over the last {STOP_WINDOW})")
     p.add_argument("--max-iterations", type=int, default=defaults.max_iterations,
                    help="without --iterations: stop here at the latest")
     p.add_argument("--batch-size", type=int, default=None,
