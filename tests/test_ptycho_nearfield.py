@@ -15,6 +15,7 @@ import scipy.fft
 
 from outcore import io
 from outcore.cli import main
+from outcore.errors import LayoutError
 from outcore.io.importers.cxi import EV_J
 
 from .ptycho_cases import assert_gradients_match
@@ -75,6 +76,26 @@ def test_cxi_positions_follow_the_detector_basis(tmp_path):
     translation = fields["entry_1/sample_1/geometry_1/translation"].astype(np.float64)
     assert layout == "diffraction"
     np.testing.assert_allclose(ds["positions"].values, -translation[:, [1, 0]])
+
+
+def test_cxi_translation_named_as_positions_reads_as_without_it(tmp_path):
+    """``--array positions=`` naming the file's own (n, 3) translation gives the positions
+    the reader finds by itself (not its raw columns); another (n, 3) dataset is refused
+    with one line saying to leave the option out."""
+    fields = _cxi(tmp_path / "scan.cxi")
+    with h5py.File(tmp_path / "scan.cxi", "a") as f:
+        f["entry_1/sample_1/geometry_1/other"] = np.zeros((6, 3))
+    plain, _ = io.read_source(tmp_path / "scan.cxi")
+    for name in ("/entry_1/sample_1/geometry_1/translation",
+                 "entry_1/sample_1/geometry_1/translation"):
+        named, _ = io.read_source(tmp_path / "scan.cxi", arrays={"positions": name})
+        np.testing.assert_array_equal(named["positions"].values, plain["positions"].values)
+    translation = fields["entry_1/sample_1/geometry_1/translation"].astype(np.float64)
+    np.testing.assert_array_equal(plain["positions"].values, translation[:, :2])
+    with pytest.raises(LayoutError, match=r"have shape \(6, 3\)") as refused:
+        io.read_source(tmp_path / "scan.cxi",
+                       arrays={"positions": "/entry_1/sample_1/geometry_1/other"})
+    assert "leave arrays={'positions'" in refused.value.fix
 
 
 @pytest.mark.parametrize(("drop", "named", "option"), [
