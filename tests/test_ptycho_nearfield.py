@@ -247,8 +247,8 @@ def test_simulated_nearfield_scan_reconstructs_its_object(tmp_path):
     io.save(ds, tmp_path / "nf.zarr", layout="diffraction")
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
     assert main(["ptycho", "preprocess", "--input", str(tmp_path / "nf.zarr"), "--output",
-                 str(tmp_path / "pre.zarr"), "--focus-sample-distance", str(z1), "--name",
-                 "pre", *runs]) == 0
+                 str(tmp_path / "pre.zarr"), "--focus-sample-distance", str(z1),
+                 "--object-padding", "0", "--name", "pre", *runs]) == 0  # on the truth's grid
     pre = xr.open_zarr(tmp_path / "pre.zarr", consolidated=False)
     assert pre.attrs["pixel_size"] == pytest.approx(pixel, rel=1e-12)
     assert pre.attrs["propagation_distance"] == pytest.approx(distance, rel=1e-12)
