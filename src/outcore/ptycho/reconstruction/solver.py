@@ -580,8 +580,8 @@ def _judged_positions(trajectory: Trajectory, settings: Settings, state: State, 
     words = (f"the positions' Gauss-Newton steps are {rms:.3g} px RMS, {ratio:.1f} times what "
              "noise makes")
     trajectory.event(iteration, "refine_positions", keep,
-                     words + ("; refine_positions=False turns it off" if keep else
-                              ": they are not off; refine_positions=True refines them"))
+                     words + ("; refine_positions= sets it" if keep else
+                              ": they are not off; refine_positions= sets it"))
     if held:
         trajectory.event(iteration, "positions_held", int(held),
                          f"{int(held)} position steps stopped at position_bound= or the "
