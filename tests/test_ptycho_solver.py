@@ -202,11 +202,9 @@ def test_affine_refinement_undoes_a_stretched_and_turned_scan():
     stretch = 1.05 * np.array([[np.cos(turn), -np.sin(turn)], [np.sin(turn), np.cos(turn)]])
     recorded = centre + (scan.corners() - centre) @ stretch.T
     start = position_rms(recorded, scan.corners())
-    # rPIE's fixed steps: the affine map is the subject here (the steps the data choose
-    # reach the same error in 90 iterations instead of 60 on this scan)
     state, _, error = solve(scan, pupil_guess(scan, 0.1), coords=recorded, iterations=60,
                             batch_size=16, refine_positions=True, refine_from=2,
-                            position_affine=True, step_object=1.0, step_probe=1.0)
+                            position_affine=True)
     design = np.column_stack([recorded, np.ones(len(recorded))])
     moved = state.coords - recorded
     residual = moved - design @ np.linalg.lstsq(design, moved, rcond=None)[0]
