@@ -361,7 +361,7 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(p25_stores, tmp_
 
     assert main(["ptycho", "reconstruct", "--input", str(store),
                  "--iterations", "30", "--batch-size", "50", "--refine-positions",
-                 "--refine-from", "10", "--name", "rec", *runs]) == 0
+                 "--refine-from", "10", "--probe-modes", "1", "--name", "rec", *runs]) == 0
     recon = xr.open_zarr(tmp_path / "runs" / "rec" / "reconstruction.zarr",
                          consolidated=False)
     settings = start.settings_for(pre, solver.Settings(
