@@ -17,20 +17,22 @@ Array = Any
 SLAB_BYTES = 8 * 2**20
 
 
-def project(a: Array, v: Array, offset: Array | None = None) -> Array:
-    """``(A - 1 mean^T) V`` of an ``(r, m)`` block, ``(r, l)`` float64 (``arrays.project``)."""
-    return arrays.project(a, v, offset, SLAB_BYTES)
-
-
 def normal_product(a: Array, v: Array, mean: Array | None = None,
                    offset: Array | None = None) -> Array:
     """``A_c^T (A_c V)`` of an ``(r, m)`` block in one sweep, ``(m, l)`` float64."""
     return arrays.normal_product(a, v, mean, offset, SLAB_BYTES)
 
 
-def first_pass(a: Array, v: Array) -> tuple[Array, Array, Array]:
-    """``A^T (A V)``, the column sums and the squared deviations of an ``(r, m)`` block."""
+def first_pass(a: Array, v: Array) -> tuple[Array, Array]:
+    """``A^T (A V)`` and the column sums of an ``(r, m)`` block."""
     return arrays.first_pass(a, v, SLAB_BYTES)
+
+
+def final_pass(a: Array, v: Array, mean: Array, offset: Array | None = None
+               ) -> tuple[Array, Array]:
+    """``(A - 1 mean^T) V`` and the squared deviations from ``mean`` of an ``(r, m)`` block,
+    float64."""
+    return arrays.final_pass(a, v, mean, offset, SLAB_BYTES)
 
 
 def expand(x: Array, f: Array, mean: Array | None = None, dtype: Any = "float32") -> Array:
