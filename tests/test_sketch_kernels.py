@@ -188,3 +188,21 @@ def test_gpu_expand_equals_cpu():
     np.testing.assert_allclose(got.get(), cpu.expand(x, f, mean, "float32"), rtol=1e-6)
     np.testing.assert_allclose(kernels.expand(cupy.asarray(x), f, mean, "float64").get(),
                                cpu.expand(x, f, mean, "float64"), rtol=1e-12)
+
+
+def test_products_run_on_one_blas_thread_and_give_the_pool_back():
+    """Workers that are threads of one process share its BLAS pool: each product runs on one
+    BLAS thread, nested or concurrent users keep the limit until the last leaves, and the
+    pool is given back as it was."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, "numpy's BLAS is loaded"
+    with cpu.one_blas_thread():
+        with cpu.one_blas_thread():
+            assert set(blas_threads()) == {1}
+        assert set(blas_threads()) == {1}  # the outer user still runs
+    assert blas_threads() == before

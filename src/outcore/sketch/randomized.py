@@ -40,7 +40,6 @@ import distributed
 import numpy as np
 import xarray as xr
 from dask.delayed import Delayed
-from dask.utils import key_split
 
 from outcore import backend as backends
 from outcore import progress, session
@@ -132,16 +131,12 @@ def _expand(u: np.ndarray, f: np.ndarray, mean: np.ndarray | None, dtype: np.dty
 # --- the graph --------------------------------------------------------------------------------
 
 
-#: The tasks of a pass that multiply blocks or add their terms; every other task reads (and
-#: decodes) the stack's blocks.
-PRODUCT_TASKS = frozenset({"_first_term", "_term", "_final_term", "_add", "_stack_r"})
-
-
 class _Passes:
     """Each pass's seconds: ``seconds`` its wall time; ``decode`` and ``products`` the
     seconds the workers' threads spent in its tasks that read and decode blocks of the
-    stack, and in its products and sums (added over the threads: on 2 busy threads they
-    add up to twice the wall time), from the scheduler's task stream."""
+    stack (the dask array's tasks, whose keys are tuples) and in its products and sums (the
+    delayed tasks), added over the threads (on 2 busy threads they add up to twice the
+    wall time), from the scheduler's task stream."""
 
     def __init__(self, client: distributed.Client) -> None:
         self.client = client
@@ -159,7 +154,7 @@ class _Passes:
         for task in stream.data:
             computed = sum(s["stop"] - s["start"] for s in task.get("startstops", ())
                            if s.get("action") == "compute")
-            spent[key_split(task["key"]) in PRODUCT_TASKS] += computed
+            spent[not isinstance(task["key"], tuple)] += computed
         self.decode.append(round(spent[False], 6))
         self.products.append(round(spent[True], 6))
 
