@@ -46,6 +46,7 @@ from outcore import progress, session
 from outcore.arguments import dataset, keywords_checked
 from outcore.errors import ArgumentError, LayoutError, OutcoreError
 from outcore.io.layouts import LAYOUT_ATTR
+from outcore.io.store import read_array
 from outcore.plan import Plan, Resources
 from outcore.sketch import kernels
 from outcore.sketch.draws import omega
@@ -224,12 +225,17 @@ class _Sketch:
                            hold=self.hold)
 
     def blocks(self, item_chunk: tuple[int, ...]) -> xr.Dataset:
-        """The dataset with its stack in blocks of ``item_chunk`` items: a store opened with
-        those chunks (each read task reads its block), data in hand rechunked."""
+        """The dataset with its stack in blocks of ``item_chunk`` items: a store's stack read
+        in those blocks (each read task decodes its whole chunks into its block,
+        ``io.store.read_array``), data in hand rechunked."""
         chunks = self.stack.chunks(item_chunk)
-        if self.source is not None:
-            return ordered(open_stack(self.source, chunks)[0], self.stack.var)
-        return self.ds
+        if self.source is None:
+            return self.ds
+        ds = open_stack(self.source, chunks)[0]
+        stored = ds[self.stack.var]  # in the store's dim order, which ordered() reorders
+        data = read_array(self.source, self.stack.var, tuple(chunks[str(d)]
+                                                             for d in stored.dims))
+        return ordered(ds.assign({self.stack.var: stored.copy(data=data)}), self.stack.var)
 
 
 def _sketch_of(data: Data, rank: int, var: str | None, oversample: int,
