@@ -50,10 +50,16 @@ def test_products_equal_numpy_in_float64_for_any_slab(dtype, slab_bytes):
     scale = np.abs(normal).max()
     np.testing.assert_allclose(arrays.normal_product(a, v, None, None, slab_bytes), normal,
                                rtol=0, atol=searched * scale)
-    # centred: the rounding is that of the uncentred products (mean^2 is 1e3 times the
-    # variance here), not of the centred result's size
-    np.testing.assert_allclose(arrays.normal_product(a, v, mean, offset, slab_bytes),
-                               centred.T @ (centred @ v), rtol=0, atol=searched * scale)
+    # centred: float32 rounds the block's deviations from its own mean, so the error is of
+    # the centred result's size (mean^2 is 1e3 times the variance here)
+    want = centred.T @ (centred @ v)
+    np.testing.assert_allclose(arrays.normal_product(a, v, mean, offset, slab_bytes), want,
+                               rtol=0, atol=searched * np.abs(want).max())
+    for float64 in (arrays.normal_product(a, v, None, None, slab_bytes, float64=True),
+                    arrays.first_pass(a, v, slab_bytes, float64=True)[0]):
+        np.testing.assert_allclose(float64, normal, **tol)  # the search's last pass
+    np.testing.assert_allclose(arrays.normal_product(a, v, mean, offset, slab_bytes, True),
+                               want, rtol=0, atol=1e-9 * scale)
     w, sums = arrays.first_pass(a, v, slab_bytes)
     np.testing.assert_allclose(w, normal, rtol=0, atol=searched * scale)
     np.testing.assert_allclose(sums, exact.sum(axis=0), **tol)

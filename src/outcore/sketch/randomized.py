@@ -76,11 +76,12 @@ def _matrix(block: np.ndarray, split: int, backend: str) -> Any:
     return backends.to_backend(np.ascontiguousarray(block).reshape(rows, -1), backend)
 
 
-def _first_term(block: np.ndarray, v: np.ndarray, split: int, backend: str
+def _first_term(block: np.ndarray, v: np.ndarray, split: int, backend: str, last: bool
                 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The first read's term of a block: ``A^T (A V)``, column sums, rows."""
+    """The first read's term of a block: ``A^T (A V)``, column sums, rows (in float64 when
+    it is the search's ``last`` pass)."""
     a = _matrix(block, split, backend)
-    w, sums = kernels.first_pass(a, v)
+    w, sums = kernels.first_pass(a, v, last)
     return backends.to_host(w), backends.to_host(sums), a.shape[0]
 
 
@@ -96,11 +97,12 @@ def _add(*terms: Any) -> Any:
 
 
 def _term(block: np.ndarray, v: np.ndarray, mean: np.ndarray | None, split: int,
-          backend: str) -> np.ndarray:
-    """A power read's term of a block: ``A_c^T (A_c V)``."""
+          backend: str, last: bool) -> np.ndarray:
+    """A power read's term of a block: ``A_c^T (A_c V)`` (in float64 when it is the
+    search's ``last`` pass)."""
     offset = None if mean is None else mean @ v
     return backends.to_host(kernels.normal_product(_matrix(block, split, backend), v, mean,
-                                                   offset))
+                                                   offset, last))
 
 
 def _final_term(block: np.ndarray, v: np.ndarray, mean: np.ndarray, center: bool, split: int,
@@ -376,7 +378,8 @@ def _decompose(ds: xr.Dataset, stack: Stack, array: da.Array, client: distribute
         v = _orth(omega(seed, m, width))
         v_d = dask.delayed(v)
         w, sums, _ = progress.compute(client, _tree(
-            [dask.delayed(_first_term, pure=True)(b, v_d, split, backend) for b in blocks],
+            [dask.delayed(_first_term, pure=True)(b, v_d, split, backend, power_iterations == 0)
+             for b in blocks],
             _add))[0]
     if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(w))):
         raise LayoutError(f"The variable {stack.var!r} holds NaN or Inf values: a sketch needs"
@@ -386,12 +389,13 @@ def _decompose(ds: xr.Dataset, stack: Stack, array: da.Array, client: distribute
     if center:
         w = w - n * np.outer(mean, mean @ v)
     centre = dask.delayed(mean) if center else None
-    for _ in range(power_iterations):
+    for i in range(power_iterations):
         v = _orth(w)
         v_d = dask.delayed(v)
+        last = i == power_iterations - 1
         with passes.timed():
             w = progress.compute(client, _tree(
-                [dask.delayed(_term, pure=True)(b, v_d, centre, split, backend)
+                [dask.delayed(_term, pure=True)(b, v_d, centre, split, backend, last)
                  for b in blocks], _add))[0]
     v = _orth(w)
     v_d = dask.delayed(v)

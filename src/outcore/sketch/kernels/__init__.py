@@ -22,17 +22,19 @@ Array = Any
 
 
 def normal_product(a: Array, v: Array, mean: Array | None = None,
-                   offset: Array | None = None) -> Array:
+                   offset: Array | None = None, float64: bool = False) -> Array:
     """``A_c^T (A_c V)`` in one read of the block, ``(m, l)`` float64 (``A_c = A - 1 mean^T``
     when ``mean`` and ``offset = V^T mean`` are given, else ``A``), multiplied in
-    ``arrays.search_dtype``: one block's term of a power iteration."""
-    return kernels(a, __name__).normal_product(a, v, mean, offset)
+    ``arrays.search_dtype`` (float64 with ``float64``, the search's last pass): one block's
+    term of a power iteration."""
+    return kernels(a, __name__).normal_product(a, v, mean, offset, float64)
 
 
-def first_pass(a: Array, v: Array) -> tuple[Array, Array]:
+def first_pass(a: Array, v: Array, float64: bool = False) -> tuple[Array, Array]:
     """The first read's terms of a block: ``A^T (A V)`` ``(m, l)`` (multiplied in
-    ``arrays.search_dtype``) and the column sums ``A^T 1`` ``(m,)``, float64."""
-    return kernels(a, __name__).first_pass(a, v)
+    ``arrays.search_dtype``, float64 with ``float64``) and the column sums ``A^T 1``
+    ``(m,)``, float64."""
+    return kernels(a, __name__).first_pass(a, v, float64)
 
 
 def final_pass(a: Array, v: Array, mean: Array, offset: Array | None = None

@@ -7,12 +7,17 @@ Two precisions, each where it serves:
 
 - the passes that only search the subspace (``first_pass``, ``normal_product``) multiply in
   ``search_dtype(a.dtype)``: float32 for float32 blocks and for counts of 8 or 16 bits (which
-  float32 holds exactly), read in place without a copy, float64 otherwise. Each slab's
-  ``(l, m)`` product is added into a float64 term, and the terms into the float64 sum across
-  blocks, so the rounding of float32 reaches only the search: the power scheme converges to
-  the same subspace (a perturbation of the starting panel is another random start), and the
-  singular values of the last pass's float64 Rayleigh-Ritz step move by its square. A
-  float32 term that overflows (values beyond about 1e18) is computed again in float64;
+  float32 holds exactly), float64 otherwise. In float32 a block is multiplied about its own
+  column mean, with the mean's terms added in float64 (``_about_own_mean``), so float32
+  rounds the deviations, not the values; each slab's ``(l, m)`` product is added into a
+  float64 term, and the terms into the float64 sum across blocks. The rounding of float32
+  reaches only the search: the power scheme converges to the same subspace (a perturbation
+  of the panel is another start), and the singular values of the last pass's float64
+  Rayleigh-Ritz step move by its square. The search's last pass is in float64
+  (``float64=True``): one power step in float64 shrinks float32's perturbation of the
+  subspace by ``(sigma_{l+1} / sigma_j)^2``, so the factors too agree with float64's, on
+  any chunking, to 1e-6 of their largest entry. A float32 term that overflows (values beyond
+  about 1e18) is computed again in float64;
 - the last pass (``final_pass``), whose product gives the singular values and factors, and
   every sum that is reported (column sums, squared deviations), are in float64: the block
   is copied into one float64 slab at a time, so a float32 block never has a whole float64
@@ -76,31 +81,66 @@ def _slabs(a: Array, slab_bytes: int, dtype: Any = np.float64, copy: bool = True
 def _normal_in(a: Array, v: Array, mean: Array | None, offset: Array | None,
                slab_bytes: int, dtype: np.dtype, sums: Array | None = None) -> Array:
     """``A_c^T (A_c V)`` as ``(l, m)`` float64, the slabs multiplied in ``dtype``; the column
-    sums added into ``sums`` (float64) when given."""
+    sums added into ``sums`` (float64) when given. In float32 the slabs are taken about the
+    block's own column mean (``_about_own_mean``)."""
     xp = array_namespace(a)
+    if dtype != np.float64:
+        return _about_own_mean(a, v, mean, slab_bytes, sums)
     acc = xp.zeros((v.shape[1], a.shape[1]), dtype=xp.float64)
     column = xp.zeros(v.shape[1], dtype=xp.float64)
-    panel = v.astype(dtype, copy=False)
     for _, slab in _slabs(a, slab_bytes, dtype, copy=False):
         if sums is not None:
             sums += xp.sum(slab, axis=0, dtype=xp.float64)
-        x = slab @ panel
+        x = slab @ v
         if offset is not None:
-            x = x.astype(xp.float64) - offset
+            x = x - offset
             column += x.sum(axis=0)
-            x = x.astype(dtype, copy=False)
         acc += x.T @ slab
     if mean is not None:
         acc -= xp.outer(column, mean)
     return acc
 
 
-def _searched(a: Array, v: Array, mean: Array | None, offset: Array | None,
-              slab_bytes: int, sums: Array | None = None) -> Array:
-    """``_normal_in`` in ``search_dtype``, again in float64 where float32 overflowed (the
-    sums, when asked, then added again from zero)."""
+def _about_own_mean(a: Array, v: Array, mean: Array | None, slab_bytes: int,
+                    sums: Array | None) -> Array:
+    """``A_c^T (A_c V)`` as ``(l, m)`` float64, multiplied in float32 about the block's own
+    column mean ``c`` (rounded to float32): with ``S = A - 1 c^T`` and ``d = c - mean`` (``c``
+    uncentred), ``A_c = S + 1 d^T`` and ``A_c^T A_c V = S^T X + s t^T + d (1^T X)^T + r d t^T``
+    for ``X = S V``, ``s = S^T 1``, ``t = V^T d``. Only ``S^T X`` is a float32 product, so
+    its rounding is float32's of the block's deviations, not of its values: a bright
+    background (counts of 1000 varying by 10) costs no precision. The rank-one terms are
+    float64."""
     xp = array_namespace(a)
-    dtype = search_dtype(a.dtype)
+    rows = a.shape[0]
+    own = xp.sum(a, axis=0, dtype=xp.float64)
+    if sums is not None:
+        sums += own
+    c32 = (own / rows).astype(xp.float32)
+    c = c32.astype(xp.float64)
+    d = c if mean is None else c - mean
+    panel = v.astype(xp.float32)
+    acc = xp.zeros((v.shape[1], a.shape[1]), dtype=xp.float64)
+    column = xp.zeros(v.shape[1], dtype=xp.float64)
+    step = min(rows, slab_rows(a.shape[1], slab_bytes))  # half the float64 slab's bytes
+    buffer = xp.empty((step, a.shape[1]), dtype=xp.float32)
+    for start in range(0, rows, step):
+        slab = buffer[:min(step, rows - start)]
+        xp.subtract(a[start:start + slab.shape[0]], c32, out=slab, casting="unsafe")
+        x = slab @ panel
+        column += xp.sum(x, axis=0, dtype=xp.float64)
+        acc += x.T @ slab
+    t = v.T @ d
+    acc += xp.outer(t, own - rows * c + rows * d)  # s t^T + r d t^T, transposed
+    acc += xp.outer(column, d)
+    return acc
+
+
+def _searched(a: Array, v: Array, mean: Array | None, offset: Array | None,
+              slab_bytes: int, sums: Array | None = None, float64: bool = False) -> Array:
+    """``_normal_in`` in ``search_dtype`` (float64 with ``float64``), again in float64 where
+    float32 overflowed (the sums, when asked, then added again from zero)."""
+    xp = array_namespace(a)
+    dtype = np.dtype(np.float64) if float64 else search_dtype(a.dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # float32's overflow, met below
         acc = _normal_in(a, v, mean, offset, slab_bytes, dtype, sums)
     if dtype != np.float64 and not bool(xp.isfinite(acc).all()):
@@ -111,20 +151,23 @@ def _searched(a: Array, v: Array, mean: Array | None, offset: Array | None,
 
 
 def normal_product(a: Array, v: Array, mean: Array | None, offset: Array | None,
-                   slab_bytes: int) -> Array:
+                   slab_bytes: int, float64: bool = False) -> Array:
     """``A^T (A V)``, ``(m, l)`` float64, in one sweep of the block, multiplied in
-    ``search_dtype``; with ``mean`` and ``offset = V^T mean`` that of the centred block,
-    ``A_c^T (A_c V)`` with ``A_c = A - 1 mean^T``: ``A^T X - mean (1^T X)`` for
+    ``search_dtype`` (in float64 with ``float64``: the search's last pass); with ``mean``
+    and ``offset = V^T mean`` that of the centred block, ``A_c^T (A_c V)`` with
+    ``A_c = A - 1 mean^T``: in float64 ``A^T X - mean (1^T X)`` for
     ``X = A V - 1 offset^T``."""
-    return _searched(a, v, mean, offset, slab_bytes).T
+    return _searched(a, v, mean, offset, slab_bytes, None, float64).T
 
 
-def first_pass(a: Array, v: Array, slab_bytes: int) -> tuple[Array, Array]:
-    """The first read of a block: ``A^T (A V)`` (``(m, l)``, multiplied in ``search_dtype``)
-    and the column sums ``A^T 1`` (``(m,)``, added in float64)."""
+def first_pass(a: Array, v: Array, slab_bytes: int, float64: bool = False
+               ) -> tuple[Array, Array]:
+    """The first read of a block: ``A^T (A V)`` (``(m, l)``, multiplied in ``search_dtype``,
+    or float64 with ``float64``) and the column sums ``A^T 1`` (``(m,)``, added in
+    float64)."""
     xp = array_namespace(a)
     sums = xp.zeros(a.shape[1], dtype=xp.float64)
-    return _searched(a, v, None, None, slab_bytes, sums).T, sums
+    return _searched(a, v, None, None, slab_bytes, sums, float64).T, sums
 
 
 def final_pass(a: Array, v: Array, mean: Array, offset: Array | None,

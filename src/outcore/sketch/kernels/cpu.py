@@ -55,16 +55,16 @@ def one_blas_thread() -> Iterator[None]:
 
 
 def normal_product(a: Array, v: Array, mean: Array | None = None,
-                   offset: Array | None = None) -> Array:
+                   offset: Array | None = None, float64: bool = False) -> Array:
     """``A_c^T (A_c V)`` of an ``(r, m)`` block in one sweep, ``(m, l)`` float64."""
     with one_blas_thread():
-        return arrays.normal_product(a, v, mean, offset, SLAB_BYTES)
+        return arrays.normal_product(a, v, mean, offset, SLAB_BYTES, float64)
 
 
-def first_pass(a: Array, v: Array) -> tuple[Array, Array]:
+def first_pass(a: Array, v: Array, float64: bool = False) -> tuple[Array, Array]:
     """``A^T (A V)`` and the column sums of an ``(r, m)`` block."""
     with one_blas_thread():
-        return arrays.first_pass(a, v, SLAB_BYTES)
+        return arrays.first_pass(a, v, SLAB_BYTES, float64)
 
 
 def final_pass(a: Array, v: Array, mean: Array, offset: Array | None = None

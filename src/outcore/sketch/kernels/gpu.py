@@ -25,14 +25,15 @@ def _device(x: Array | None) -> Array | None:
 
 
 def normal_product(a: Array, v: Array, mean: Array | None = None,
-                   offset: Array | None = None) -> Array:
+                   offset: Array | None = None, float64: bool = False) -> Array:
     """``A_c^T (A_c V)`` of an ``(r, m)`` cupy block, ``(m, l)`` float64 on the device."""
-    return arrays.normal_product(a, _device(v), _device(mean), _device(offset), SLAB_BYTES)
+    return arrays.normal_product(a, _device(v), _device(mean), _device(offset), SLAB_BYTES,
+                                 float64)
 
 
-def first_pass(a: Array, v: Array) -> tuple[Array, Array]:
+def first_pass(a: Array, v: Array, float64: bool = False) -> tuple[Array, Array]:
     """``A^T (A V)`` and the column sums of an ``(r, m)`` cupy block, on the device."""
-    return arrays.first_pass(a, _device(v), SLAB_BYTES)
+    return arrays.first_pass(a, _device(v), SLAB_BYTES, float64)
 
 
 def final_pass(a: Array, v: Array, mean: Array, offset: Array | None = None
