@@ -13,11 +13,12 @@ least 0.7: streaming costs at most 1/0.7 of just reading the files).
 
     python benchmarks/bench_read.py --gib 1 --chunk-mib 8 32 128 --workers 1 2 --runs 3
 
-``--codecs`` (no store, no cluster): one chunk of the first ``--chunk-mib`` of detector counts, Poisson
-with mean 5 (``poisson``) and the simulated 4D-STEM stack of bench_sketch.py (``stem``: about
-1.2 electrons a pixel), each as float32 and as uint16, compressed by every candidate that
+``--codecs`` (no store, no cluster): one chunk of the first ``--chunk-mib`` of detector
+counts, Poisson with mean 5 (``poisson``) and the simulated 4D-STEM stack of
+bench_sketch.py (``stem``: about 1.2 electrons a pixel), each as float32 and as uint16,
+compressed by every candidate that
 zarr v3 reads with the packages outcore installs (Blosc's lz4, lz4hc, zstd and blosclz at
-levels 1-9, bit or byte shuffle, blocks of Blosc's choice or 1-4 MiB; zstd and lz4 alone;
+levels 1-9, bit or byte shuffle, blocks of Blosc's choice or 1, 2, 4 MiB; zstd and lz4 alone;
 pcodec where it is installed), and decoded by numcodecs on one thread as outcore's read tasks
 decode (``io.store.WholeChunks``). One line per codec and data: ``value`` decode GB/s of
 array bytes per core (the thread's CPU time, so other load on the machine does not count),
@@ -96,7 +97,7 @@ def candidates() -> list[tuple[str, object]]:
                           ("blosclz", (1, 5))):
         for level in levels:
             for shuffle, sname in ((Blosc.BITSHUFFLE, "bit"), (Blosc.SHUFFLE, "byte")):
-                for block in (0, 2**20, 2**22):
+                for block in (0, 2**20, 2**21, 2**22):
                     out.append((f"blosc-{cname}-{level}-{sname}shuffle-block{block // 2**20}M"
                                 if block else f"blosc-{cname}-{level}-{sname}shuffle",
                                 Blosc(cname, level, shuffle, blocksize=block)))

@@ -30,7 +30,7 @@ def test_every_numeric_array_records_the_codec_and_reads_back(tmp_path, dtype):
     written = json.loads((path / "data" / "zarr.json").read_text())["codecs"][-1]
     assert written == {"name": "blosc", "configuration": {
         "typesize": np.dtype(dtype).itemsize, "cname": "zstd", "clevel": 1,
-        "shuffle": "bitshuffle", "blocksize": 4 * 2**20}}
+        "shuffle": "bitshuffle", "blocksize": 2 * 2**20}}
     chosen = COMPRESSOR.to_dict()["configuration"]
     read = zarr.open_array(path / "data", mode="r").metadata.codecs[-1].to_dict()
     assert {k: v for k, v in read["configuration"].items() if k != "typesize"} == {

@@ -54,13 +54,14 @@ _RESTORE = ("restore the store from a good copy, or write it again from its sour
             " outcore convert).")
 
 #: The codec of numeric arrays, recorded in each array's zarr.json: Blosc's zstd at level 1
-#: on bit-shuffled bytes, in blocks of 4 MiB. Chosen by ``benchmarks/bench_read.py --codecs``
-#: (32 MiB chunks, one core's CPU time; docs/performance.md has the table): it packs detector
-#: counts tighter than Blosc's default blocks did (Poisson counts of mean 5 as float32 7.2x
-#: against 6.2x, as uint16 4.5x against 4.1x; sparse 4D-STEM counts 24x against 21x) and
-#: decodes them 1.3-1.6x faster; lz4 decodes faster still but packs float32 counts 5.0x,
-#: uint16 3.9x and the sparse ones 8.8x, below the old codec.
-COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", blocksize=4 * 2**20)
+#: on bit-shuffled bytes, in blocks of 2 MiB. Chosen by ``benchmarks/bench_read.py --codecs``
+#: (32 MiB chunks decoded on one core, its CPU time; docs/performance.md has the table): it
+#: packs detector counts tighter than Blosc's default blocks did (Poisson counts of mean 5
+#: as float32 7.0x against 6.2x, as uint16 4.4x against 4.1x; sparse 4D-STEM counts 24x
+#: against 21x) and decodes them 1.2-1.3x faster (1.4 and 1.55 GB/s a core against 1.05 and
+#: 1.3); Blosc's lz4 decodes at 2.1 GB/s but packs those counts 5.0x, 3.9x and 8.8x, below
+#: the old codec, and no candidate that zarr reads packs them as tight and decodes faster.
+COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", blocksize=2 * 2**20)
 
 
 def frames_per_block(frame_shape: tuple[int, ...], itemsize: int,
