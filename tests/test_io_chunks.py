@@ -89,3 +89,29 @@ def test_arrays_of_other_codecs_are_read_by_zarr(tmp_path):
     key = (slice(0, 4), slice(0, 6), slice(0, 5), slice(0, 7))
     assert source._grid(key) is None
     np.testing.assert_array_equal(source[key], ds["data"].values[:4])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint16"])
+def test_stores_written_before_the_codec_s_blocks_still_read(tmp_path, monkeypatch, dtype):
+    """A store written with the codec outcore wrote before (Blosc zstd 1 bit-shuffled in
+    Blosc's default blocks, no ``blocksize`` chosen): it opens, its whole chunks decode
+    straight into the block as zarr reads them, and the sketch reads it to numpy's values."""
+    from zarr.codecs import BloscCodec
+
+    import outcore.io.store as store
+
+    ds = _counts(dtype, shape=(12, 6, 5, 7))
+    monkeypatch.setattr(store, "COMPRESSOR",
+                        BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"))
+    path = outcore.save(ds, tmp_path / "old.zarr", chunks={"scan_y": 4})
+    monkeypatch.undo()
+    written = json.loads((path / "data" / "zarr.json").read_text())["codecs"][-1]
+    assert written["configuration"]["blocksize"] == 0
+    np.testing.assert_array_equal(outcore.open(path)["data"].values, ds["data"].values)
+    assert WholeChunks(path, "data").direct
+    np.testing.assert_array_equal(read_array(path, "data", (8, 6, 5, 7)).compute(
+        scheduler="sync"), ds["data"].values)
+    result = outcore.sketch.svd(path, 3, oversample=32, hold=False)  # l = 35: exact
+    truth = np.linalg.svd(ds["data"].values.reshape(72, 35).astype(np.float64),
+                          compute_uv=False)[:3]
+    np.testing.assert_allclose(result["singular_values"].values, truth, rtol=1e-6)
