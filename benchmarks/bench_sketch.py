@@ -80,6 +80,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         " (no cluster options: the cluster outcore chooses)")
     p.add_argument("--peers", nargs="*", default=list(PEER_NAMES), choices=PEER_NAMES)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peer-repeats", type=int, default=None,
+                   help="runs of each peer (default --repeats; bench_cli.alternate)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--peer-memory-limit", type=float, default=None,
                    help="GiB of address space a peer may use (default: unlimited)")
