@@ -19,7 +19,7 @@ import math
 import shutil
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
 from pathlib import Path
@@ -142,6 +142,7 @@ def save(
     *,
     layout: str | None = None,
     chunks: Mapping[str, int] | None = None,
+    compute: Callable[[Delayed], object] | None = None,
 ) -> Path:
     """Validate ``ds`` and write it as a new zarr v3 store at ``path``; return the path.
 
@@ -150,15 +151,17 @@ def save(
     size) or else from the largest variable: its dask chunks, or ~64 MiB blocks along its
     first dim. Zarr chunks equal the dask chunks. A NaN/Inf where the layout refuses them
     fails the write at its block and leaves nothing at ``path``; an existing ``path`` is
-    refused with RunExistsError.
+    refused with RunExistsError. ``compute(write)`` runs the write on a distributed client
+    where given (a command's, showing its progress).
     """
     path = Path(path).expanduser()
     refuse_existing(path)
     layout = validate(ds, layout)
-    return write_new(_prepare(ds, layout, chunks or {}), path)
+    return write_new(_prepare(ds, layout, chunks or {}), path, compute)
 
 
-def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
+def write_new(ds: xr.Dataset, path: str | PathLike[str],
+              compute: Callable[[Delayed], object] | None = None) -> Path:
     """Write ``ds`` as it is (encodings included; strings as variable-length UTF-8,
     ``zarr_strings``) as a new zarr v3 store at ``path``, on the active scheduler, through
     ``<name>.partial-<id>``, renamed when every chunk is written; an existing ``path`` is
@@ -169,7 +172,8 @@ def write_new(ds: xr.Dataset, path: str | PathLike[str]) -> Path:
     partial = partial_path(path)
     ds = zarr_strings(ds)
     try:
-        _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False))
+        _run(ds.to_zarr(partial, mode="w-", zarr_format=3, consolidated=False, compute=False),
+             compute)
         consolidate(partial)
         refuse_existing(path)
         partial.rename(path)
@@ -190,17 +194,18 @@ def consolidate(path: str | PathLike[str]) -> None:
         zarr.consolidate_metadata(str(path))
 
 
-def _run(write: Delayed) -> None:
-    """Compute ``write`` on the active scheduler; if it fails, wait until none of its tasks
-    still runs (the local thread pool is drained, distributed workers are polled), so no
-    write outlives a failed save and the cleanup that follows is final."""
+def _run(write: Delayed, compute: Callable[[Delayed], object] | None = None) -> None:
+    """Compute ``write`` on the active scheduler (by ``compute`` on a distributed one, where
+    given); if it fails, wait until none of its tasks still runs (the local thread pool is
+    drained, distributed workers are polled), so no write outlives a failed save and the
+    cleanup that follows is final."""
     scheduler = get_scheduler(collections=[write])
     if scheduler is dask.threaded.get:
         with ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT) as pool:
             dask.compute(write, scheduler="threads", pool=pool)
         return
     try:
-        dask.compute(write)
+        (compute or dask.compute)(write)
     except BaseException:
         client = getattr(scheduler, "__self__", None)
         if isinstance(client, distributed.Client):

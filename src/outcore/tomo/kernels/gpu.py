@@ -164,7 +164,7 @@ def _module(dtype: str) -> Any:
     import cupy
 
     ctype = {"float32": "float", "float64": "double"}[dtype]
-    return cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("--std=c++14",))
+    return cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("-std=c++14",))
 
 
 def _launch(name: str, dtype: Any, items: int, *args: Any) -> None:
