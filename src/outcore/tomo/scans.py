@@ -59,10 +59,9 @@ if TYPE_CHECKING:
 __all__ = ["find_center", "open_scan", "paganin", "remove_rings", "simulate_scan"]
 
 DIMS = ("view", "v", "u")
-#: A scan's angular span (radians, with one step) that reads as radians: about a half turn
-#: (a parallel beam, or a cone-beam short scan) up to about a full turn. Degrees read as
-#: radians span about 57 times more.
-SPAN_RADIANS = (0.75 * math.pi, 2.25 * math.pi)
+#: The widest angular span (with one step) read as radians: a full turn and a bit. Degrees
+#: read as radians span about 57 times more than they should: a half turn spans 180.
+MOST_RADIANS = 2.25 * math.pi
 #: The fixes of a plan that does not fit, in keywords (the cluster's own follow).
 BLOCK_FIXES = ("pass a smaller slab= / views_per_block=",)
 
@@ -107,20 +106,18 @@ def _angles(given: Any, arr: xr.DataArray, ds: xr.Dataset | None, argument: str
 
 def _radians(values: np.ndarray, unit: str | None, kind: str, argument: str) -> np.ndarray:
     """``values`` in radians: converted from ``unit``, or (None) checked to read as radians:
-    a span far from a half or a full turn looks like degrees and is refused."""
+    a span well beyond a full turn (a half turn in degrees spans 180) is refused."""
     if unit == "degree":
         return np.deg2rad(values)
     if unit == "radian" or values.size < 2:
         return values
     ordered = np.sort(values)
     span = float(ordered[-1] - ordered[0] + np.median(np.diff(ordered)))
-    if SPAN_RADIANS[0] <= span <= SPAN_RADIANS[1]:
+    if span <= MOST_RADIANS:
         return values
-    looks = (" (as degrees, a span of a half or a full turn)"
-             if SPAN_RADIANS[0] <= math.radians(span) <= SPAN_RADIANS[1] else "")
     raise LayoutError(f"the angles of {argument}= span {span:.4g} over {values.size} views;"
                       f" a {kind}-beam scan spans about pi (a half turn) or 2 pi (a full turn)"
-                      f" in radians{looks}.",
+                      f" in radians: these look like degrees ({math.radians(span):.4g} rad).",
                       "say their unit: angle_unit='degree' if they are degrees, or"
                       " angle_unit='radian' to take them as they are.")
 
@@ -148,6 +145,11 @@ def projections_of(scan: Any, *, angles: Any = None, angle_unit: str | None = No
         else:
             ds = open_store(source, layout="projections")
         scan = ds
+    if not isinstance(scan, xr.Dataset | xr.DataArray | np.ndarray | da.Array):
+        raise ArgumentError(f"{argument}= is a {type(scan).__name__}, not a scan.",
+                            f"pass {argument}= an xarray Dataset or DataArray of projections"
+                            " (view, v, u) with angles on view, or the path of a store or of"
+                            " a raw scan.")
     arr = data_array(scan, DIMS, argument, names=("projections",))
     if isinstance(scan, xr.Dataset):
         ds = scan
@@ -218,7 +220,8 @@ def open_scan(source: str | PathLike[str], *, format: str = "auto",  # noqa: A00
     at_least(frames_per_chunk, "frames_per_chunk")
     options = {"dataset": dataset, "flats": flats, "darks": darks, "angles": angles,
                "angle_unit": angle_unit, "image_key": image_key, "flat_mode": flat_mode}
-    resources = _here() if client is None else session.resources_for(client)
+    resources = (None if frames_per_chunk is not None else
+                 session.resources_for(session.client_for(client)))
     ds, _ = read_scan(scan_source(source), resources, format=format, options=options,
                       attrs=attrs, frames_per_chunk=frames_per_chunk)
     return ds

@@ -19,7 +19,7 @@ def refuse_cone(geometry: Geometry) -> None:
     """The centre search handles parallel-beam scans only."""
     if geometry.kind != "parallel":
         raise OutcoreError("the centre search works on parallel-beam scans; this one is "
-                           f"{geometry.kind}-beam.", "pass center= the axis column in pixels,"
+                           f"{geometry.kind}-beam.", "pass center=VALUE, the axis column in pixels,"
                            " or set the scan's detector_offset attr.")
 
 

@@ -78,7 +78,7 @@ TILT_PIXELS = 0.25
 #: showed one: a row of quality 0.62 eighteen pixels off, fitted as a "significant" tilt,
 #: turned the volume against the truth (r -0.46).
 OUTLIER_PIXELS = 1.0
-FIX = "pass the centre yourself: center= the axis column in pixels"
+FIX = "pass the centre yourself: center=VALUE, the axis column in pixels"
 #: The mirror check: views looked at either side of where the stored angles put the mirror
 #: of the first view, and the difference (in views) between that place and the projections'
 #: own that makes a warning (the APS tooth's stored theta is off by one view at the end).

@@ -125,22 +125,22 @@ def read_raw(source: str | PathLike[str], *, format: str = "auto",  # noqa: A002
               " skipped", file=sys.stderr)
     if ds.attrs.get("length_unit") == PIXEL_UNIT and notes:
         print(f"note: {str(source)!r} gives no pixel size: lengths are in detector pixels (the"
-              " volume in attenuation per pixel); attrs={'detector_pixel_size': M} gives"
-              " metres", flush=True)
+              " volume in attenuation per pixel); a detector_pixel_size attr (metres at the"
+              " sample) gives metres", flush=True)
     validate(ds, "projections")
     return ds.set_coords("angles")
 
 
-def read_scan(source: str | PathLike[str], resources: Resources, *,
+def read_scan(source: str | PathLike[str], resources: Resources | None, *,
               format: str = "auto", options: Mapping[str, Any] | None = None,  # noqa: A002
               attrs: Mapping[str, Any] | None = None, frames_per_chunk: int | None = None
               ) -> tuple[xr.Dataset, list[TaskMemory]]:
     """:func:`read_raw` of ``source`` in blocks sized for ``resources``' workers
-    (``raw_frames_per_block``) unless ``frames_per_chunk`` is given, and the plan stage of
-    reading and normalising it."""
+    (``raw_frames_per_block``) unless ``frames_per_chunk`` is given (or ``resources`` is
+    None: ~64 MiB of frames), and the plan stage of reading and normalising it."""
     read = {"format": format, "options": options, "attrs": attrs}
     ds = read_raw(source, **read, frames_per_chunk=frames_per_chunk)
-    if frames_per_chunk is None:
+    if frames_per_chunk is None and resources is not None:
         data = ds["projections"]
         frames = raw_frames_per_block(resources, data.shape[1] * data.shape[2],
                                       np.dtype(data.attrs.get("raw_dtype", "float32")).itemsize)

@@ -14,6 +14,7 @@ from typing import Any
 
 import distributed
 
+from outcore.errors import OutcoreError
 from outcore.io.importers import is_glob
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
@@ -45,17 +46,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         source_options=True)
 
 
+#: The search's fix as this verb says it: the centre goes to ``tomo reconstruct``.
+FIX = "pass the centre yourself: tomo reconstruct --center VALUE, the axis column in pixels"
+
+
+def _for_this_verb(err: OutcoreError) -> OutcoreError:
+    """``err`` with the search's fix (``center=VALUE``, a keyword this verb does not have)
+    said as ``tomo reconstruct``'s flag."""
+    if search.FIX not in err.fix and "center=VALUE" not in err.fix:
+        return err
+    fix = err.fix.replace(search.FIX, FIX).replace("center=VALUE", "--center VALUE")
+    said = type(err)(err.problem, fix)
+    said.__cause__ = err
+    return said
+
+
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     source = scan_source(args.input)
     given = options.raw_given(args, source_options=True)
-    asked = center_search(options.scan_input(source, given, resources), rows=args.rows,
-                          method=args.method, radius=args.radius, resources=resources)
+    try:
+        asked = center_search(options.scan_input(source, given, resources), rows=args.rows,
+                              method=args.method, radius=args.radius, resources=resources)
+    except OutcoreError as err:
+        raise _for_this_verb(err) from err
     config: dict[str, Any] = {"input": str(source), "rows": asked.rows,
                               "center_method": asked.method, "search_radius": asked.radius}
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         with run.timing("center"):
-            found = asked.run(client)
+            try:
+                found = asked.run(client)
+            except OutcoreError as err:
+                raise _for_this_verb(err) from err
         write_center(run, found.record(), asked.geometry, str(source))
         run.metric(seconds=run.record["timings_s"]["center"])
 
