@@ -83,8 +83,9 @@ def test_reconstruct_is_the_function_after_the_modules_are_imported(scan):
         importlib.import_module(name)
     assert all(callable(f) for f in (cgls, fbp, find_center, open_scan, paganin, remove_rings,
                                      sirt))
-    assert callable(outcore.tomo.reconstruct) and callable(sys.modules["outcore.tomo"].fbp)
     assert not isinstance(outcore.tomo.reconstruct, type(sys))
+    volume = outcore.tomo.reconstruct(scan, center=None)  # the function, not a module
+    assert isinstance(volume, xr.Dataset) and callable(sys.modules["outcore.tomo"].fbp)
     assert set(outcore.tomo.__all__) >= {"open_scan", "find_center", "remove_rings",
                                          "paganin", "fbp", "cgls", "sirt", "reconstruct"}
 

@@ -48,7 +48,6 @@ from outcore.tomo.layouts import default_volume_shape, volume_dataset
 from outcore.tomo.memory import PARTITIONS
 from outcore.tomo.reconstruction import planning
 from outcore.tomo.reconstruction.methods import ITERATIVE, METHODS, WINDOWS, Solving
-from outcore.tomo.reconstruction.projector import Projector
 from outcore.tomo.scans import (
     BLOCK_FIXES,
     corrections_of,
@@ -119,14 +118,13 @@ class Prepared:
                 warnings.warn(found.angles_warning, stacklevel=5)  # the caller of reconstruct
             geometry, record = with_center(geometry, found.center), found.record()
             cut = replace(cut, geometry=geometry)
-        projector = Projector.of(cut)
         projections = refuse_nonfinite(self.ds["projections"].data, "projections",
                                        "projections", source=self.source)
         solving = Solving(window=self.window or WINDOWS[0], iterations=self.iterations,
                           nonnegative=self.nonnegative, workdir=workdir,
                           checkpoint_every=chosen.checkpoint_every or 1, resume=resume,
                           in_memory=chosen.state == "memory", callback=callback)
-        volume, metrics = METHODS[self.method].solve(projections, projector, solving)
+        volume, metrics = METHODS[self.method].solve(projections, cut, solving)
         return volume_dataset(
             volume, geometry.voxel_size, self.ds.attrs.get("length_unit"),
             method=self.method, source=self.source, window=self.window,

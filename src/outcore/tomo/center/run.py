@@ -66,11 +66,14 @@ def describe(found: dict[str, Any]) -> str:
     return line
 
 
-def write_center(run: Run, found: dict[str, Any], geometry: Geometry, source: str) -> None:
-    """``center.json`` of ``found`` in ``run``, its metrics, its line and its warning."""
+def write_center(run: Run, found: dict[str, Any], geometry: Geometry, source: str,
+                 angles_option: str = search.ANGLES_FILE) -> None:
+    """``center.json`` of ``found`` in ``run``, its metrics, its line and its warning (the
+    option that reads angles from a file named ``angles_option``: a command's flag)."""
     out = run.add_output(CENTER_JSON, verify=lambda p: json.loads(Path(p).read_text()))
     out.write_text(json.dumps(center_record(found, geometry, source), indent=2))
     run.metric(**center_metrics(found, geometry))
     print(describe(found), flush=True)
     if found.get("angles_warning"):
-        print(f"warning: {found['angles_warning']}", flush=True)
+        warning = found["angles_warning"].replace(search.ANGLES_FILE, angles_option)
+        print(f"warning: {warning}", flush=True)

@@ -84,6 +84,8 @@ FIX = "pass the centre yourself: center=VALUE, the axis column in pixels"
 #: own that makes a warning (the APS tooth's stored theta is off by one view at the end).
 MIRROR_VIEWS = 3
 MIRROR_WARN_VIEWS = 0.5
+#: How the warning names the option that reads the angles from a file.
+ANGLES_FILE = "angles='FILE'"
 
 
 # --- conventions ------------------------------------------------------------------------------
@@ -292,8 +294,8 @@ def angles_warning(mirrors: list[tuple[float, float]], angles: np.ndarray) -> st
     return (f"the stored angles put the mirror of the first view at view {predicted:.2f}, the"
             f" projections at view {found:.2f}: the scan looks like {180 / found:.4f}-degree"
             f" steps, the file says {stored:.4f}. If the projections are right, give their"
-            " angles in a file (text or .npy, one angle a view) and read the scan with it:"
-            " angles='FILE'")
+            f" angles in a file (text or .npy, one angle a view) and read the scan with it:"
+            f" {ANGLES_FILE}")
 
 
 # --- registration of opposite projections (full turn) -----------------------------------------

@@ -1,13 +1,14 @@
 """The reconstruction methods as a table: each name, the function that solves and its memory.
 
 ``METHODS`` maps a method's name (``method=`` of ``outcore.tomo.reconstruct``, ``--method``
-of ``outcore tomo reconstruct``) to a :class:`Method`: ``solve(projections, projector,
-solving)`` returns the volume (dask; lazy for an analytic method, read from the last
-iteration's store for an iterative one, which computes its iterations) and its metrics;
-``stages(cut, store_chunks)`` counts its tasks' memory for the plan
-(``outcore.tomo.memory``); ``vectors`` are the volumes and projections an iterative solver
-holds at once (None: not iterative: no workdir, checkpoints or state). Adding a method is
-its module and one line here.
+of ``outcore tomo reconstruct``) to a :class:`Method`: ``solve(projections, cut, solving)``
+returns the volume (dask; lazy for an analytic method, read from the last iteration's store
+for an iterative one, which computes its iterations) and its metrics, working in the blocks
+of ``cut`` (``outcore.tomo.memory.Cut``); ``stages(cut, store_chunks)`` counts its tasks'
+memory for the plan (``outcore.tomo.memory``); ``fit`` chooses its blocks (default the
+projector's, ``planning.fitting_cut``); ``vectors`` are the volumes and projections an
+iterative solver holds at once (None: not iterative: no workdir, checkpoints or state).
+Adding a method is its module and one line here.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dask.array as da
 
 from outcore.plan import TaskMemory
 from outcore.tomo.memory import Cut, fbp_stages, iterative_stages
+from outcore.tomo.reconstruction.planning import fitting_cut
 from outcore.tomo.reconstruction.projector import Projector
 from outcore.tomo.reconstruction.solvers import WINDOWS, cgls, fbp, sirt
 
@@ -49,28 +51,31 @@ Solved = tuple[da.Array, dict[str, Any]]
 
 @dataclass(frozen=True)
 class Method:
-    """A reconstruction method: how it solves, what its tasks hold, the vectors it keeps."""
+    """A reconstruction method: how it solves, what its tasks hold, how it chooses its
+    blocks, the vectors it keeps."""
 
-    solve: Callable[[da.Array, Projector, Solving], Solved]
+    solve: Callable[[da.Array, Cut, Solving], Solved]
     stages: Callable[[Cut, tuple[int, int]], list[TaskMemory]]
+    fit: Callable[..., Cut] = fitting_cut
     vectors: tuple[int, int] | None = None
 
 
-def solve_fbp(projections: da.Array, projector: Projector, solving: Solving) -> Solved:
+def solve_fbp(projections: da.Array, cut: Cut, solving: Solving) -> Solved:
     """FBP (FDK for a cone beam), lazily, filtered in the projector's blocks."""
+    projector = Projector.of(cut)
     projections = projections.rechunk(projector.projection_chunks)
     return fbp(projections, projector, solving.window), {"projector_passes": 1}
 
 
 def _iterative(solver: Callable[..., Any], setup_passes: int,
                options: Callable[[Solving], dict[str, Any]] = lambda solving: {}
-               ) -> Callable[[da.Array, Projector, Solving], Solved]:
+               ) -> Callable[[da.Array, Cut, Solving], Solved]:
     """The solve of an iterative ``solver`` (``cgls``, ``sirt``, with its own ``options``)
     that runs ``setup_passes`` projector passes before its first iteration and two an
     iteration."""
 
-    def solve(projections: da.Array, projector: Projector, solving: Solving) -> Solved:
-        result = solver(projections, projector, solving.workdir, solving.iterations,
+    def solve(projections: da.Array, cut: Cut, solving: Solving) -> Solved:
+        result = solver(projections, Projector.of(cut), solving.workdir, solving.iterations,
                         checkpoint_every=solving.checkpoint_every, resume=solving.resume,
                         callback=solving.callback, in_memory=solving.in_memory,
                         **options(solving))

@@ -55,9 +55,11 @@ Stages = Callable[[Cut, tuple[int, int]], list[TaskMemory]]
 
 class MethodModel(Protocol):
     """What a plan needs of a method (``methods.Method``): its ``stages(cut, store_chunks)``,
-    and for an iterative one the ``vectors`` it holds at once (volumes, projections)."""
+    how it chooses its blocks (``fit``, with :func:`fitting_cut`'s arguments), and for an
+    iterative one the ``vectors`` it holds at once (volumes, projections)."""
 
     stages: Stages
+    fit: Callable[..., Cut]
     vectors: tuple[int, int] | None
 
 
@@ -207,8 +209,8 @@ def plan(geometry: Geometry, shape: tuple[int, int, int], method: MethodModel,
     and a checkpoint every ``checkpoint_every`` iterations (default
     :data:`CHECKPOINT_EVERY`)."""
     chunks = store_chunks(stored)
-    cut = fitting_cut(geometry, shape, partition, method.stages, resources, views_per_block,
-                      slab, stored.dtype, chunks)
+    cut = method.fit(geometry, shape, partition, method.stages, resources, views_per_block,
+                     slab, stored.dtype, chunks)
     if method.vectors is None:
         return replace(method_plan(cut, method.stages, resources, chunks, extra=extra),
                        choices=Solve(cut, prepared=prepared), config=cut.config())

@@ -41,12 +41,12 @@ ITERATION_METRICS = ("iterations", "resumed_from_iteration", "residuals", "relat
 
 def write_reconstruction(run: Run, client: distributed.Client,
                          reconstruct: Callable[[], xr.Dataset], geometry: Geometry,
-                         source: str) -> None:
+                         source: str, angles_option: str) -> None:
     """``reconstruct()`` (``outcore.tomo.reconstruct`` with the run's plan) and its volume
     written into ``run``, timed together as ``reconstruct`` (an FBP computes as it is
     written, block by block, its progress shown): ``volume.zarr``, ``center.json`` when the
-    centre was found (``geometry``: the scan's, ``source``: its name), the metrics and
-    ``slices.png``."""
+    centre was found (``geometry``: the scan's, ``source``: its name; its warning names
+    ``angles_option``, the command's), the metrics and ``slices.png``."""
     out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
     with run.timing("reconstruct"):
         volume = reconstruct()
@@ -57,7 +57,7 @@ def write_reconstruction(run: Run, client: distributed.Client,
         io.save(stored, out, layout="volume",
                 compute=lambda write: progress.compute(client, write))
     if found is not None:
-        write_center(run, found, geometry, source)
+        write_center(run, found, geometry, source, angles_option)
     seconds = run.record["timings_s"]["reconstruct"]
     shape = list(stored["volume"].shape)
     passes = attrs["projector_passes"]

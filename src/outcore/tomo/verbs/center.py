@@ -78,7 +78,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                 found = asked.run(client)
             except OutcoreError as err:
                 raise _for_this_verb(err) from err
-        write_center(run, found.record(), asked.geometry, str(source))
+        write_center(run, found.record(), asked.geometry, str(source), "--angles FILE")
         run.metric(seconds=run.record["timings_s"]["center"])
 
     return Job("tomo center", config, asked.plan, execute,

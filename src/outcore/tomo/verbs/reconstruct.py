@@ -113,7 +113,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
             link_tree(earlier.path / WORK, workdir)
         write_reconstruction(run, client, lambda: reconstruct(
             scan, client=client, plan=plan, workdir=workdir, resume=earlier is not None,
-            callback=_report, **keywords), prepared.geometry, str(source))
+            callback=_report, **keywords), prepared.geometry, str(source), "--angles FILE")
 
     def rounds(client: distributed.Client, plan: Plan,
                outputs: Mapping[str, Path]) -> Callable[[], Any]:
