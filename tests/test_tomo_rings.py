@@ -257,7 +257,8 @@ def test_the_step_is_wired_into_both_verbs():
     parser = argparse.ArgumentParser()
     cli_options.add_correction_arguments(parser)
     args = parser.parse_args(["--rings", "sort", "--rings-size", "5"])
-    assert cli_options.corrections_given(args) == ["--rings", "--rings-size"]
+    assert cli_options.corrections_asked(args)["rings"] == {"method": "sort", "size": 5,
+                                                            "sigma": None, "level": None}
     ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
     (correction,) = corrections_of(ds, _resources(), **cli_options.corrections_asked(args))
     assert steps.records([correction])["rings"]["size"] == 5

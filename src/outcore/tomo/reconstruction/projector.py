@@ -31,7 +31,14 @@ from outcore import backend as backends
 from outcore.plan import Plan, TaskMemory
 from outcore.tomo import kernels
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.memory import PARTITIONS, TOMO_WORKER_BASELINE_BYTES, Cut, Range, overlap
+from outcore.tomo.memory import (
+    PARTITIONS,
+    TOMO_WORKER_BASELINE_BYTES,
+    Blocks,
+    Cut,
+    Range,
+    overlap,
+)
 from outcore.tomo.reconstruction.planning import (
     DEFAULT_LIMIT,
     running_resources,
@@ -84,21 +91,51 @@ class Projector:
                    cut.views_per_block, cut.slab, split_every=cut.split_every,
                    backend=cut.backend, dtype=cut.dtype)
 
-    geometry = property(lambda self: self.cut.geometry)
-    volume_shape = property(lambda self: self.cut.volume_shape)
-    partition = property(lambda self: self.cut.partition)
-    views_per_block = property(lambda self: self.cut.views_per_block)
-    slab = property(lambda self: self.cut.slab)
-    split_every = property(lambda self: self.cut.split_every)
-    backend = property(lambda self: self.cut.backend)
-    dtype = property(lambda self: self.cut.dtype)
-    blocks = property(lambda self: self.cut.blocks)
-    projection_chunks = property(lambda self: self.cut.projection_chunks,
-                                 doc="Dask chunks of ``project``'s output (and what "
-                                     "``backproject`` reads).")
-    volume_chunks = property(lambda self: self.cut.volume_chunks,
-                             doc="Dask chunks of ``backproject``'s output (and what "
-                                 "``project`` reads).")
+    @property
+    def geometry(self) -> Geometry:
+        return self.cut.geometry
+
+    @property
+    def volume_shape(self) -> tuple[int, int, int]:
+        return self.cut.volume_shape
+
+    @property
+    def partition(self) -> str:
+        return self.cut.partition
+
+    @property
+    def views_per_block(self) -> int:
+        return self.cut.views_per_block
+
+    @property
+    def slab(self) -> int:
+        return self.cut.slab
+
+    @property
+    def split_every(self) -> int:
+        return self.cut.split_every
+
+    @property
+    def backend(self) -> str:
+        return self.cut.backend
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.cut.dtype
+
+    @property
+    def blocks(self) -> Blocks:
+        return self.cut.blocks
+
+    @property
+    def projection_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of ``project``'s output (and what ``backproject`` reads)."""
+        return self.cut.projection_chunks
+
+    @property
+    def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of ``backproject``'s output (and what ``project`` reads)."""
+        return self.cut.volume_chunks
 
     @property
     def projection_shape(self) -> tuple[int, int, int]:

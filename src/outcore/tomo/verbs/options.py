@@ -171,8 +171,3 @@ def corrections_asked(args: argparse.Namespace) -> dict[str, Any]:
         "method": args.rings, "size": args.size, "sigma": args.sigma, "level": args.level}
     return {"rings": ring, "paganin": paganin, "half_acquisition": args.half_acquisition,
             "axis_side": args.axis_side}
-
-
-def corrections_given(args: argparse.Namespace) -> list[str]:
-    """The correction options typed in ``args``, as flags."""
-    return [flag for dest, flag in CORRECTIONS.items() if getattr(args, dest, None) is not None]
