@@ -16,6 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import dask
 import dask.array as da
 import distributed
 import numpy as np
@@ -283,9 +284,14 @@ def test_bad_input_is_one_error_in_keywords_before_any_task(scan, case):
 
 def test_a_memory_limit_too_small_is_refused_before_any_task(scan):
     """The user's own 250 MiB workers cannot hold a tomography worker (its kernels alone
-    take 300 MiB): one PlanError naming memory_limit=, and the scheduler saw no task."""
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  memory_limit="250MiB", dashboard_address=":0") as small, \
+    take 300 MiB): one PlanError naming memory_limit=, and the scheduler saw no task. (The
+    workers are threads of this test process, whose memory is not theirs: they are told
+    not to pause for it.)"""
+    unpaused = {"distributed.worker.memory.pause": False,
+                "distributed.worker.memory.terminate": False}
+    with dask.config.set(unpaused), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                     memory_limit="250MiB", dashboard_address=":0") as small, \
             distributed.Client(small) as client:
         for call in (lambda: outcore.tomo.fbp(_poisoned(scan), client=client),
                      lambda: outcore.tomo.reconstruct(_poisoned(scan), client=client),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from dask.utils import format_bytes
 
 from outcore import backend as backends
+from outcore.errors import ClusterError
 from outcore.plan import Plan, Resources
 
 if TYPE_CHECKING:
@@ -69,7 +70,12 @@ def resources_for(client: distributed.Client, backend: str = "auto",
     smallest memory limit and, on the cupy backend, the device memory (waiting up to
     ``WORKER_WAIT_S`` for a worker when it has none at the moment: one restarting)."""
     if not client.scheduler_info(n_workers=-1)["workers"]:
-        client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        try:
+            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+        except TimeoutError as err:  # distributed's WorkerStartTimeoutError is one
+            raise ClusterError(f"the cluster of {client.scheduler.address} has no running"
+                               f" worker (waited {WORKER_WAIT_S} s).",
+                               "start its workers, or pass client= one that has them.") from err
     return Resources.of_client(client, backends.resolve(backend), device_memory_limit)
 
 
