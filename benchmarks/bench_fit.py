@@ -71,8 +71,9 @@ from common import add_backend, check_backend, line, machine, sample_memory, tim
 from distributed import Client, LocalCluster, futures_of, wait
 
 import outcore
-from outcore.fit import STATUS_NAMES, fit_dipoles, get_model, kernels, simulate_catalog
+from outcore.fit import STATUS_NAMES, fit_dipoles, kernels, simulate_catalog
 from outcore.fit.kernels import cpu as host_kernels
+from outcore.fit.models import get_model
 from outcore.runs import versions
 
 BENCH = "fit-dipoles"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dask
 
 from outcore import cluster
-from outcore.fit import fit_dipoles, memory_model, simulate_catalog, status_counts
-from outcore.fit.memory import FIT_WORKER_BASELINE_BYTES
+from outcore.fit import fit_dipoles, simulate_catalog, status_counts
+from outcore.fit.memory import FIT_WORKER_BASELINE_BYTES, memory_model
 from outcore.plan import Plan
 from outcore.runner import peak_worker_rss
 

@@ -10,8 +10,8 @@ import pytest
 
 from outcore.cli import main
 from outcore.errors import PlanError
-from outcore.fit import memory_model as fit_memory
 from outcore.fit import simulate_catalog
+from outcore.fit.memory import memory_model as fit_memory
 from outcore.plan import DEVICE_BASELINE_BYTES, Plan, Resources, TaskMemory
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.memory import memory_model as tomo_memory

@@ -53,12 +53,12 @@ def follow(futures: list[distributed.Future]) -> None:
     held = distributed.client.futures_of(futures)
     where = {"scheduler": held[0].client.scheduler.address} if held else {}
     if is_kernel():
-        try:
-            import ipywidgets  # noqa: F401  (the widget's own import, tried first)
+        try:  # the widget's own imports: a kernel may run without ipywidgets
+            import ipywidgets  # noqa: F401
+            from IPython.display import display
         except ImportError:
             distributed.progress(futures, notebook=False, multi=False, **where)
             return
-        from IPython.display import display
 
         display(distributed.progress(futures, notebook=True, multi=False, **where))
     elif sys.stdout.isatty():

@@ -2,9 +2,10 @@
 
 Writes ``fits.zarr`` (the result dataset, chunk by chunk), ``fits.parquet`` (one row per
 candidate, streamed from the zarr store one chunk at a time) and the run's summary with
-``status_counts`` and ``fits_per_second``. The verb checks its options and builds the job;
-the catalog, the PSF and the written tables are ``outcore.fit.tables``'s, the graph
-``outcore.fit.operator``'s.
+``status_counts`` and ``fits_per_second``. The verb reads its flags and calls the public
+functions a Python caller calls: ``plan_fit_dipoles`` for the plan the runner prints, then
+``fit_dipoles`` with that plan; the catalog and the PSF are ``outcore.fit.inputs``'s, the
+written tables ``outcore.fit.tables``'.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import distributed
+import xarray as xr
 
 from outcore.checks import at_least
 from outcore.fit import tables
 from outcore.fit.demo import run_stage
-from outcore.fit.memory import auto_chunk_size, memory_model
+from outcore.fit.inputs import load_psf, open_catalog
 from outcore.fit.models import MODELS
-from outcore.fit.operator import fit_dipoles
-from outcore.plan import Plan, Resources, data_bytes
+from outcore.fit.operator import fit_dipoles, plan_fit_dipoles
+from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Tunable, Verb
@@ -43,50 +45,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
-    catalog = tables.open_catalog(args.input)
-    psf = tables.load_psf(args.psf)
+    """The job of ``outcore fit-dipoles``: ``plan_fit_dipoles`` plans it, ``fit_dipoles``
+    (with that plan) builds the fits that ``tables.write_fits`` writes."""
     at_least(args.chunk_size, "--chunk-size", what="a positive number of candidates per task")
-    n = catalog.sizes["candidate"]
-    stamp = (catalog.sizes["y"], catalog.sizes["x"])
-    chunk_size = args.chunk_size or auto_chunk_size(n, stamp)
-    result = fit_dipoles(catalog, model=args.model, psf=psf, chunk_size=chunk_size,
-                         backend=resources.backend, max_iterations=args.max_iterations,
-                         scale_errors=args.scale_errors, output_chunk=tables.STORAGE_ROWS)
-    stages = memory_model(
-        n, chunk_size, stamp, catalog["images"].dtype, args.model,
-        variance="variance" in catalog, mask="mask" in catalog,
-        psf_shape=None if psf is None else psf.shape[-2:],
-        per_candidate_psf=psf is not None and psf.ndim == 3, backend=resources.backend,
-        output_chunk=tables.STORAGE_ROWS,
-    )
+    catalog = open_catalog(args.input)
+    options = {"model": args.model, "psf": load_psf(args.psf), "chunk_size": args.chunk_size,
+               "backend": resources.backend, "max_iterations": args.max_iterations,
+               "scale_errors": args.scale_errors, "output_chunk": tables.STORAGE_ROWS}
+    first = plan_fit_dipoles(catalog, resources=resources, **options)  # checks the input
 
     def plan(resources: Resources) -> Plan:
-        return Plan.of(stages, resources)
+        return plan_fit_dipoles(catalog, resources=resources, **options)
+
+    def fits(client: distributed.Client, plan: Plan) -> xr.Dataset:
+        return fit_dipoles(catalog, client=client, plan=plan, **options)
 
     def rounds(client: distributed.Client, plan: Plan,
                outputs: Mapping[str, Path]) -> Callable[[], None]:
-        return lambda: compute(client, result["chi2"].data.sum(), show=False)
+        return lambda: compute(client, fits(client, plan)["chi2"].data.sum(), show=False)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
-        run.metric(**tables.write_fits(run, client, result))
+        run.metric(**tables.write_fits(run, client, fits(client, plan)))
 
     return Job(
         command="fit-dipoles",
         config={"input": str(args.input), "model": args.model, "psf": args.psf,
-                "chunk_size": chunk_size, "max_iterations": args.max_iterations,
-                "scale_errors": args.scale_errors},
+                "chunk_size": first.config["chunk_size"],
+                "max_iterations": args.max_iterations, "scale_errors": args.scale_errors},
         plan=plan,
         execute=execute,
         inputs=[args.input] + ([args.psf] if args.psf else []),
         plan_fixes=["use a smaller --chunk-size"],
         rounds=rounds,
-        data_bytes=data_bytes(stages),
+        data_bytes=first.data_bytes,
+        worker_baseline_bytes=first.baseline_bytes,
     )
 
 
 def _candidates(args: argparse.Namespace) -> float:
     """Candidates one fit pass fits (the work of a ``tune`` round)."""
-    return float(tables.open_catalog(args.input).sizes["candidate"])
+    return float(open_catalog(args.input).sizes["candidate"])
 
 
 VERBS = [Verb("fit-dipoles", "fit a dipole model to every cutout of a catalog",

@@ -14,7 +14,7 @@ def run_stage(run: Run, client: distributed.Client, candidates: int) -> None:
     """Fit a simulated dipole catalog (outcore.fit) and record rate, statuses and pulls."""
     catalog, truth = simulate_catalog(candidates, seed=3, chunk_size=1024)
     with run.timing("fit_dipoles"):
-        fits = client.persist(fit_dipoles(catalog, chunk_size=256))
+        fits = client.persist(fit_dipoles(catalog, chunk_size=256, client=client))
         distributed.wait(fits)
     ok = fits["status"].str.startswith("converged")
     pulls = ((fits["x_pos"] - truth["x_pos"]) / fits["x_pos_err"]).where(ok)

@@ -16,7 +16,12 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from outcore.fit.models import Model, get_model, normalise_psf
+from outcore.arguments import keywords_checked
+from outcore.checks import at_least, choice
+from outcore.errors import LayoutError
+from outcore.fit.models import MODELS, Model, get_model, normalise_psf
+
+__all__ = ["moffat_psf", "simulate_catalog"]
 
 #: Candidates per random-number block (a constant: changing it changes every catalog).
 DRAW_BLOCK = 1024
@@ -134,6 +139,7 @@ def _lazy(sim: _Simulator, method: str, dtype: np.dtype) -> da.Array:
                          meta=np.empty((0, 0, 0), dtype=dtype))
 
 
+@keywords_checked
 def simulate_catalog(
     n: int,
     stamp: int = 17,
@@ -171,14 +177,15 @@ def simulate_catalog(
     ``psf(psf_y, psf_x)`` for the psf model, and attr ``outcore_layout="cutouts"``. The truth
     holds every parameter of the model plus ``separation`` and ``snr`` per candidate.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, not {n}.")
-    if noise not in ("gaussian", "poisson"):
-        raise ValueError(f"noise must be 'gaussian' or 'poisson', not {noise!r}.")
+    at_least(n, "n")
+    at_least(stamp, "stamp", 3)
+    choice(noise, ("gaussian", "poisson"), "noise")
+    choice(model, sorted(MODELS), "model")
     if get_model(model).needs_psf:
         psf = moffat_psf() if psf is None else normalise_psf(np.asarray(psf))
     elif psf is not None:
-        raise ValueError("psf applies to model='psf' only.")
+        raise LayoutError("psf= applies to model='psf' only.", "drop psf=, or use"
+                          " model='psf'.")
     sim = _Simulator(n, (stamp, stamp), seed, separation, sigma, snr, flux_ratio, background,
                      noise, noise_variance, get_model(model), psf, mask_fraction, np.dtype(dtype))
     dims = ("candidate", "y", "x")

@@ -1,81 +1,70 @@
-"""The files of a ``fit-dipoles`` run: the catalog and PSF it reads, the tables it writes.
-
-``open_catalog`` opens a cutout catalog lazily (an outcore store, or any importer format
-that carries ``candidate_id``), ``load_psf`` reads a PSF stamp. ``write_fits`` writes the
-result dataset as ``fits.zarr`` (chunk by chunk, on the cluster) and ``fits.parquet`` (one
-row per candidate, streamed from the zarr store one chunk at a time) into a run directory.
+"""The tables of fits: ``save_fits`` computes ``fit_dipoles``' lazy result into a zarr store;
+a ``fit-dipoles`` run writes it as ``fits.zarr`` and then ``fits.parquet`` (one row per
+candidate, streamed from the zarr store one chunk at a time).
 """
 
 from __future__ import annotations
 
+from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import distributed
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
 
-from outcore import io
-from outcore.errors import InputNotFoundError, LayoutError
+from outcore import session
+from outcore.arguments import keywords_checked
+from outcore.errors import ArgumentError, LayoutError
 from outcore.fit.operator import status_counts
-from outcore.io.store import zarr_strings
+from outcore.io.store import consolidate, write_new, zarr_strings
 from outcore.progress import compute
-from outcore.runs import Run
+
+if TYPE_CHECKING:
+    import distributed
+    import numpy as np
+
+    from outcore.runs import Run
+
+__all__ = ["STORAGE_ROWS", "check_parquet", "save_fits", "write_fits", "write_parquet"]
 
 #: Rows of one chunk of ``fits.zarr`` and of one row group of ``fits.parquet``: sized for
 #: storage (zarr v3 writes of tiny chunks cost milliseconds each), not for compute.
 STORAGE_ROWS = 65536
 
 
-def open_catalog(path: str) -> xr.Dataset:
-    """A cutout catalog, lazily: an outcore store, or any importer format that carries
-    ``candidate_id`` (NPZ; FITS and HDF5 after ``outcore convert --array candidate_id=...``)."""
-    source = Path(path)
-    if source.is_dir() and (source / "zarr.json").exists():
-        return io.open(source, layout="cutouts")
-    ds, _ = io.read_source(source, layout="cutouts")
-    return ds
-
-
-def load_psf(path: str | None) -> np.ndarray | None:
-    """A PSF array from ``.npy`` or FITS (first HDU with data), float64."""
-    if path is None:
-        return None
-    source = Path(path)
-    if not source.exists():
-        raise InputNotFoundError(f"The PSF file {path!r} does not exist.", "check --psf.")
-    if source.suffix == ".npy":
-        psf = np.load(source)
-    elif source.suffix.lower() in (".fits", ".fit", ".fts"):
-        from astropy.io import fits
-
-        with fits.open(source) as hdus:
-            psf = next(h.data for h in hdus if h.data is not None)
-    else:
-        raise LayoutError(f"Cannot read a PSF from {source.suffix!r} files.",
-                          "give a .npy or FITS file.")
-    if psf.ndim not in (2, 3):
-        raise LayoutError(f"The PSF has shape {psf.shape}; expected (py, px) or (n, py, px).",
-                          "give one stamp, or one stamp per candidate.")
-    return np.asarray(psf, dtype=np.float64)
+@keywords_checked
+def save_fits(fits: xr.Dataset, path: str | PathLike[str], *,
+              client: distributed.Client | None = None) -> Path:
+    """Compute ``fits`` (``fit_dipoles``' lazy result) on ``client`` (default: the running
+    client, as ``fit_dipoles`` finds it), showing its progress, into a new zarr store at
+    ``path`` in the result's chunks, with consolidated metadata: ``xr.open_zarr(path)`` reads
+    it back lazily. An existing ``path`` is refused; nothing is left there on failure.
+    Returns ``path``."""
+    if not isinstance(fits, xr.Dataset) or "status" not in fits.data_vars:
+        raise ArgumentError(f"fits= is a {type(fits).__name__} without a status variable, not"
+                            " the result of fit_dipoles.", "pass the Dataset fit_dipoles"
+                            " returns.")
+    client = session.client_for(client)
+    return write_new(fits.drop_encoding(), path, lambda write: compute(client, write))
 
 
 def write_fits(run: Run, client: distributed.Client, result: xr.Dataset) -> dict[str, object]:
-    """Write ``result`` (``fit_dipoles``'s lazy dataset) as the run's ``fits.zarr``, computed
-    on ``client``, then ``fits.parquet`` from it (timings ``fit`` and ``parquet``); return
-    the metrics: candidates, fits per second of the fit and the ``status_counts``."""
+    """Write ``result`` (``fit_dipoles``'s lazy dataset) as the run's ``fits.zarr`` (the
+    store ``save_fits`` writes), computed on ``client``, then ``fits.parquet`` from it
+    (timings ``fit`` and ``parquet``); return the metrics: candidates, fits per second of
+    the fit and the ``status_counts``."""
     n = result.sizes["candidate"]
-    fits_zarr = run.add_output("fits.zarr", verify=lambda p: xr.open_zarr(
-        p, consolidated=False))
+    fits_zarr = run.add_output("fits.zarr", verify=xr.open_zarr)
     fits_parquet = run.add_output("fits.parquet", verify=lambda p: check_parquet(p, n))
-    stored = zarr_strings(result.drop_encoding())
-    with run.timing("fit"):
+    with run.timing("fit"):  # into the run's partial path, which the run renames
+        stored = zarr_strings(result.drop_encoding())
         compute(client, stored.to_zarr(fits_zarr, mode="w-", zarr_format=3,
                                        consolidated=False, compute=False))
+        consolidate(fits_zarr)
     with run.timing("parquet"):
         write_parquet(fits_zarr, fits_parquet)
-    written = xr.open_zarr(fits_zarr, consolidated=False)
+    written = xr.open_zarr(fits_zarr)
     return {"candidates": n,
             "fits_per_second": round(n / run.record["timings_s"]["fit"], 3),
             "status_counts": status_counts(written)}
@@ -84,7 +73,7 @@ def write_fits(run: Run, client: distributed.Client, result: xr.Dataset) -> dict
 def write_parquet(fits_zarr: Path, out: Path) -> None:
     """Stream ``fits.zarr`` into parquet, one row group per stored chunk of up to
     ``STORAGE_ROWS`` rows, each read column by column (never the whole table)."""
-    ds = xr.open_zarr(fits_zarr, consolidated=False)
+    ds = xr.open_zarr(fits_zarr)
     columns = ["candidate_id", "status", "iterations", "chi2", "dof"]
     columns += [c for c in ds.attrs["parameters"]]
     columns += [f"{c}_err" for c in ds.attrs["parameters"]]

@@ -163,9 +163,10 @@ def save(
 def write_new(ds: xr.Dataset, path: str | PathLike[str],
               compute: Callable[[Delayed], object] | None = None) -> Path:
     """Write ``ds`` as it is (encodings included; strings as variable-length UTF-8,
-    ``zarr_strings``) as a new zarr v3 store at ``path``, on the active scheduler, through
+    ``zarr_strings``) as a new zarr v3 store at ``path``, with consolidated metadata, through
     ``<name>.partial-<id>``, renamed when every chunk is written; an existing ``path`` is
-    refused and nothing is left behind on failure."""
+    refused and nothing is left behind on failure. ``compute(write)`` computes the write
+    (e.g. on a client, showing progress); default: the active scheduler."""
     path = Path(path).expanduser()
     refuse_existing(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,12 +196,12 @@ def consolidate(path: str | PathLike[str]) -> None:
 
 
 def _run(write: Delayed, compute: Callable[[Delayed], object] | None = None) -> None:
-    """Compute ``write`` on the active scheduler (by ``compute`` on a distributed one, where
-    given); if it fails, wait until none of its tasks still runs (the local thread pool is
-    drained, distributed workers are polled), so no write outlives a failed save and the
-    cleanup that follows is final."""
+    """Compute ``write`` with ``compute``, else on the active scheduler; if it fails, wait
+    until none of its tasks still runs (the local thread pool is drained, distributed
+    workers are polled), so no write outlives a failed save and the cleanup that follows is
+    final."""
     scheduler = get_scheduler(collections=[write])
-    if scheduler is dask.threaded.get:
+    if compute is None and scheduler is dask.threaded.get:
         with ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT) as pool:
             dask.compute(write, scheduler="threads", pool=pool)
         return

@@ -1,9 +1,10 @@
 """``outcore sketch svd``: the randomized SVD of a stack into a run directory.
 
-``sketch svd --input STORE --rank K`` checks its options and the store's metadata, plans the
-blocks against the workers' memory (``outcore.sketch.memory.plan_sketch``) and runs the
-sketch (``outcore.sketch.randomized.svd``): ``power_iterations + 2`` passes over the stack,
-one read of the store when the plan holds it in the workers' memory. It
+``sketch svd --input STORE --rank K`` calls the functions a Python caller calls: it checks
+its options and the store's metadata and plans the blocks against the workers' memory
+(``outcore.sketch.plan_svd``), then runs the sketch with that plan
+(``outcore.sketch.svd``): ``power_iterations + 2`` passes over the stack, one read of the
+store when the plan holds it in the workers' memory. It
 writes ``components.zarr``, ``scree.png``, ``components.png`` and, with ``--denoise``,
 ``denoised.zarr`` (``outcore.sketch.outputs``); ``summary.json`` records the passes and store
 reads, each pass's seconds and the leading singular values. See docs/operators/sketch.md.
@@ -20,14 +21,11 @@ import distributed
 import xarray as xr
 
 from outcore.checks import existing_path
-from outcore.io.layouts import LAYOUT_ATTR, validate
-from outcore.io.store import open_unchecked
-from outcore.plan import Plan, Resources, data_bytes
+from outcore.plan import Plan, Resources
 from outcore.runs import Run
 from outcore.sketch import outputs
-from outcore.sketch.memory import memory_model, plan_fixes, plan_sketch
-from outcore.sketch.randomized import svd
-from outcore.sketch.stack import check_options, describe
+from outcore.sketch.randomized import plan_svd, svd
+from outcore.sketch.stack import open_stack
 from outcore.verbs import Job, Verb
 
 
@@ -48,60 +46,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write denoised.zarr: the rank-K stack in the input's layout")
 
 
-def open_stack(path: Path, chunks: Mapping[str, int] | None = None
-               ) -> tuple[xr.Dataset, str | None]:
-    """The store at ``path`` (lazily, with ``chunks``), validated against its layout when it
-    names one, and that layout's name (None for a store without one, e.g. a run's output)."""
-    ds = open_unchecked(path, chunks)
-    if LAYOUT_ATTR not in ds.attrs:
-        return ds, None
-    return ds, validate(ds)
-
-
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
+    """The job of ``outcore sketch svd``: ``plan_svd`` plans it, ``svd`` (with that plan)
+    decomposes the store, ``outputs`` writes the run directory."""
     source = existing_path(args.input, "input store").resolve()
-    ds, layout = open_stack(source)
-    stack = describe(ds, args.var)
-    width = check_options(stack, args.rank, args.oversample, args.power_iterations, args.seed)
-    backend = resources.backend
-    options = {"rank": args.rank, "var": stack.var, "oversample": args.oversample,
+    options = {"rank": args.rank, "var": args.var, "oversample": args.oversample,
                "power_iterations": args.power_iterations, "seed": args.seed,
-               "center": args.center}
-    config: dict[str, Any] = {"input": str(source), **options, "denoise": args.denoise}
-    stages = memory_model(stack, stack.item_chunk, width, args.rank, args.power_iterations,
-                          denoise=args.denoise, backend=backend)
+               "center": args.center, "backend": resources.backend}
+    first = plan_svd(source, resources=resources, denoise=args.denoise, **options)
 
     def plan(resources: Resources) -> Plan:
-        return plan_sketch(stack, resources, width, args.rank, args.power_iterations,
-                           denoise=args.denoise)
+        return plan_svd(source, resources=resources, denoise=args.denoise, **options)
 
-    def sketch(client: distributed.Client, plan: Plan) -> tuple[xr.Dataset, xr.Dataset]:
-        blocks, _ = open_stack(source, stack.chunks(plan.choices))
-        return blocks, svd(blocks, client=client, backend=backend,
-                           hold=plan.config["hold"], **options)
+    def sketch(client: distributed.Client, plan: Plan) -> xr.Dataset:
+        return svd(source, client=client, plan=plan, **options)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         with run.timing("sketch"):
-            blocks, result = sketch(client, plan)
-        run.metric(**outputs.metrics(result, stack.nbytes))
-        item_chunks = dict(zip(stack.item_dims, plan.choices, strict=True))
-        outputs.write_components(run, result, item_chunks)
+            result = sketch(client, plan)
+        ds, layout = open_stack(source)
+        run.metric(**outputs.metrics(result, ds[result.attrs["source_var"]].nbytes))
+        outputs.write_components(run, result)
         if args.denoise:
-            outputs.write_denoised(run, result, blocks, layout, backend)
+            outputs.write_denoised(run, result, ds, layout, resources.backend)
 
     def rounds(client: distributed.Client, plan: Plan,
                outputs: Mapping[str, Path]) -> Callable[[], Any]:
-        return lambda: sketch(client, plan)[1]["singular_values"].values
+        return lambda: sketch(client, plan)["singular_values"].values
 
+    config: dict[str, Any] = {"input": str(source), **options, "denoise": args.denoise}
+    del config["backend"]  # recorded by the runner, resolved
     return Job(
         command="sketch svd",
         config=config,
         plan=plan,
         execute=execute,
         inputs=[source],
-        plan_fixes=plan_fixes(stack),
+        plan_fixes=["re-chunk the store into smaller blocks along its items (outcore convert"
+                    " STORE NEW --chunk DIM=N, DIM its first item dim)",
+                    "use a smaller --rank or --oversample (the pixel panels of every task)"],
         rounds=rounds,
-        data_bytes=data_bytes(stages),
+        data_bytes=first.data_bytes,
     )
 
 

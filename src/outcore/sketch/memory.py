@@ -27,7 +27,7 @@ import math
 import numpy as np
 from dask.utils import format_bytes
 
-from outcore.plan import F64, Plan, Resources, TaskMemory, suggest_chunk, zarr_read_bytes
+from outcore.plan import F64, Plan, Resources, TaskMemory, zarr_read_bytes
 from outcore.sketch.kernels import cpu, gpu
 from outcore.sketch.kernels.arrays import slab_rows
 from outcore.sketch.stack import Stack, item_chunkings
@@ -119,44 +119,55 @@ def held_bytes(stack: Stack, item_chunk: tuple[int, ...], workers: int) -> int:
 
 def plan_fixes(stack: Stack) -> list[str]:
     """What shrinks a sketch's tasks, named when no plan fits: the store's blocks are the
-    smallest a task can read, so smaller ones are a re-chunked store."""
-    return [f"re-chunk the store into smaller blocks along its items (outcore convert STORE"
-            f" NEW --chunk {stack.item_dims[0]}=N)",
-            "use a smaller --rank or --oversample (the pixel panels of every task)"]
+    smallest a task can read, so smaller ones are a stack saved in smaller chunks."""
+    item = stack.item_dims[0]
+    return [f"save the stack in smaller chunks along its items and decompose that (e.g."
+            f" outcore.save(ds, path, chunks={{'{item}': N}}))",
+            "use a smaller rank= or oversample= (the pixel panels of every task)"]
 
 
 def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
-                power_iterations: int, *, denoise: bool = False) -> Plan:
-    """The plan of a sketch on ``resources`` with the largest chunking of
+                power_iterations: int, *, denoise: bool = False,
+                item_chunk: tuple[int, ...] | None = None, hold: bool | None = None) -> Plan:
+    """The plan of a sketch on ``resources``, computing nothing and checking nothing (its
+    caller checks it, with the fixes in its own words).
+
+    The blocks: ``item_chunk`` items (by item dim) when given, else the largest chunking of
     ``item_chunkings(stack)`` that fits, at most ``TASK_BYTES`` of the stack a block and at
     least ``TASKS_PER_THREAD`` blocks a worker thread where the store's chunks give that
-    many; the chunking rides in ``Plan.choices`` (a tuple of items per item dim) and
-    ``Plan.config`` (``task_chunks``, and ``hold``: whether the decoded stack stays in the
-    workers' memory after the first read, where a memory limit is known and that plan fits
-    too). The smallest chunking's PlanError when none fits."""
-    chunkings = item_chunkings(stack)
+    many (the smallest when none fits). Whether the decoded stack stays in the workers'
+    memory after the first read: ``hold``, else where a memory limit is known and that plan
+    fits too. The chunking rides in ``Plan.choices`` (a tuple of items per item dim) and
+    ``Plan.config`` (the stack's ``var``, ``task_chunks`` and ``hold``)."""
+    chunkings = item_chunkings(stack) if item_chunk is None else [tuple(item_chunk)]
     threads = resources.workers * resources.threads_per_worker
     least = min(TASKS_PER_THREAD * threads, stack.tasks(chunkings[0]))
-    allowed = [i for i, c in enumerate(chunkings)
+    allowed = [c for i, c in enumerate(chunkings)
                if i == 0 or (math.prod(c) * stack.pixels * stack.dtype.itemsize <= TASK_BYTES
                              and stack.tasks(c) >= least)]
 
-    def plan_for(index: int, hold: bool = False) -> Plan:
-        chunk = chunkings[index]
+    def plan_for(chunk: tuple[int, ...], held: bool = False) -> Plan:
         stages = memory_model(stack, chunk, width, rank, power_iterations, denoise=denoise,
                               backend=resources.backend)
         passes = power_iterations + 2
         reads = (f"the stack read once and held in the workers' memory for {passes} passes"
-                 if hold else f"{passes} reads of the stack")
+                 if held else f"{passes} reads of the stack")
         note = (f"blocks of {math.prod(chunk)} items ({stack.tasks(chunk)} tasks a read,"
                 f" {reads}); the client holds about"
                 f" {format_bytes(client_bytes(stack, width, rank))} of panels")
         return Plan.of(stages, resources, notes=[note], choices=chunk,
-                       resident_bytes=held_bytes(stack, chunk, resources.workers) if hold else 0,
-                       config={"task_chunks": stack.chunks(chunk), "hold": hold})
+                       resident_bytes=held_bytes(stack, chunk, resources.workers) if held else 0,
+                       config={"var": stack.var, "task_chunks": stack.chunks(chunk),
+                               "hold": held})
 
-    index, streaming = suggest_chunk(plan_for, allowed, plan_fixes(stack))
-    if resources.memory_limit is None:
+    streaming = plan_for(allowed[0])
+    for chunk in allowed[1:]:  # the largest that fits: a larger block never needs less
+        larger = plan_for(chunk)
+        if not larger.fits:
+            break
+        streaming = larger
+    if hold is False or (hold is None and (resources.memory_limit is None
+                                           or not streaming.fits)):
         return streaming
-    held = plan_for(index, hold=True)
-    return held if held.fits else streaming
+    held = plan_for(streaming.choices, held=True)
+    return held if hold or held.fits else streaming

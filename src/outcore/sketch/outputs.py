@@ -3,7 +3,6 @@ with ``--denoise``, ``denoised.zarr``; and what ``summary.json`` records of the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,14 @@ RECORDED = 64
 
 
 def _reopens(path: Path) -> None:
-    xr.open_zarr(path, consolidated=False)
+    xr.open_zarr(path)
 
 
-def write_components(run: Run, result: xr.Dataset, item_chunks: Mapping[str, int]) -> None:
-    """``components.zarr`` (``u`` chunked along the items as ``item_chunks`` says, ``v`` a
-    component a chunk) and its two figures."""
+def write_components(run: Run, result: xr.Dataset) -> None:
+    """``components.zarr`` (``u`` chunked along the items as the sketch's blocks, ``v`` a
+    component a chunk), with consolidated metadata, and its two figures."""
+    item_chunks = dict(zip(result.attrs["item_dims"], result.attrs["block_items"],
+                           strict=True))
     with run.timing("write_components"):
         chunked = result.chunk({**item_chunks, "component": -1})
         chunked["v"] = chunked["v"].chunk({"component": 1})

@@ -28,23 +28,35 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import dask
 import dask.array as da
-import distributed
 import numpy as np
 import xarray as xr
 from dask.delayed import Delayed
 
 from outcore import backend as backends
-from outcore import progress
-from outcore.errors import LayoutError
+from outcore import progress, session
+from outcore.arguments import dataset, keywords_checked
+from outcore.errors import ArgumentError, LayoutError, OutcoreError
 from outcore.io.layouts import LAYOUT_ATTR
+from outcore.plan import Plan, Resources
 from outcore.sketch import kernels
 from outcore.sketch.draws import omega
-from outcore.sketch.memory import FAN_IN, denoised_dtype
-from outcore.sketch.stack import Stack, check_options, describe
+from outcore.sketch.memory import FAN_IN, denoised_dtype, plan_fixes, plan_sketch
+from outcore.sketch.stack import Stack, check_options, describe, open_stack, ordered
+
+if TYPE_CHECKING:
+    import distributed
+
+__all__ = ["plan_svd", "reconstruct", "svd"]
+
+#: What ``svd`` takes: a Dataset, a DataArray, or the path of a store.
+Data = xr.Dataset | xr.DataArray | str | PathLike
 
 #: Entries of a right factor within this fraction of its largest magnitude count as tied
 #: for the sign convention; the first of them in pixel order is made positive.
@@ -141,21 +153,6 @@ def _tree(parts: Sequence[Delayed], combine: Callable[..., Any]) -> Delayed:
     return level[0]
 
 
-def _client(client: distributed.Client | None) -> distributed.Client | None:
-    if client is not None:
-        return client
-    try:
-        return distributed.default_client()
-    except ValueError:
-        return None
-
-
-def _compute(client: distributed.Client | None, *objs: Any) -> list[Any]:
-    if client is None:
-        return list(dask.compute(*objs))
-    return progress.compute(client, *objs)
-
-
 def _orth(w: np.ndarray) -> np.ndarray:
     return np.linalg.qr(w)[0]
 
@@ -173,59 +170,184 @@ def stack_array(data: xr.DataArray, stack: Stack,
                 chunks: Mapping[str, int] | None = None) -> da.Array:
     """``data`` as a dask array of whole patterns, chunked along the items as ``chunks``
     says (item dim -> items; item dims left out keep their chunks), each pixel dim in one
-    chunk. ValueError when ``chunks`` names a dim that is not an item dim."""
-    unknown = set(chunks or {}) - set(stack.item_dims)
-    if unknown:
-        raise ValueError(f"chunks names {sorted(unknown)}, not among the item dims"
-                         f" {list(stack.item_dims)}")
-    array = data.data if isinstance(data.data, da.Array) else da.from_array(
-        np.asarray(data.data), chunks=stack.store_chunks)
-    current = {d: max(c) for d, c in zip(data.dims, array.chunks, strict=True)}
+    chunk."""
+    array = data.data
+    current = (dict(zip(data.dims, (max(c) for c in array.chunks), strict=True))
+               if isinstance(array, da.Array) else dict(zip(data.dims, stack.store_chunks,
+                                                            strict=True)))
     wanted = {**current, **dict(chunks or {}),
               **dict(zip(stack.pixel_dims, stack.pixel_shape, strict=True))}
+    if not isinstance(array, da.Array):
+        return da.from_array(np.asarray(array), chunks=tuple(wanted[d] for d in data.dims))
     if any(len(c) > 1 and d in stack.pixel_dims or current[d] != wanted[d]
            for d, c in zip(data.dims, array.chunks, strict=True)):
         array = array.rechunk(tuple(wanted[d] for d in data.dims))
     return array
 
 
-def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 10,
-        power_iterations: int = 2, seed: int = 0, center: bool = False,
-        client: distributed.Client | None = None, backend: str = "numpy",
-        chunks: Mapping[str, int] | None = None, hold: bool = False) -> xr.Dataset:
-    """The ``rank`` leading singular triplets of ``ds[var]`` (items by pixels, see
-    ``outcore.sketch.stack``) from a randomized sketch of width ``l = rank + oversample``
-    with ``power_iterations`` power reads: ``power_iterations + 2`` reads of the stack.
+@dataclass(frozen=True)
+class _Sketch:
+    """The checked arguments of a sketch: the dataset (its stack in its layout's dim order),
+    the stack, the sketch's width and options, the store it came from (None for data in
+    hand), the blocks asked for (None: the plan's choice) and whether to hold them."""
 
-    ``var`` defaults to the main variable of the dataset's layout (``data`` of a diffraction
-    stack). ``center=True`` decomposes ``A - 1 mean^T`` (PCA). ``client`` (default: the
-    active distributed client, else dask's own scheduler) computes the reads; ``backend``
-    (``numpy`` or ``cupy``) runs the block products; ``chunks`` maps item dims to the items
-    of a block (default: the array's own chunks; pixel dims are always whole). ``hold=True``
-    keeps the decoded blocks in the workers' memory after the first read, so the store is
-    read once for the ``power_iterations + 2`` passes (``plan_sketch`` says when they fit).
+    ds: xr.Dataset
+    stack: Stack
+    width: int
+    rank: int
+    power_iterations: int
+    backend: str
+    source: Path | None
+    item_chunk: tuple[int, ...] | None
+    hold: bool | None
 
-    Returns a Dataset in memory: ``singular_values(component)``, ``u(item dims...,
-    component)`` (orthonormal left factors), ``v(component, pixel dims...)`` (orthonormal
-    right factors as images), ``explained_variance(component)`` (``s^2 / (n - 1)``),
-    ``explained_variance_ratio(component)`` (``s^2`` over the stack's sum of squares,
-    centred with ``center``), ``mean(pixel dims...)`` with ``center``, the input's
-    coordinates and the variables of ``ds`` that are not stack-sized (positions, angles,
-    ids); attrs: the options, ``passes`` (``power_iterations + 2``), ``store_reads`` (1 when
-    held, else the passes), ``tasks_per_read``, ``read_seconds`` (one per pass),
-    ``total_sum_of_squares`` and ``residual_fraction`` (``||A - U S V^T||_F^2 /
-    ||A||_F^2``, exact for these factors). Bad input raises LayoutError or OutcoreError
-    before anything is read; NaN or Inf in the stack a LayoutError after the first read.
-    """
+    def plan(self, resources: Resources, denoise: bool = False) -> Plan:
+        """The plan of this sketch on ``resources`` (``memory.plan_sketch``): nothing read."""
+        return plan_sketch(self.stack, resources, self.width, self.rank,
+                           self.power_iterations, denoise=denoise, item_chunk=self.item_chunk,
+                           hold=self.hold)
+
+    def blocks(self, item_chunk: tuple[int, ...]) -> xr.Dataset:
+        """The dataset with its stack in blocks of ``item_chunk`` items: a store opened with
+        those chunks (each read task reads its block), data in hand rechunked."""
+        chunks = self.stack.chunks(item_chunk)
+        if self.source is not None:
+            return ordered(open_stack(self.source, chunks)[0], self.stack.var)
+        return self.ds
+
+
+def _sketch_of(data: Data, rank: int, var: str | None, oversample: int,
+               power_iterations: int, seed: int, center: bool,
+               chunks: Mapping[str, int] | None, hold: bool | None, backend: str) -> _Sketch:
+    """The arguments of ``svd`` checked, reading no array data: one ``OutcoreError`` naming
+    the first that is wrong."""
+    source = None
+    if isinstance(data, str | PathLike):
+        source = Path(data).expanduser()
+        data = open_stack(source)[0]
+    if isinstance(data, np.ndarray | da.Array):
+        raise ArgumentError(f"data= is a {type(data).__name__} without dimension names:"
+                            " outcore needs to know which axes are the items and which the"
+                            " pixels.", "wrap it: data=xr.DataArray(array, dims=('scan_y',"
+                            " 'scan_x', 'k_y', 'k_x')), the items first, the pixels (the last"
+                            " two) last.")
+    if isinstance(data, xr.DataArray) and var is None:
+        var = str(data.name) if data.name is not None else "data"
+    ds = ordered(dataset(data, "data"), var)
     stack = describe(ds, var)
     width = check_options(stack, rank, oversample, power_iterations, seed)
-    backends.resolve(backend)
-    client = _client(client)
-    array = stack_array(ds[stack.var], stack, chunks)
+    if not isinstance(center, bool | np.bool_):
+        raise ArgumentError(f"center={center!r} is not True or False.",
+                            "give center=True (PCA: the mean pattern subtracted) or False.")
+    if hold is not None and not isinstance(hold, bool | np.bool_):
+        raise ArgumentError(f"hold={hold!r} is not True, False or None.",
+                            "give hold=None (the plan's choice), True or False.")
+    item_chunk = None
+    if chunks is not None:
+        if not isinstance(chunks, Mapping):
+            raise ArgumentError(f"chunks={chunks!r} is not a mapping of item dims to items.",
+                                f"give e.g. chunks={{'{stack.item_dims[0]}': 8}}.")
+        unknown = set(chunks) - set(stack.item_dims)
+        if unknown:
+            raise LayoutError(f"chunks= names {sorted(unknown)}, not among the item dims"
+                              f" {list(stack.item_dims)} (a block holds whole patterns).",
+                              f"name item dims only, e.g. chunks={{'{stack.item_dims[0]}':"
+                              " 8}.")
+        for dim, items in chunks.items():
+            if isinstance(items, bool) or not isinstance(items, int) or items < 1:
+                raise LayoutError(f"chunks={{'{dim}': {items!r}}} is not a positive number of"
+                                  " items.", f"give chunks={{'{dim}': 8}} or another whole"
+                                  " number of 1 or more.")
+        kept = (stack.item_chunk if isinstance(ds[stack.var].data, da.Array)
+                else stack.item_shape)  # dims left out: their chunks, or whole in memory
+        item_chunk = tuple(int(chunks.get(d, c))
+                           for d, c in zip(stack.item_dims, kept, strict=True))
+    return _Sketch(ds, stack, width, rank, power_iterations, backends.resolve(backend),
+                   source, item_chunk, hold)
+
+
+@keywords_checked
+def plan_svd(data: Data, rank: int, *, var: str | None = None, oversample: int = 10,
+             power_iterations: int = 2, seed: int = 0, center: bool = False,
+             chunks: Mapping[str, int] | None = None, hold: bool | None = None,
+             denoise: bool = False, backend: str = "numpy",
+             client: distributed.Client | None = None,
+             resources: Resources | None = None) -> Plan:
+    """The memory plan of ``svd(data, rank, ...)`` with the same arguments, reading no
+    array data: the blocks it would read and the bytes of each kind of task against the
+    workers of ``client`` (default: the running client, see ``svd``) or the given
+    ``resources``; ``denoise=True`` also counts writing the rank-``k`` stack
+    (``reconstruct``). ``print(plan.table())`` shows it; ``plan.fits`` says whether it fits
+    (``svd`` refuses one that does not)."""
+    sketch = _sketch_of(data, rank, var, oversample, power_iterations, seed, center, chunks,
+                        hold, backend)
+    if resources is None:
+        resources = session.resources_for(session.client_for(client), sketch.backend)
+    return sketch.plan(resources, denoise)
+
+
+@keywords_checked
+def svd(data: Data, rank: int, *, var: str | None = None, oversample: int = 10,
+        power_iterations: int = 2, seed: int = 0, center: bool = False,
+        chunks: Mapping[str, int] | None = None, hold: bool | None = None,
+        backend: str = "numpy", client: distributed.Client | None = None,
+        plan: Plan | None = None) -> xr.Dataset:
+    """The ``rank`` leading singular triplets of a stack (items by pixels, see
+    ``outcore.sketch.stack``) from a randomized sketch of width ``l = rank + oversample``
+    with ``power_iterations`` power reads: ``power_iterations + 2`` reads of the stack. It
+    computes (the reads run at once, with a progress bar) and returns the factors in memory.
+
+    ``data``: a Dataset (``var``: the stack's variable, default the main one of its
+    layout, e.g. ``data`` of a diffraction stack), a DataArray, numpy- or dask-backed, or
+    the path of a store. A stack whose dims are its layout's in another order is reordered
+    (``(k_y, k_x, scan_y, scan_x)`` is read as ``(scan_y, scan_x, k_y, k_x)``).
+    ``center=True`` decomposes ``A - 1 mean^T`` (PCA). ``backend`` (``numpy`` or ``cupy``)
+    runs the block products. ``chunks`` maps item dims to the items of a block and ``hold``
+    keeps the decoded blocks in the workers' memory after the first read (the store read
+    once for the ``power_iterations + 2`` passes); by default the plan chooses both for the
+    workers (``plan_svd`` shows it).
+
+    Runs on ``client``, else the Dask client you started, else a cluster of this process
+    started once; a plan that does not fit the workers' memory is one ``PlanError`` before
+    any read, naming ``memory_limit=`` and what shrinks the tasks. ``plan``: a plan already
+    made and checked (the command line's), used as it is.
+
+    Returns a Dataset: ``singular_values(component)`` (in the stack's units),
+    ``u(item dims..., component)`` (orthonormal left factors), ``v(component, pixel
+    dims...)`` (orthonormal right factors as images), ``explained_variance(component)``
+    (``s^2 / (n - 1)``), ``explained_variance_ratio(component)`` (``s^2`` over the stack's
+    sum of squares, centred with ``center``), ``mean(pixel dims...)`` with ``center``; the
+    input's coordinates (integer ones, ``units: "pixel"``, on dims without any) and its
+    variables that are not stack-sized (positions, angles, ids); attrs: the options,
+    ``passes`` (``power_iterations + 2``), ``store_reads`` (1 when held, else the passes),
+    ``tasks_per_read``, ``block_items``, ``read_seconds`` (one per pass),
+    ``total_sum_of_squares`` and ``residual_fraction`` (``||A - U S V^T||_F^2 /
+    ||A||_F^2``, exact for these factors). Bad input is one ``OutcoreError`` before anything
+    is read; NaN or Inf in the stack a ``LayoutError`` after the first read.
+    """
+    sketch = _sketch_of(data, rank, var, oversample, power_iterations, seed, center, chunks,
+                        hold, backend)
+    client = session.client_for(client)
+    plan = session.fitted_plan(sketch.plan, client, sketch.backend, plan=plan,
+                               fixes=plan_fixes(sketch.stack))
+    item_chunk = tuple(plan.choices)
+    ds, stack = sketch.blocks(item_chunk), sketch.stack
+    array = stack_array(ds[stack.var], stack, dict(zip(stack.item_dims, item_chunk,
+                                                       strict=True)))
+    return _decompose(ds, stack, array, client, rank=rank, oversample=oversample,
+                      width=sketch.width, power_iterations=power_iterations, seed=seed,
+                      center=center, hold=bool(plan.config["hold"]), backend=sketch.backend)
+
+
+def _decompose(ds: xr.Dataset, stack: Stack, array: da.Array, client: distributed.Client, *,
+               rank: int, oversample: int, width: int, power_iterations: int, seed: int,
+               center: bool, hold: bool, backend: str) -> xr.Dataset:
+    """The sketch of ``array`` (``ds``'s stack in its blocks) on ``client``: the reads, then
+    the small SVD on the client (see the module's docstring)."""
     started = time.perf_counter()
     if hold:  # read in the first pass, held until the last
-        array = array.persist() if client is None else client.persist(array)
-    held_s = time.perf_counter() - started  # dask's own scheduler reads here, not in a pass
+        array = client.persist(array)
+    held_s = time.perf_counter() - started
     blocks = list(array.to_delayed(optimize_graph=True).ravel())
     split = len(stack.item_dims)
     n, m = stack.items, stack.pixels
@@ -233,7 +355,7 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
 
     def read(*objs: Any) -> list[Any]:
         t0 = time.perf_counter()
-        out = _compute(client, *objs)
+        out = progress.compute(client, *objs)
         seconds.append(round(time.perf_counter() - t0 + (0 if seconds else held_s), 6))
         return out
 
@@ -275,6 +397,7 @@ def svd(ds: xr.Dataset, rank: int, *, var: str | None = None, oversample: int = 
         "power_iterations": power_iterations, "seed": seed, "center": center,
         "passes": power_iterations + 2, "store_reads": 1 if hold else power_iterations + 2,
         "tasks_per_read": len(blocks),
+        "block_items": [int(max(c)) for c in array.chunks[:split]],
         "read_seconds": seconds, "total_sum_of_squares": float(total),
         "residual_fraction": float(max(0.0, 1 - float(s @ s) / total)) if total > 0 else 0.0,
         "item_dims": list(stack.item_dims), "pixel_dims": list(stack.pixel_dims),
@@ -313,38 +436,69 @@ def _companions(ds: xr.Dataset, stack: Stack) -> dict[str, xr.DataArray]:
 def _result(ds: xr.Dataset, stack: Stack, s: np.ndarray, u: np.ndarray, right: np.ndarray,
             mean: np.ndarray | None, total: float, attrs: dict[str, Any]) -> xr.Dataset:
     rank = s.size
-    coords = {name: c for name, c in ds[stack.var].coords.items()
-              if set(map(str, c.dims)) <= set(stack.item_dims)
-              or set(map(str, c.dims)) <= set(stack.pixel_dims)}
+    data = ds[stack.var]
+    coords: dict[str, Any] = {
+        str(name): c for name, c in data.coords.items()
+        if set(map(str, c.dims)) <= set(stack.item_dims)
+        or set(map(str, c.dims)) <= set(stack.pixel_dims)}
+    for dim, size in zip((*stack.item_dims, *stack.pixel_dims),
+                         (*stack.item_shape, *stack.pixel_shape), strict=True):
+        if dim not in coords:  # no coordinate of its own: the index, in pixels
+            coords[dim] = xr.Variable(dim, np.arange(size), {"units": "pixel"})
+    coords["component"] = xr.Variable("component", np.arange(rank),
+                                      {"long_name": "component, by decreasing singular value"})
+    unit = data.attrs.get("units")
+    values = {} if unit is None else {"units": str(unit)}
+    squared = {} if unit is None else {"units": f"({unit})^2"}
     variables: dict[str, Any] = {
-        "singular_values": ("component", s),
-        "u": ((*stack.item_dims, "component"), u),
-        "v": (("component", *stack.pixel_dims), right.T.reshape(rank, *stack.pixel_shape)),
-        "explained_variance": ("component", s**2 / max(1, stack.items - 1)),
+        "singular_values": ("component", s, values),
+        "u": ((*stack.item_dims, "component"), u, {"long_name": "left factors (unit norm)"}),
+        "v": (("component", *stack.pixel_dims), right.T.reshape(rank, *stack.pixel_shape),
+              {"long_name": "right factors (unit norm)"}),
+        "explained_variance": ("component", s**2 / max(1, stack.items - 1), squared),
         "explained_variance_ratio": ("component", s**2 / total if total > 0
                                      else np.zeros_like(s)),
     }
     if mean is not None:
-        variables["mean"] = (stack.pixel_dims, mean.reshape(stack.pixel_shape))
+        variables["mean"] = (stack.pixel_dims, mean.reshape(stack.pixel_shape), values)
     kept_attrs = {k: v for k, v in ds.attrs.items() if k != LAYOUT_ATTR}
-    out = xr.Dataset(variables, coords={**coords, "component": np.arange(rank)},
-                     attrs=kept_attrs | attrs)
+    out = xr.Dataset(variables, coords=coords, attrs=kept_attrs | attrs)
     return out.assign(_companions(ds, stack))
 
 
-def reconstruct(components: xr.Dataset, ds: xr.Dataset, rank: int | None = None,
-                backend: str = "numpy",
-                chunks: Mapping[str, int] | None = None) -> xr.Dataset:
-    """``ds`` with its stack replaced by the rank-``rank`` stack ``U S V^T`` (plus the mean
-    of a centred sketch) of ``components`` (``svd``'s result; default: all its components),
-    lazy, block by block along the items (``chunks``: items per block by item dim, default
-    the stack's own chunks), in the stack's float dtype (float32 for integer counts): the
-    denoised stack, in the input's layout."""
+@keywords_checked
+def reconstruct(components: xr.Dataset, data: Data, *, rank: int | None = None,
+                chunks: Mapping[str, int] | None = None,
+                backend: str = "numpy") -> xr.Dataset:
+    """``data`` (what ``svd`` decomposed: a Dataset, a DataArray or a store's path) with its
+    stack replaced by the rank-``rank`` stack ``U S V^T`` (plus the mean of a centred
+    sketch) of ``components`` (``svd``'s result; default: all its components): the denoised
+    stack, in the input's layout and the stack's float dtype (float32 for integer counts).
+    Lazy: nothing is computed, block by block along the items (``chunks``: items per block
+    by item dim, default the sketch's blocks)."""
+    if not isinstance(components, xr.Dataset) or "source_var" not in components.attrs:
+        raise ArgumentError(f"components= is a {type(components).__name__}, not the result"
+                            " of svd.", "pass the Dataset svd returns.")
     var = components.attrs["source_var"]
+    if isinstance(data, str | PathLike):
+        data = open_stack(data)[0]
+    ds = ordered(dataset(data, "data"), var)
     stack = describe(ds, var)
-    k = components.sizes["component"] if rank is None else rank
+    k = components.sizes["component"]
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)
+                             or not 1 <= rank <= k):
+        raise OutcoreError(f"rank={rank!r} is not a number of components from 1 to {k}"
+                           " (those of components=).", f"give rank={k} or less.")
+    k = k if rank is None else rank
+    shape = tuple(components["u"].shape[:-1])
+    if shape != stack.item_shape or tuple(components["v"].shape[1:]) != stack.pixel_shape:
+        raise LayoutError(f"components= are of a stack of {shape} items by"
+                          f" {tuple(components['v'].shape[1:])} pixels, not of this one"
+                          f" ({stack.item_shape} by {stack.pixel_shape}).",
+                          "pass the data svd decomposed.")
+    blocks = components.attrs.get("block_items", stack.item_chunk)
     item_chunks = tuple(int((chunks or {}).get(d, c))
-                        for d, c in zip(stack.item_dims, stack.item_chunk, strict=True))
+                        for d, c in zip(stack.item_dims, blocks, strict=True))
     u = da.from_array(components["u"].values[..., :k], chunks=(*item_chunks, k))
     f = components["singular_values"].values[:k, None] * components["v"].values[:k].reshape(
         k, -1)
@@ -352,7 +506,8 @@ def reconstruct(components: xr.Dataset, ds: xr.Dataset, rank: int | None = None,
     dtype = denoised_dtype(stack.dtype)
     split = len(stack.item_dims)
     data = da.map_blocks(
-        _expand, u, dask.delayed(f), dask.delayed(mean), dtype, stack.pixel_shape, backend,
-        dtype=dtype, chunks=(*u.chunks[:split], *((p,) for p in stack.pixel_shape)),
+        _expand, u, dask.delayed(f), dask.delayed(mean), dtype, stack.pixel_shape,
+        backends.resolve(backend), dtype=dtype,
+        chunks=(*u.chunks[:split], *((p,) for p in stack.pixel_shape)),
         drop_axis=split, new_axis=list(range(split, split + len(stack.pixel_shape))))
     return ds.assign({var: (ds[var].dims, data, ds[var].attrs)})

@@ -15,6 +15,11 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from outcore.arguments import keywords_checked
+from outcore.checks import at_least, positive, shape
+
+__all__ = ["simulate_phases"]
+
 #: The attributes of the simulated stack that the diffraction layout needs: 300 keV
 #: electrons, a 1 nm scan step, a reciprocal pixel of 0.05 / nm.
 ATTRS = {"wavelength": 1.97e-12, "scan_step": 1e-9, "reciprocal_pixel_size": 5e7}
@@ -78,6 +83,7 @@ def _rows(start: int, stop: int, patterns: np.ndarray, phase: np.ndarray,
     return out
 
 
+@keywords_checked
 def simulate_phases(scan: tuple[int, int] = (32, 32), detector: int = 64, phases: int = 3, *,
                     dose: float | None = None, seed: int = 0, chunk_rows: int | None = None,
                     dtype: str = "float32") -> tuple[xr.Dataset, xr.Dataset]:
@@ -86,6 +92,12 @@ def simulate_phases(scan: tuple[int, int] = (32, 32), detector: int = 64, phases
     ``patterns(phase, k_y, k_x)``). Values are expected electrons (``dose`` per pattern at
     unit thickness, ``SCALE`` without it); with ``dose`` they are Poisson counts. Blocks of
     ``chunk_rows`` scan rows (default: about 32 MiB)."""
+    scan = shape(scan, "scan", 2)
+    at_least(detector, "detector", 8)
+    at_least(phases, "phases")
+    at_least(seed, "seed", 0)
+    at_least(chunk_rows, "chunk_rows")
+    positive(dose, "dose", "dose=1e4 (electrons per pattern)")
     patterns = phase_patterns(phases, detector, seed)
     phase = phase_map(scan, phases, seed)
     thickness = thickness_map(scan)

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from outcore.backend import whole_ceil
 from outcore.errors import LayoutError
 
 Kind = Literal["parallel", "cone"]
@@ -245,12 +246,12 @@ def scan_for(kind: Kind, volume_shape: tuple[int, int, int], n_views: int,
     half = voxel_size * math.hypot(nx, ny) / 2
     if kind == "parallel":
         return Geometry.parallel(uniform_angles(n_views, kind),
-                                 (nz, 2 * math.ceil(half / voxel_size) + 2),
+                                 (nz, 2 * whole_ceil(half / voxel_size) + 2),
                                  detector_pixel_size=voxel_size, voxel_size=voxel_size)
     source, detector = 6 * half, 4 * half
     pixel = voxel_size * (source + detector) / source
     widest = (source + detector) / (source - half)
     return Geometry.cone(uniform_angles(n_views, kind),
-                         (math.ceil((nz + 2) * voxel_size * widest / pixel) + 2,
-                          2 * math.ceil((half + voxel_size) * widest / pixel) + 2),
+                         (whole_ceil((nz + 2) * voxel_size * widest / pixel) + 2,
+                          2 * whole_ceil((half + voxel_size) * widest / pixel) + 2),
                          source, detector, detector_pixel_size=pixel, voxel_size=voxel_size)

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from outcore.backend import whole_floor
 from outcore.checks import shape as shape_of
 from outcore.io.layouts import FLOAT, Attr, Layout, Need, Var, register
 from outcore.tomo.geometry import Geometry
@@ -93,5 +93,5 @@ def default_volume_shape(ds: xr.Dataset, geometry: Geometry) -> tuple[int, ...]:
     nv, nu = geometry.detector_shape
     dv, du = geometry.detector_pixel_size
     scale = geometry.magnification * geometry.voxel_size
-    n = max(1, math.floor(nu * du / scale))
-    return (max(1, math.floor(nv * dv / scale)), n, n)
+    n = max(1, whole_floor(nu * du / scale))
+    return (max(1, whole_floor(nv * dv / scale)), n, n)

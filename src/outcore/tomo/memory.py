@@ -32,6 +32,7 @@ import numpy as np
 
 from outcore.plan import F64, Resources, TaskMemory
 from outcore.tomo.center.search import memory as search_memory
+from outcore.tomo.corrections import reslice
 from outcore.tomo.geometry import Geometry
 
 #: Resident memory of a worker process that has run the projector's CPU kernels, bytes:
@@ -322,10 +323,18 @@ def filter_row_bytes(nu: int, cone: bool, itemsize: int = 4) -> int:
     return itemsize * size + 2 * itemsize * (size // 2 + 1) + (itemsize * nu if cone else 0)
 
 
-def store_reads(store_chunks: tuple[int, int]) -> list[TaskMemory]:
-    """Reading the input store: ``store_chunks`` (how many chunks, bytes of one)."""
-    count, size = store_chunks
-    return [TaskMemory("read-projections", count, size, size, read_bytes=size)] if count else []
+#: Dask chunks of an array, per dim.
+Chunks = tuple[tuple[int, ...], ...]
+
+
+def store_reads(cut: Cut, stored: Chunks | None) -> list[TaskMemory]:
+    """Reading the input, stored in the chunks ``stored`` (None: nothing read), in values
+    of ``cut``'s dtype."""
+    if not stored:
+        return []
+    size = math.prod(max(c) for c in stored) * cut.dtype.itemsize
+    return [TaskMemory("read-projections", math.prod(len(c) for c in stored), size, size,
+                       read_bytes=size)]
 
 
 def _largest(cut: Cut) -> tuple[int, int, int, int]:
@@ -340,7 +349,7 @@ def _own(cut: Cut, keep: str) -> list[TaskMemory]:
     return [s for s in cut.memory() if s.name.startswith(keep)]
 
 
-def simulate_stages(cut: Cut, store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
+def simulate_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
     """A simulated scan: the phantom's slabs (float64 sums and broadcast temporaries of one
     slab), their projection and the write of the projections."""
     item = cut.dtype.itemsize
@@ -351,25 +360,25 @@ def simulate_stages(cut: Cut, store_chunks: tuple[int, int] = (0, 0)) -> list[Ta
                        write_bytes=chunk * item)]
 
 
-def fbp_stages(cut: Cut, store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
-    """FBP/FDK: the reads of the input, the ramp filter of each projection chunk and the
-    weighted backprojection (it never projects)."""
+def fbp_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """FBP/FDK: the reads of the input (stored in chunks ``stored``), the ramp filter of
+    each projection chunk and the weighted backprojection (it never projects)."""
     item = cut.dtype.itemsize
     _, chunk, _, n_chunks = _largest(cut)
     views, rows, nu = (max(c) for c in cut.projection_chunks)
-    return [*_own(cut, "backproject"), *store_reads(store_chunks),
+    return [*_own(cut, "backproject"), *store_reads(cut, stored),
             TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
                        transient_bytes=views * rows * filter_row_bytes(
                            nu, cut.geometry.kind == "cone", item))]
 
 
-def iterative_stages(cut: Cut, store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
+def iterative_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
     """SIRT and CGLS: projections and backprojections, the reads of the input and the zarr
     vector updates. An update reads up to three vectors (SIRT's x, C and A^T w; b, A x and R)
     and writes one, through one temporary; its norm sums in place (``solvers._norm2``)."""
     item = cut.dtype.itemsize
     slab, chunk, n_slabs, n_chunks = _largest(cut)
-    return [*cut.memory(), *store_reads(store_chunks),
+    return [*cut.memory(), *store_reads(cut, stored),
             TaskMemory("update-volume", n_slabs, 3 * slab * item, slab * item,
                        transient_bytes=slab * item, read_bytes=3 * slab * item,
                        write_bytes=slab * item),
@@ -400,3 +409,69 @@ def center_stages(stored: Any, rows: int) -> list[TaskMemory]:
     read = TaskMemory("read-center-rows", tasks, input_bytes=0, output_bytes=chunk,
                       read_bytes=chunk)
     return [read, search_memory(n_views, nu, rows)]
+
+
+# --- gridrec ------------------------------------------------------------------------------------
+
+#: Bytes per polar sample that ducc0's NUFFT plan holds (its copy of the coordinates and
+#: their sorted index; 12-16 measured with VmHWM at 2-4 million samples).
+GRIDREC_PLAN_BYTES = 16
+#: Largest oversampling of the NUFFT's fine grid on the host (``kernels.cpu``'s
+#: ``GRIDREC_SIGMA_MAX``) and on a GPU (``kernels.gpu``'s, where the grid is float64).
+GRIDREC_SIGMA = {"numpy": 2.0, "cupy": 2.0}
+#: Views per block in which ``gridrec.polar_samples`` builds its factors and coordinates.
+POLAR_BLOCK_VIEWS = 64
+#: Views per block of the projections re-sliced for gridrec when the store is not what is
+#: reconstructed (corrections such as stitching come between).
+RESLICE_BLOCK_VIEWS = 16
+
+
+def sinogram_chunks(cut: Cut) -> Chunks:
+    """Chunks of the projections re-sliced for gridrec: every view, ``cut``'s row chunks
+    (cut at the images of the slab boundaries), every column."""
+    return ((cut.geometry.n_views,), tuple(b - a for a, b in cut.blocks.row_chunks),
+            (cut.geometry.detector_shape[1],))
+
+
+def gridrec_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """Gridrec (``outcore.tomo.reconstruction.gridrec``) in ``cut``'s slabs of whole
+    sinograms: the reads of the input (stored in chunks ``stored``; None: nothing read),
+    its re-slice into sinogram chunks (from the stored chunks, or from blocks of
+    ``RESLICE_BLOCK_VIEWS`` views when corrections change the stored shape) and the slab
+    stage (bytes per task, at the largest slab).
+
+    A slab task holds the sinogram chunks that meet its band (input) and its planes
+    (output); its scratch: the band copied out, the polar ``factors`` (complex) and
+    ``coords`` (two reals) of ``views * (size / 2 + 1)`` samples, one block of views'
+    float64 temporaries while they are built (``POLAR_BLOCK_VIEWS``), and the NUFFT's
+    (``GRIDREC_PLAN_BYTES`` a sample). A plane then holds its sinogram, the zero-padded
+    copy the FFT makes and its spectrum, the complex image and the fine grid of the NUFFT
+    (``sigma^2`` times the image, complex; float64 on a GPU, with its single-precision copy
+    and transform). On cupy the task holds its arrays on the device as well.
+    """
+    geometry, item = cut.geometry, cut.dtype.itemsize
+    n_views, nv, nu = geometry.projection_shape
+    _, ny, nx = cut.volume_shape
+    chunks = stored
+    if not chunks or tuple(sum(c) for c in chunks) != geometry.projection_shape:
+        chunks = (tuple(b - a for a, b in _ranges(n_views, RESLICE_BLOCK_VIEWS)), (nv,), (nu,))
+    size = padded(nu)
+    samples = n_views * (size // 2 + 1)
+    b = cut.blocks
+    slab = max(z1 - z0 for z0, z1 in b.slabs)
+    band = max(r1 - r0 for r0, r1 in b.bands)
+    rows = max(sum(b.row_chunks[r][1] - b.row_chunks[r][0] for r in b.pieces(s))
+               for s in range(len(b.slabs)))
+    row = n_views * nu * item
+    polar = samples * 4 * item + min(n_views, POLAR_BLOCK_VIEWS) * (size // 2 + 1) * 6 * F64
+    sigma = GRIDREC_SIGMA[cut.backend]
+    fine = math.ceil(sigma * ny) * math.ceil(sigma * nx)
+    grid = fine * (2 * F64 + 2 * 2 * item) if cut.backend == "cupy" else fine * 2 * item
+    plane = row + n_views * size * item + samples * 2 * item + ny * nx * 2 * item + grid
+    transient = band * row + polar + samples * GRIDREC_PLAN_BYTES + plane
+    stage = TaskMemory("gridrec", len(b.slabs), input_bytes=rows * row,
+                       output_bytes=slab * ny * nx * item, transient_bytes=transient,
+                       write_bytes=slab * ny * nx * item)
+    return [*store_reads(cut, stored),
+            *reslice.stages(chunks, sinogram_chunks(cut), item, "gridrec-reslice"),
+            on_device(stage) if cut.backend == "cupy" else stage]

@@ -5,16 +5,17 @@ of ``outcore tomo reconstruct``: the scan (a Dataset, a DataArray, a store's pat
 scan's, ``outcore.tomo.scans``) through the corrections asked (Paganin's phase retrieval,
 half-acquisition stitching, ring removal), its rotation centre found when asked, and
 reconstructed by a method of the table ``outcore.tomo.reconstruction.methods.METHODS``;
-``fbp``, ``cgls`` and ``sirt`` are the same with the method fixed and no corrections. Every
-argument is checked before any compute (:func:`prepare`, which computes nothing), the blocks
-are chosen for the workers of ``client`` (or the default client) and the plan is checked
-before any task (``session.fitted_plan``; the command line hands over the plan it printed).
+``fbp``, ``gridrec``, ``cgls`` and ``sirt`` are the same with the method fixed and no
+corrections. Every argument is checked before any compute (:func:`prepare`, which computes
+nothing), the blocks are chosen for the workers of ``client`` (or the default client) and
+the plan is checked before any task (``session.fitted_plan``; the command line hands over
+the plan it printed).
 
 The volume is a Dataset: ``volume (z, y, x)`` in attenuation per ``length_unit`` (1/m, or
 1/pixel for a scan measured in pixels), with the voxel centres as coordinates (the rotation
 axis at x = y = 0) and ``voxel_size``, the method, the centre and (iterative methods) the
-residuals in attrs. FBP's is lazy; CGLS and SIRT compute their iterations before they
-return, their volume read lazily from the last iteration's store.
+residuals in attrs. FBP's and gridrec's are lazy; CGLS and SIRT compute their iterations
+before they return, their volume read lazily from the last iteration's store.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from outcore.tomo.geometry import Geometry
 from outcore.tomo.layouts import default_volume_shape, volume_dataset
 from outcore.tomo.memory import PARTITIONS
 from outcore.tomo.reconstruction import planning
+from outcore.tomo.reconstruction.gridrec import check_parallel
 from outcore.tomo.reconstruction.methods import ITERATIVE, METHODS, WINDOWS, Solving
 from outcore.tomo.scans import (
     BLOCK_FIXES,
@@ -60,7 +62,8 @@ from outcore.tomo.scans import (
 if TYPE_CHECKING:
     import distributed
 
-__all__ = ["DEFAULT_ITERATIONS", "Prepared", "cgls", "fbp", "prepare", "reconstruct", "sirt"]
+__all__ = ["DEFAULT_ITERATIONS", "Prepared", "cgls", "fbp", "gridrec", "prepare", "reconstruct",
+           "sirt"]
 
 #: Iterations of an iterative method when none are asked.
 DEFAULT_ITERATIONS = 20
@@ -98,9 +101,9 @@ class Prepared:
     def plan(self, resources: Resources) -> Plan:
         """The plan on ``resources``: the blocks that fit and, for an iterative method,
         where its vectors live (``planning.plan``); this work rides in its choices. The CPU
-        kernels are compiled (or loaded from numba's cache) here, before the solve's clock
-        starts (``kernels.warm``)."""
-        if resources.backend == "numpy":
+        kernels of a projector method are compiled (or loaded from numba's cache) here,
+        before the solve's clock starts (``kernels.warm``)."""
+        if resources.backend == "numpy" and METHODS[self.method].projector:
             kernels.warm(self.geometry.kind, self.raw["projections"].dtype)
         return planning.plan(self.geometry, self.shape, METHODS[self.method], resources,
                              partition=self.partition, views_per_block=self.views_per_block,
@@ -170,12 +173,23 @@ def _only_for(method: str, given: Mapping[str, bool]) -> None:
                                 f"drop {keyword}=, or use another method=.")
 
 
+def _own_blocks(method: str, given: Mapping[str, Any]) -> None:
+    """Refuse the block keywords ``method`` does not take (gridrec's tasks take every view
+    of their slab's detector rows: ``slab=`` alone)."""
+    for keyword, value in given.items():
+        if value is not None and keyword not in METHODS[method].blocks:
+            raise ArgumentError(
+                f"{keyword}= does not apply to method={method!r}: each task takes every view"
+                " of its slab's detector rows.",
+                f"drop {keyword}= (slab= sets the planes per task).")
+
+
 def prepare(scan: Any, *, center: Any = "auto", method: str = "fbp", rings: Any = None,
             paganin: Any = None, half_acquisition: Any = None, axis_side: str | None = None,
             window: str | None = None, iterations: int | None = None,
             nonnegative: bool = False, volume_shape: Sequence[int] | None = None,
             state: str = "auto", checkpoint_every: int | None = None,
-            partition: str = "views", views_per_block: int | None = None,
+            partition: str | None = None, views_per_block: int | None = None,
             slab: int | None = None, angles: Any = None, angle_unit: str | None = None,
             resources: Resources, source: str | None = None) -> Prepared:
     """:func:`reconstruct`'s arguments checked against ``scan`` before any compute
@@ -184,7 +198,8 @@ def prepare(scan: Any, *, center: Any = "auto", method: str = "fbp", rings: Any 
     overlap when ``half_acquisition='auto'`` (a few view pairs)."""
     choice(method, tuple(METHODS), "method")
     choice(state, planning.STATES, "state")
-    choice(partition, PARTITIONS, "partition")
+    if partition is not None:
+        choice(partition, PARTITIONS, "partition")
     at_least(iterations, "iterations", what="the number of iterations, iterations=1 or more")
     at_least(checkpoint_every, "checkpoint_every",
              what="the iterations between checkpoints, checkpoint_every=1 or more")
@@ -201,11 +216,14 @@ def prepare(scan: Any, *, center: Any = "auto", method: str = "fbp", rings: Any 
     if nonnegative and method != "sirt":
         raise ArgumentError(f"nonnegative= applies to sirt, not to method={method!r}.",
                             "drop nonnegative=, or use method='sirt'.")
+    _own_blocks(method, {"partition": partition, "views_per_block": views_per_block})
     raw, read = projections_of(scan, angles=angles, angle_unit=angle_unit, resources=resources)
     corrections = corrections_of(raw, resources, rings=rings, paganin=paganin,
                                  half_acquisition=half_acquisition, axis_side=axis_side)
     ds = steps.apply(corrections, raw)
     geometry = Geometry.from_attrs(ds)
+    if METHODS[method].parallel_only:
+        check_parallel(geometry, "use method='fbp', which runs FDK for a cone-beam scan.")
     wanted = _center(center, geometry)
     if isinstance(wanted, float):
         geometry = with_center(geometry, wanted)
@@ -222,7 +240,8 @@ def prepare(scan: Any, *, center: Any = "auto", method: str = "fbp", rings: Any 
     return Prepared(source or source_name(scan), raw, ds, corrections, geometry, shape, method,
                     None if iterative else (window or WINDOWS[0]),
                     (iterations or DEFAULT_ITERATIONS) if iterative else 0, bool(nonnegative),
-                    wanted, searched, partition, views_per_block, slab, state, checkpoint_every,
+                    wanted, searched, partition or "views", views_per_block, slab, state,
+                    checkpoint_every,
                     extra)
 
 
@@ -266,7 +285,7 @@ def reconstruct(scan: Any, center: Any = "auto", method: str = "fbp", rings: Any
                 volume_shape: Sequence[int] | None = None,
                 workdir: str | PathLike[str] | None = None, resume: bool = False,
                 checkpoint_every: int | None = None, state: str = "auto",
-                partition: str = "views", views_per_block: int | None = None,
+                partition: str | None = None, views_per_block: int | None = None,
                 slab: int | None = None, angles: Any = None, angle_unit: str | None = None,
                 backend: str = "auto", callback: Callable[[int, float], None] | None = None,
                 client: distributed.Client | None = None, plan: Plan | None = None
@@ -279,7 +298,9 @@ def reconstruct(scan: Any, center: Any = "auto", method: str = "fbp", rings: Any
     ``"auto"`` (found on a few sinograms, computed first: parallel beam), the axis column
     in pixels (0-based), or None (where the scan's ``detector_offset`` puts it).
     ``method``: ``fbp`` (FDK for a cone beam; ``window`` ``ram-lak``, ``shepp-logan`` or
-    ``hann``), ``sirt`` or ``cgls`` (``iterations``, default 20; ``nonnegative`` for sirt;
+    ``hann``), ``gridrec`` (parallel beam, in Fourier space: FBP's values several times
+    faster; ``window`` as FBP's; its blocks are slabs of whole sinograms, ``slab=`` alone),
+    ``sirt`` or ``cgls`` (``iterations``, default 20; ``nonnegative`` for sirt;
     vectors in ``workdir``, default a temporary directory, a checkpoint every
     ``checkpoint_every`` iterations and ``resume=True`` to go on from the workdir's last
     one; ``state`` ``auto``, ``memory`` or ``disk`` for where the vectors live).
@@ -288,15 +309,16 @@ def reconstruct(scan: Any, center: Any = "auto", method: str = "fbp", rings: Any
     ``paganin``'s keywords; ``half_acquisition``: None, ``'auto'`` or the overlap of a
     360-degree offset-axis scan in pixels (``axis_side``: ``'left'`` or ``'right'``).
     ``volume_shape`` (z, y, x): default the scan's ``volume_shape`` attr, else the
-    detector's field of view. ``partition``, ``views_per_block`` and ``slab`` fix the
-    blocks (default: chosen for the workers). ``angles``, ``angle_unit``: see
-    ``outcore.tomo.scans``. ``backend``: ``numpy``, ``cupy`` or ``auto``.
-    ``callback(iteration, residual)`` runs after each iteration. ``plan``: a plan made for
-    these arguments (the command line's).
+    detector's field of view. ``partition`` (``views``, the default, or ``space``),
+    ``views_per_block`` and ``slab`` fix the blocks (default: chosen for the workers).
+    ``angles``, ``angle_unit``: see ``outcore.tomo.scans``. ``backend``: ``numpy``,
+    ``cupy`` or ``auto``. ``callback(iteration, residual)`` runs after each iteration.
+    ``plan``: a plan made for these arguments (the command line's).
 
-    Returns the volume Dataset (see the module doc); lazy for FBP, computed iterations for
-    SIRT and CGLS. Raises ``OutcoreError`` naming the argument, or ``PlanError`` naming
-    ``memory_limit=``, ``slab=`` or ``views_per_block=``, before any task.
+    Returns the volume Dataset (see the module doc); lazy for FBP and gridrec, computed
+    iterations for SIRT and CGLS. Raises ``OutcoreError`` naming the argument, or
+    ``PlanError`` naming ``memory_limit=``, ``slab=`` or ``views_per_block=``, before any
+    task.
     """
     return _reconstructed(
         scan, center=center, method=method, rings=rings, paganin=paganin,
@@ -322,6 +344,23 @@ def fbp(scan: Any, *, center: Any = None, window: str = "ram-lak",
         partition=partition, views_per_block=views_per_block, slab=slab, angles=angles,
         angle_unit=angle_unit, client=client, plan=plan, backend=backend, workdir=None,
         resume=False, callback=None)
+
+
+@keywords_checked
+def gridrec(scan: Any, *, center: Any = None, window: str = "ram-lak",
+            volume_shape: Sequence[int] | None = None, slab: int | None = None,
+            angles: Any = None, angle_unit: str | None = None, backend: str = "auto",
+            client: distributed.Client | None = None, plan: Plan | None = None
+            ) -> xr.Dataset:
+    """Gridrec of a parallel-beam ``scan``, lazily: FBP's sum evaluated in Fourier space
+    (each plane's ramp-filtered spectrum gridded onto the slice by a NUFFT), in z-slabs of
+    ``slab`` planes of whole sinograms (default: chosen for the workers). The volume
+    Dataset, nothing computed; a cone-beam scan is refused (``fbp`` runs FDK). The other
+    arguments as :func:`fbp`'s."""
+    return _reconstructed(
+        scan, center=center, method="gridrec", window=window, volume_shape=volume_shape,
+        slab=slab, angles=angles, angle_unit=angle_unit, client=client, plan=plan,
+        backend=backend, workdir=None, resume=False, callback=None)
 
 
 @keywords_checked

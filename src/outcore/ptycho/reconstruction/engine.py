@@ -233,8 +233,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                 actors = None
                 if attempt == ITERATION_RETRIES:
                     raise OutcoreError(f"Iteration {iteration} failed {attempt + 1} times: {err}",
-                                       "check the workers' logs; the run can go on with "
-                                       "--resume from its last checkpoint.") from err
+                                       "check the workers' logs; a run that saved "
+                                       "checkpoints can go on from its last one.") from err
         trajectory.record(host.loss, before, host.coords)
         if on_iteration is not None:
             on_iteration(iteration, host.loss, replace(
@@ -255,8 +255,12 @@ def _start_actors(client: distributed.Client, bounds: list[tuple[int, int]], mak
     """One actor per shard, spread over the workers alive now (in order), each with the
     future that keeps it alive. The placement is a wish (``allow_other_workers``): just after
     a worker died the scheduler may still list it, and an actor held to its address waited
-    for it for ever (the killed-worker test hung in 1 run of 8)."""
+    for it for ever (the killed-worker test hung in 1 run of 8). Just after a worker died the
+    scheduler may list none for a moment: wait for one (a nanny restarts it)."""
     workers = _workers(client)
+    if not workers:
+        client.wait_for_workers(1, timeout=60)
+        workers = _workers(client)
     futures = [client.submit(ShardActor, make[0], make[1], a, b, *make[2:], actor=True,
                              workers=[workers[i % len(workers)]], allow_other_workers=True,
                              key=f"ptycho-shard-{i}-{tag}")

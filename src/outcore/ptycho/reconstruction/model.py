@@ -11,9 +11,10 @@ Conventions (used everywhere in ``outcore.ptycho``):
 - ``coords``: ``(n, 2)`` float64 ``(row, col)`` of each window's corner in object pixels,
   fractional in general. Position ``p`` [m, ``xy``] is the centre of its window, so
   ``coords = p[::-1] / pixel_size - K / 2``. The window is cut at
-  ``top_left = floor(coords + 0.5)`` and the probe is moved by the rest,
-  ``f = coords - top_left`` in ``[-0.5, 0.5)``, with a Fourier shift:
-  ``probe_f = ifft2(fft2(probe) exp(-2 pi i q.f))`` (``q`` = ``fftfreq(K)``, cycles per
+  ``top_left = floor(coords + 0.5)`` (``backend.nearest_whole``: a half, to within
+  ``WHOLE_TOLERANCE``, rounds up, so the preprocessing's windows and these agree) and the
+  probe is moved by the rest, ``f = coords - top_left`` in ``[-0.5, 0.5)``, with a Fourier
+  shift: ``probe_f = ifft2(fft2(probe) exp(-2 pi i q.f))`` (``q`` = ``fftfreq(K)``, cycles per
   pixel), so ``probe_f(r) = probe(r - f)`` for a band-limited probe. Integer coordinates
   (an int ``top_left``) need no shift. Where a position crosses half a pixel its window
   moves by one and the probe's shift flips sign: the patterns stay the same but for the
@@ -48,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from outcore.backend import array_namespace, to_host
+from outcore.backend import array_namespace, nearest_whole, to_host
 from outcore.ptycho import kernels
 from outcore.ptycho.kernels.arrays import preconditioner
 
@@ -95,7 +96,7 @@ def split(coords: Array) -> tuple[np.ndarray, np.ndarray]:
     a rest under ``WHOLE_PIXEL`` is 0 (positions stored in metres come back a rounding error
     off the pixel grid, and a shift of 1e-14 pixel is not worth an FFT pair per pattern)."""
     coords = np.asarray(to_host(coords), dtype=np.float64)
-    top_left = np.floor(coords + 0.5).astype(np.int64)
+    top_left = nearest_whole(coords)
     frac = coords - top_left
     frac[np.abs(frac) < WHOLE_PIXEL] = 0.0
     return top_left, frac

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from outcore.backend import nearest_whole
 from outcore.ptycho.optics import BORDER_ENERGY, border_energy
 from outcore.ptycho.reconstruction.model import object_illumination
 
@@ -106,6 +107,10 @@ def noise_floor(sample: np.ndarray, n_positions: int, noise: str,
     return float(per_pixel * (counts > 0.5).sum() / len(sample) * n_positions)
 
 
+class ConvergenceWarning(UserWarning):
+    """A reconstruction that has not converged (``convergence_warnings`` says why)."""
+
+
 def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | None,
                          power: float, stopped: str, nearfield: bool = False) -> list[str]:
     """What says the run has not converged, one sentence each (empty when nothing does):
@@ -115,10 +120,10 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
     reached before the relative-loss stop (``stopped``)."""
     notes = []
     final = float(losses[-1]) if len(losses) else float("nan")
-    fix = ("check the probe guess: give ptycho preprocess the --defocus (or a --probe), or "
-           "let ptycho reconstruct search it (--defocus-search on); more iterations may help")
+    fix = ("check the probe guess: preprocess with the defocus= (or a probe=), or let the "
+           "reconstruction search it (defocus_search='on'); more iterations may help")
     if nearfield:
-        fix = "more iterations, --probe-modes or --refine-positions may help"
+        fix = "more iterations, more probe_modes= or refine_positions= may help"
     if not np.isfinite(final):
         notes.append(f"diverged: the loss became {final}, so the object and probe are not "
                      f"usable; {fix}.")
@@ -132,10 +137,10 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
     if np.isfinite(final) and share > BORDER_ENERGY and not nearfield:
         notes.append(f"the probe has {share:.0%} of its energy at the edge of its window: it "
                      "does not fit there (the far field wraps it); crop less or bin more in "
-                     "ptycho preprocess, or give --probe-support.")
+                     "preprocessing, or give probe_support=.")
     if stopped == "max_iterations":
-        notes.append("stopped at --max-iterations before the loss settled (--tolerance); "
-                     "give more --max-iterations or a larger --tolerance.")
+        notes.append("stopped at max_iterations= before the loss settled (tolerance=); "
+                     "give more max_iterations= or a larger tolerance=.")
     return notes
 
 
@@ -195,8 +200,8 @@ def aligned_truth(truth: xr.Dataset, ds: xr.Dataset, shape: tuple[int, int]
     aligned[rows.start + shift[0]:rows.stop + shift[0],
             cols.start + shift[1]:cols.stop + shift[1]] = true_obj[rows, cols]
     true_probe = truth["probe"].values
-    corners = np.floor(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2 + 0.5)
-    return aligned, illuminated(true_probe, corners.astype(np.int64), shape)
+    corners = nearest_whole(ds["positions"].values[:, ::-1] / pixel - true_probe.shape[-1] / 2)
+    return aligned, illuminated(true_probe, corners, shape)
 
 
 def projected(obj: np.ndarray) -> np.ndarray:

@@ -44,6 +44,7 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
+from outcore.backend import whole_ceil
 from outcore.errors import OutcoreError
 from outcore.plan import Resources, TaskMemory
 from outcore.tomo.corrections.correction import Step
@@ -69,7 +70,7 @@ class HalfAcquisition:
 
     def width(self, nu: int) -> int:
         """Columns of the stitched projections for a detector of ``nu`` columns."""
-        return 2 * nu - math.ceil(self.overlap - 1e-9)
+        return 2 * nu - whole_ceil(self.overlap)
 
     def axis_column(self, nu: int) -> float:
         """The rotation axis' column on the input detector (0-based, fractional)."""
@@ -78,7 +79,7 @@ class HalfAcquisition:
 
     def offset(self, du: float) -> float:
         """``detector_offset`` u of the stitched detector (metres; less than half a pixel)."""
-        half = (math.ceil(self.overlap - 1e-9) - self.overlap) / 2
+        half = (whole_ceil(self.overlap) - self.overlap) / 2
         return (-half if self.side == "right" else half) * du
 
 

@@ -4,10 +4,14 @@
 of ``outcore tomo reconstruct``) to a :class:`Method`: ``solve(projections, cut, solving)``
 returns the volume (dask; lazy for an analytic method, read from the last iteration's store
 for an iterative one, which computes its iterations) and its metrics, working in the blocks
-of ``cut`` (``outcore.tomo.memory.Cut``); ``stages(cut, store_chunks)`` counts its tasks'
-memory for the plan (``outcore.tomo.memory``); ``fit`` chooses its blocks (default the
-projector's, ``planning.fitting_cut``); ``vectors`` are the volumes and projections an
-iterative solver holds at once (None: not iterative: no workdir, checkpoints or state).
+of ``cut`` (``outcore.tomo.memory.Cut``); ``stages(cut, stored)`` counts its tasks' memory
+for the plan, reading the input stored in chunks ``stored`` (``outcore.tomo.memory``);
+``fit`` chooses its blocks (default the projector's, ``planning.fitting_cut``; gridrec's
+slabs of whole sinograms, ``planning.fitting_slabs``) and ``blocks`` are the keywords that
+fix them; ``projector`` says it runs the projector's kernels (compiled when the plan is
+made), ``parallel_only`` that it refuses a cone-beam scan; ``vectors`` are the volumes
+and projections an iterative solver holds at once (None: not iterative: no workdir,
+checkpoints or state).
 Adding a method is its module and one line here.
 """
 
@@ -21,8 +25,9 @@ from typing import Any
 import dask.array as da
 
 from outcore.plan import TaskMemory
-from outcore.tomo.memory import Cut, fbp_stages, iterative_stages
-from outcore.tomo.reconstruction.planning import fitting_cut
+from outcore.tomo.memory import Cut, fbp_stages, gridrec_stages, iterative_stages
+from outcore.tomo.reconstruction.gridrec import Gridrec
+from outcore.tomo.reconstruction.planning import fitting_cut, fitting_slabs
 from outcore.tomo.reconstruction.projector import Projector
 from outcore.tomo.reconstruction.solvers import WINDOWS, cgls, fbp, sirt
 
@@ -52,12 +57,16 @@ Solved = tuple[da.Array, dict[str, Any]]
 @dataclass(frozen=True)
 class Method:
     """A reconstruction method: how it solves, what its tasks hold, how it chooses its
-    blocks, the vectors it keeps."""
+    blocks (and the keywords that fix them), the vectors it keeps, whether it holds for
+    parallel rays only."""
 
     solve: Callable[[da.Array, Cut, Solving], Solved]
-    stages: Callable[[Cut, tuple[int, int]], list[TaskMemory]]
+    stages: Callable[[Cut, tuple[tuple[int, ...], ...] | None], list[TaskMemory]]
     fit: Callable[..., Cut] = fitting_cut
     vectors: tuple[int, int] | None = None
+    blocks: tuple[str, ...] = ("partition", "views_per_block", "slab")
+    projector: bool = True
+    parallel_only: bool = False
 
 
 def solve_fbp(projections: da.Array, cut: Cut, solving: Solving) -> Solved:
@@ -65,6 +74,11 @@ def solve_fbp(projections: da.Array, cut: Cut, solving: Solving) -> Solved:
     projector = Projector.of(cut)
     projections = projections.rechunk(projector.projection_chunks)
     return fbp(projections, projector, solving.window), {"projector_passes": 1}
+
+
+def solve_gridrec(projections: da.Array, cut: Cut, solving: Solving) -> Solved:
+    """Gridrec (parallel beam, in Fourier space), lazily, in the cut's slabs."""
+    return Gridrec.of(cut).reconstruct(projections, solving.window), {"projector_passes": 1}
 
 
 def _iterative(solver: Callable[..., Any], setup_passes: int,
@@ -97,6 +111,8 @@ def _iterative(solver: Callable[..., Any], setup_passes: int,
 #: column weights, the row weights and ``w``.
 METHODS: dict[str, Method] = {
     "fbp": Method(solve_fbp, fbp_stages),
+    "gridrec": Method(solve_gridrec, gridrec_stages, fit=fitting_slabs, blocks=("slab",),
+                      projector=False, parallel_only=True),
     "sirt": Method(_iterative(sirt, 2, lambda solving: {"nonnegative": solving.nonnegative}),
                    iterative_stages, vectors=(3, 2)),
     "cgls": Method(_iterative(cgls, 1), iterative_stages, vectors=(4, 3)),

@@ -28,6 +28,7 @@ from outcore.tomo.corrections import steps
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
     TOMO_WORKER_BASELINE_BYTES,
+    Chunks,
     Cut,
     blocks,
     center_stages,
@@ -36,8 +37,8 @@ from outcore.tomo.memory import (
 )
 
 __all__ = ["CHECKPOINT_EVERY", "DEFAULT_LIMIT", "STATES", "MethodModel", "Solve",
-           "fitting_cut", "input_stages", "method_plan", "plan", "running_resources",
-           "store_chunks", "suggest_blocks"]
+           "fitting_cut", "fitting_slabs", "input_stages", "method_plan", "plan",
+           "running_resources", "store_chunks", "suggest_blocks"]
 
 #: Memory per worker the blocks are chosen for when there is no cluster to ask, bytes.
 DEFAULT_LIMIT = 2 * 2**30
@@ -50,13 +51,14 @@ CHECKPOINT_EVERY = {"disk": 1, "memory": 10}
 #: Stages whose tasks hold one block of views whatever the slab (thinner slabs do not help).
 VIEW_BLOCK_STAGES = frozenset({"ramp-filter", "update-projections"})
 
-Stages = Callable[[Cut, tuple[int, int]], list[TaskMemory]]
+Stages = Callable[[Cut, Chunks | None], list[TaskMemory]]
 
 
 class MethodModel(Protocol):
-    """What a plan needs of a method (``methods.Method``): its ``stages(cut, store_chunks)``,
-    how it chooses its blocks (``fit``, with :func:`fitting_cut`'s arguments), and for an
-    iterative one the ``vectors`` it holds at once (volumes, projections)."""
+    """What a plan needs of a method (``methods.Method``): its ``stages(cut, stored)``
+    (``stored``: the input's chunks), how it chooses its blocks (``fit``, with
+    :func:`fitting_cut`'s arguments), and for an iterative one the ``vectors`` it holds at
+    once (volumes, projections)."""
 
     stages: Stages
     fit: Callable[..., Cut]
@@ -137,22 +139,23 @@ def suggest_blocks(geometry: Geometry, volume_shape: tuple[int, int, int],
     return best[1]
 
 
-def method_plan(cut: Cut, stages: Stages, resources: Resources,
-                store_chunks: tuple[int, int] = (0, 0), vectors: tuple[int, int] | None = None,
-                extra: Sequence[TaskMemory] = ()) -> Plan:
-    """The plan of a method's ``stages`` with ``cut``'s blocks on ``resources``, after the
-    ``extra`` stages (the input's read and corrections); with ``vectors`` (an iterative
+def method_plan(cut: Cut, stages: Stages, resources: Resources, stored: Chunks | None = None,
+                vectors: tuple[int, int] | None = None, extra: Sequence[TaskMemory] = ()
+                ) -> Plan:
+    """The plan of a method's ``stages`` with ``cut``'s blocks on ``resources``, reading the
+    input stored in chunks ``stored`` after the ``extra`` stages (the input's read and
+    corrections); with ``vectors`` (an iterative
     solver's volumes and projections held at once in memory) each worker also holds its
     share of them."""
     held = state_bytes(cut, vectors, resources.workers) if vectors else 0
-    return Plan.of([*extra, *stages(cut, store_chunks)], resources,
+    return Plan.of([*extra, *stages(cut, stored)], resources,
                    baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)
 
 
 def fitting_cut(geometry: Geometry, shape: tuple[int, int, int], partition: str,
                 stages: Stages, resources: Resources, views_per_block: int | None = None,
                 slab: int | None = None, dtype: Any = np.float32,
-                store_chunks: tuple[int, int] = (0, 0)) -> Cut:
+                stored: Chunks | None = None) -> Cut:
     """The cut whose blocks fit ``resources``: the blocks given, else :func:`suggest_blocks`'
     (for the projector's own tasks), with the view blocks halved while the largest of the
     method's ``stages`` is one held per view block (``VIEW_BLOCK_STAGES``), else the slab,
@@ -167,7 +170,7 @@ def fitting_cut(geometry: Geometry, shape: tuple[int, int, int], partition: str,
         views, planes = views or found[0], planes or found[1]
     limited = replace(resources, memory_limit=limit)
     cut = Cut(geometry, shape, partition, views, planes, dtype, backend=resources.backend)
-    while not (fitted := method_plan(cut, stages, limited, store_chunks)).fits:
+    while not (fitted := method_plan(cut, stages, limited, stored)).fits:
         thinner_views = views_per_block is None and cut.views_per_block > 1
         thinner_slab = slab is None and cut.slab > 1
         if thinner_views and (fitted.largest_task.name in VIEW_BLOCK_STAGES
@@ -177,6 +180,26 @@ def fitting_cut(geometry: Geometry, shape: tuple[int, int, int], partition: str,
             cut = cut.with_blocks(cut.views_per_block, math.ceil(cut.slab / 2))
         else:
             break
+    return cut
+
+
+def fitting_slabs(geometry: Geometry, shape: tuple[int, int, int], partition: str | None,
+                  stages: Stages, resources: Resources, views_per_block: int | None = None,
+                  slab: int | None = None, dtype: Any = np.float32,
+                  stored: Chunks | None = None) -> Cut:
+    """The cut of a method whose tasks take every view of their slab's band of detector
+    rows (gridrec's slabs of whole sinograms; ``partition`` and ``views_per_block`` do not
+    apply): ``slab`` planes when given, else the most that keep ``resources.workers *
+    threads_per_worker`` slabs busy and whose ``stages`` fit ``resources`` (without a
+    memory limit, :data:`DEFAULT_LIMIT`), halving down to 1 (where the plan then
+    refuses)."""
+    busy = max(1, resources.workers * resources.threads_per_worker)
+    cut = Cut(geometry, shape, "space", geometry.n_views, slab or math.ceil(shape[0] / busy),
+              dtype, backend=resources.backend)
+    limited = replace(resources, memory_limit=resources.memory_limit or DEFAULT_LIMIT)
+    while slab is None and cut.slab > 1 and not method_plan(cut, stages, limited,
+                                                            stored).fits:
+        cut = cut.with_blocks(cut.views_per_block, math.ceil(cut.slab / 2))
     return cut
 
 
@@ -192,10 +215,9 @@ def input_stages(read: Sequence[TaskMemory], corrections: Sequence[steps.Correct
     return stages
 
 
-def store_chunks(stored: xr.DataArray) -> tuple[int, int]:
-    """How many chunks the input has, and the bytes of one."""
-    return (math.prod(len(c) for c in stored.chunks),
-            math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize)
+def store_chunks(stored: xr.DataArray) -> Chunks | None:
+    """The chunks the input is read in (None: held in memory, nothing read)."""
+    return getattr(stored.data, "chunks", None)
 
 
 def plan(geometry: Geometry, shape: tuple[int, int, int], method: MethodModel,

@@ -43,11 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="projections store (.zarr), or a raw scan (HDF5 Data Exchange or "
                         "NXtomo, TIFF frames), normalised on the way")
     p.add_argument("--method", default="fbp", metavar="{" + ",".join(METHODS) + "}",
-                   help="fbp (FDK for cone beam), or an iterative solver")
+                   help="fbp (FDK for cone beam), gridrec (parallel beam, in Fourier space:"
+                        " several times faster; --slab alone sets its blocks), or an "
+                        "iterative solver")
     p.add_argument("--iterations", type=int, default=None,
                    help=f"sirt/cgls: total iterations (default {DEFAULT_ITERATIONS})")
     p.add_argument("--window", default=None, metavar="{" + ",".join(WINDOWS) + "}",
-                   help=f"fbp: window of the ramp filter (default {WINDOWS[0]})")
+                   help=f"fbp, gridrec: window of the ramp filter (default {WINDOWS[0]})")
     p.add_argument("--state", default="auto", metavar="{auto,memory,disk}",
                    help="sirt/cgls: where the solver's vectors live: the workers' memory, or"
                         " zarr in the run's work/ (auto: memory when the plan fits)")
@@ -86,7 +88,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     old = earlier.config if earlier else {}
     wanted = {
         "volume_shape": same(args.volume_shape, old.get("volume_shape"), "--volume-shape"),
-        "partition": same(args.partition, old.get("partition"), "--partition") or "views",
+        "partition": same(args.partition, old.get("partition"), "--partition"),
         "views_per_block": same(args.views_per_block, old.get("views_per_block"),
                                 "--views-per-block"),
         "slab": same(args.slab, old.get("slab"), "--slab"),
