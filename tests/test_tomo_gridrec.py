@@ -228,7 +228,8 @@ def test_the_cli_gives_the_python_function_s_volume(tmp_path):
 
 def test_a_raw_scan_with_center_auto(tmp_path):
     """From the raw Data Exchange file, the centre found in the run (3.7 pixels off, the file
-    does not say so): gridrec's volume as close to the phantom as FBP's (PSNR)."""
+    does not say so): gridrec's volume as close to the phantom as FBP's around that centre
+    (PSNR)."""
     h5py = pytest.importorskip("h5py")
     views, nu, n, off = 180, 52, 36, 3.7
     g = Geometry.parallel(uniform_angles(views), (3, nu), detector_offset=(0.0, -off))
@@ -240,15 +241,15 @@ def test_a_raw_scan_with_center_auto(tmp_path):
         f["/exchange/data_white"] = np.full((2, 3, nu), 1e4, np.uint16)
         f["/exchange/data_dark"] = np.zeros((1, 3, nu), np.uint16)
         f["/exchange/theta"] = np.rad2deg(g.angles)
-    volumes = {}
-    for method in ("gridrec", "fbp"):
-        assert main(["tomo", "reconstruct", "--input", str(raw), "--method", method,
-                     "--center", "auto", "--volume-shape", "3", str(n), str(n), *COMMON,
-                     "--output-dir", str(tmp_path), "--name", method]) == 0
-        summary = json.loads((tmp_path / method / "summary.json").read_text())
-        assert abs(summary["metrics"]["center"] - ((nu - 1) / 2 + off)) < 0.1
-        volumes[method] = outcore.open(tmp_path / method / "volume.zarr")["volume"].values
-    assert _psnr(volumes["gridrec"], truth) > _psnr(volumes["fbp"], truth) - 0.3
+    assert main(["tomo", "reconstruct", "--input", str(raw), "--method", "gridrec",
+                 "--center", "auto", "--volume-shape", "3", str(n), str(n), *COMMON,
+                 "--output-dir", str(tmp_path), "--name", "run"]) == 0
+    center = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]["center"]
+    assert abs(center - ((nu - 1) / 2 + off)) < 0.1
+    ours = outcore.open(tmp_path / "run" / "volume.zarr")["volume"].values
+    with user_cluster():  # FBP of the same file around the centre the run found
+        reference = tomo.fbp(raw, center=center, volume_shape=(3, n, n))["volume"].values
+    assert _psnr(ours, truth) > _psnr(reference, truth) - 0.3
 
 
 def test_the_memory_model_bounds_the_measured_peak(tmp_path):
