@@ -91,8 +91,10 @@ def test_reconstruct_is_the_function_after_the_modules_are_imported(scan):
                                          "paganin", "fbp", "cgls", "sirt", "reconstruct"}
 
 
-def test_fbp_is_lazy_and_has_physical_coordinates_and_units(scan):
-    volume = outcore.tomo.fbp(_poisoned(scan))  # nothing computed: no block fails
+@pytest.mark.parametrize("method", ["fbp", "gridrec"])
+def test_fbp_is_lazy_and_has_physical_coordinates_and_units(scan, method):
+    reconstruct = getattr(outcore.tomo, method)
+    volume = reconstruct(_poisoned(scan))  # nothing computed: no block fails
     assert isinstance(volume["volume"].data, da.Array)
     assert volume["volume"].dims == ("z", "y", "x") and volume["volume"].shape == (N, 2 * N,
                                                                                      2 * N)
@@ -104,7 +106,7 @@ def test_fbp_is_lazy_and_has_physical_coordinates_and_units(scan):
     assert volume["volume"].attrs["units"] == "1/m"
     assert (volume.attrs["voxel_size"], volume.attrs["voxel_size_unit"]) == (voxel, "m")
     truth = shepp_logan((N, 2 * N, 2 * N)).compute()
-    assert _psnr(outcore.tomo.fbp(scan)["volume"].values, truth) > 18.0
+    assert _psnr(reconstruct(scan)["volume"].values, truth) > 18.0
 
 
 def test_the_projector_picks_its_blocks_for_the_running_cluster(client):
@@ -270,6 +272,12 @@ BATTERY = {
         "centre search works on parallel-beam scans"),
     "tomo-resume-without-workdir": (lambda s: outcore.tomo.cgls(s, resume=True),
                                     "resume=True needs the workdir="),
+    "tomo-gridrec-cone": (lambda s: outcore.tomo.gridrec(
+        s.assign_attrs(geometry="cone", source_distance=1.0, detector_distance=0.5)),
+        "gridrec reconstructs parallel-beam scans.*method='fbp'"),
+    "tomo-gridrec-views-per-block": (lambda s: outcore.tomo.reconstruct(
+        s, center=None, method="gridrec", views_per_block=8),
+        "views_per_block= does not apply to method='gridrec'.*slab="),
 }
 
 
@@ -294,6 +302,7 @@ def test_a_memory_limit_too_small_is_refused_before_any_task(scan):
                                      memory_limit="250MiB", dashboard_address=":0") as small, \
             distributed.Client(small) as client:
         for call in (lambda: outcore.tomo.fbp(_poisoned(scan), client=client),
+                     lambda: outcore.tomo.gridrec(_poisoned(scan), client=client),
                      lambda: outcore.tomo.reconstruct(_poisoned(scan), client=client),
                      lambda: outcore.tomo.find_center(_poisoned(scan), client=client)):
             with pytest.raises(PlanError) as err:
