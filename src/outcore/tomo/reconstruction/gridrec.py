@@ -30,13 +30,13 @@ or better (``tests/test_tomo_gridrec.py``). Values are in FBP's units (attenuati
 length): the same ramp (times ``du``), the same ``pi / n`` per view.
 
 Out of core: the volume is cut into z-slabs of ``slab`` planes (a ``memory.Cut`` of every
-view, partition ``space``; ``planning.fitting_slabs`` chooses them, ``memory.gridrec_stages``
-counts them); the projections are re-sliced into sinogram chunks (every view, a few detector rows,
-``outcore.tomo.corrections.reslice``) cut at the images of the slab boundaries, and each
-slab's task reads the chunks that meet its band of rows (``Geometry.row_band``) and returns
-its planes. A plane interpolates its two detector rows as FBP's backprojector does. A
-plane's value depends on its own sinogram only, so the volume is the same bit for bit
-whatever the slabs and the workers.
+view, partition ``space``; ``planning.fitting_slabs`` chooses them,
+``memory.gridrec_stages`` counts them); the projections are re-sliced into sinogram chunks
+(every view, a few detector rows, ``outcore.tomo.corrections.reslice``) cut at the images
+of the slab boundaries, and each slab's task reads the chunks that meet its band of rows
+(``Geometry.row_band``) and returns its planes. A plane interpolates its two detector rows
+as FBP's backprojector does. A plane's value depends on its own sinogram only, so the
+volume is the same bit for bit whatever the slabs and the workers.
 """
 
 from __future__ import annotations
