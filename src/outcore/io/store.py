@@ -245,6 +245,7 @@ def save(
     *,
     layout: str | None = None,
     chunks: Mapping[str, int] | None = None,
+    compute: Callable[[Delayed], object] | None = None,
 ) -> Path:
     """Validate ``ds`` and write it as a new zarr v3 store at ``path``; return the path.
 
@@ -253,12 +254,13 @@ def save(
     size) or else from the largest variable: its dask chunks, or ~64 MiB blocks along its
     first dim. Zarr chunks equal the dask chunks. A NaN/Inf where the layout refuses them
     fails the write at its block and leaves nothing at ``path``; an existing ``path`` is
-    refused with RunExistsError.
+    refused with RunExistsError. ``compute(write)`` runs the write on a distributed client
+    where given (a command's, showing its progress).
     """
     path = Path(path).expanduser()
     refuse_existing(path)
     layout = validate(ds, layout)
-    return write_new(_prepare(ds, layout, chunks or {}), path)
+    return write_new(_prepare(ds, layout, chunks or {}), path, compute)
 
 
 def write_new(ds: xr.Dataset, path: str | PathLike[str],
