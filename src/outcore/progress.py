@@ -49,12 +49,12 @@ def follow(futures: list[distributed.Future]) -> None:
     ipywidgets is installed (displayed: ``distributed.progress`` only returns it) and dask's
     text bar where it is not; a bar on a terminal; plain lines elsewhere."""
     if is_kernel():
-        try:
-            import ipywidgets  # noqa: F401  (the widget's own import, tried first)
+        try:  # the widget's own imports: a kernel may run without ipywidgets
+            import ipywidgets  # noqa: F401
+            from IPython.display import display
         except ImportError:
             distributed.progress(futures, notebook=False, multi=False)
             return
-        from IPython.display import display
 
         display(distributed.progress(futures, notebook=True, multi=False))
     elif sys.stdout.isatty():
