@@ -389,8 +389,9 @@ def _sha256(path) -> str:
 def test_a_psf_model_on_a_large_grid_is_cut_to_the_psf_size(tmp_path):
     """Moffat PSF models (beta 2: wide wings) given on 205-px grids, as survey pipelines
     write them: cut to --psf-size (25 px), so the kernels, and the border they exclude, stay
-    small, and not scaled up again (the cut holds 97 % of the flux). Measured on this pair: uncut, kernels of half width 123 px left 13 % of the image
-    searched; cut, 49 px and 55 %. The transients are found."""
+    small, and not scaled up again (the cut holds 97 % of the flux). Measured on this pair:
+    uncut, kernels of half width 123 px left 13 % of the image searched; cut, 49 px and 55 %.
+    The transients are found."""
     from dataclasses import replace
 
     from outcore.diffim.manifest import sha256_file

@@ -130,14 +130,17 @@ def plan_pairs(pairs: Sequence[Pair], options: Options, resources: Resources, *,
     ``Choice``."""
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
-    sides = [options.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
-                                  if getattr(p, k) is not None]
-    bound = memory.halo_bound(sides, options.stamp)
-    side = tile or memory.choose_tile(shapes, options, bound, variance, resources, catalog)
+    sides = [options.psf_size] + [min(max(getattr(p, k).shape), options.psf_size)
+                                  for p in pairs for k in PSF_KEYS if getattr(p, k) is not None]
+    methods = tuple(sorted({options.method_of(p) for p in pairs}))
+    bound = memory.halo_bound(sides, options.stamp, methods, options.kernel_basis)
+    side = tile or memory.choose_tile(shapes, options, bound, variance, resources, catalog,
+                                      methods)
     chosen = replace(options, tile=side)
     return memory.run_plan(shapes, chosen, bound if halo is None else halo, variance,
                            resources, bound=bound, chosen=tile is None,
-                           choices=Choice(chosen, resources), catalog=catalog)
+                           choices=Choice(chosen, resources), catalog=catalog,
+                           methods=methods)
 
 
 @dataclass

@@ -45,6 +45,8 @@ MAX_FIT_STAMPS = 80
 #: half width plus ``STAMP_MARGIN``.
 STAMP_FWHM = 2.0
 STAMP_MARGIN = 2
+#: Largest half side of a stamp (pixels), so the plan bounds a block's window.
+MAX_STAMP_RADIUS = 24
 #: A source whose peak reaches this fraction of its image's saturation level is left out.
 VERY_BRIGHT = 0.8
 #: Stamps a position term needs: with fewer, the fit's degree is lowered.
@@ -97,7 +99,8 @@ def fit_setup(fwhm: tuple[float, float], kappa: float, pair: Pair, degree: int,
     else:
         convolved = ("reference",) if fwhm[0] < fwhm[1] else ("target",)
     kernel_basis = choose_basis(basis, sharp, broad)
-    radius = max(math.ceil(STAMP_FWHM * broad), kernel_basis.half + STAMP_MARGIN)
+    radius = min(max(math.ceil(STAMP_FWHM * broad), kernel_basis.half + STAMP_MARGIN),
+                 MAX_STAMP_RADIUS)
     kappa = kappa if math.isfinite(kappa) and kappa > 0 else 1.0
     # a Gaussian kernel of sigma s has sum K^2 = (sum K)^2 / (4 pi s^2)
     sigma2 = (broad**2 - sharp**2) / (8 * math.log(2))

@@ -43,6 +43,9 @@ from outcore.diffim.zogy import REACH_TAIL, centred, crop_periodic, half_width_o
 #: Relative absolute sum of ``phi`` and of ``P_D`` left outside their crops: it moves the
 #: noise of ``D`` from white, and fluxes, by about as much.
 TAIL = 1e-4
+#: ``phi`` is cut at this many of the kernel's half widths at most (``P_D`` at ``phi``'s
+#: plus the PSF's), so the plan can bound a tile's halo before the fit.
+PHI_REACH = 2
 #: The diagonal of the scaled normal equations is raised by this fraction, so that a basis
 #: direction no stamp constrains gets a zero coefficient instead of a singular solve.
 RIDGE = 1e-10
@@ -175,8 +178,9 @@ def fitted_kernels(basis: KernelBasis, solution: Solution, convolved: str,
     # the score's kernels on X and on Y: P_D flipped (its spectrum conjugated) after each
     score_y = np.fft.ifft2(phi_hat * np.conj(np.fft.fft2(psf_full))).real
     score_x = np.fft.ifft2(np.fft.fft2(score_y) * spectra[0]).real
-    phi_half = min(half_width_of([phi], TAIL), grid // 2 - 1)
-    psf_half = min(half_width_of([psf_full], TAIL), grid // 2 - 1)
+    phi_half = min(half_width_of([phi], TAIL), PHI_REACH * basis.half, grid // 2 - 1)
+    psf_half = min(half_width_of([psf_full], TAIL), phi_half + psf_y.shape[0] // 2,
+                   grid // 2 - 1)
     outer = [np.fft.ifft2(phi_hat * s).real for s in spectra]
     form = np.array([[float((a * b).sum()) for b in outer] for a in outer])
     full = basis.half + phi_half + psf_half

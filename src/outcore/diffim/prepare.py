@@ -252,10 +252,10 @@ def _rounded(value: float) -> float | None:
 
 def _concat_stars(parts: list[dict]) -> dict[str, np.ndarray]:
     stars = [p["stars"] for p in parts if p["stars"] is not None]
-    keys = ("x", "y", "snr", "stamps")
+    keys = ("x", "y", "snr", "stamps", "isolated")
     if not stars:
         return {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
-                "stamps": np.empty((0, 1, 1))}
+                "stamps": np.empty((0, 1, 1)), "isolated": np.empty(0, dtype=bool)}
     return {key: np.concatenate([s[key] for s in stars]) for key in keys}
 
 
@@ -337,7 +337,7 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
                 f"{where}: the {name} has no usable background (every box is masked or flat).",
                 "check the image and its mask."))
         sigma.append(value)
-    stars = (_concat_stars(reference), _concat_stars(target))
+    stars = (psfs.preferred(_concat_stars(reference)), psfs.preferred(_concat_stars(target)))
     counts = (stars[0]["x"].size, stars[1]["x"].size)
     psf, source, fwhm_error = [], [], []
     for name, given, found, fwhm in zip(IMAGES, (pair.reference_psf, pair.target_psf), stars,

@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 import sep
+from scipy.ndimage import binary_dilation
 from scipy.ndimage import shift as spline_shift
 
 from outcore.diffim.background import Sky
@@ -34,6 +35,8 @@ MIN_PSF_STARS = 1
 PREFERRED_PSF_STARS = 5
 #: Stars whose own FWHMs give a stacked PSF's FWHM error (a Moffat fit each).
 WIDTH_STARS = 8
+#: Pixels by which a neighbour's segment is grown before it is cut from a star's stamp.
+NEIGHBOUR_GROW = 2
 #: Stars kept per survey block (the brightest that pass every cut).
 MAX_STARS_PER_BLOCK = 40
 #: Largest Moffat ``beta`` of a measured PSF (``moffat_fit``).
@@ -43,23 +46,26 @@ MAX_BETA = 300.0
 def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
                core: tuple[int, int, int, int], image_shape: tuple[int, int], size: int,
                min_snr: float) -> dict[str, np.ndarray]:
-    """Isolated bright stars of one survey window, for PSF stacking and photometry.
+    """Bright stars of one survey window, for PSF stacking and photometry.
 
     ``sky`` is the window's background-subtracted data (``background.Sky``, None when every
     pixel is bad) and ``bad`` its bad pixels (True = ignored); the window's pixel ``[0, 0]``
     is image pixel ``origin`` (y, x). Only stars whose centroid lies in ``core`` (y0, y1, x0,
     x1, image pixels) are kept, so each star belongs to one block. Returns ``x``, ``y``
-    (image pixels, windowed centroids), ``snr`` (aperture S/N) and ``stamps`` (n, size, size)
-    of the background-subtracted data around each star's nearest pixel.
+    (image pixels, windowed centroids), ``snr`` (aperture S/N), ``stamps`` (n, size, size)
+    of the background-subtracted data around each star's nearest pixel, NaN on the pixels
+    of other sources (their segments, grown by ``NEIGHBOUR_GROW``), and ``isolated`` (no
+    other source within ``size`` pixels; the others have none within ``size / 2``).
     """
     empty = {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
-             "stamps": np.empty((0, size, size))}
+             "stamps": np.empty((0, size, size)), "isolated": np.empty(0, dtype=bool)}
     if sky is None:
         return empty
     sub, rms = sky.sub, sky.rms
     bad = np.ascontiguousarray(bad)
     try:
-        objects = sep.extract(sub, 5.0, err=rms, mask=bad, minarea=5)
+        objects, segments = sep.extract(sub, 5.0, err=rms, mask=bad, minarea=5,
+                                        segmentation_map=True)
     except Exception:  # sep's pixel stack overflows on a crowded block: no stars there
         return empty
     if len(objects) == 0:
@@ -75,7 +81,8 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
     gx, gy = xw + origin[1], yw + origin[0]
     distance = np.hypot(x[:, None] - x[None, :], y[:, None] - y[None, :])
     np.fill_diagonal(distance, np.inf)
-    keep = ((objects["flag"] == 0) & (snr >= min_snr) & (distance.min(axis=1) > size)
+    nearest = distance.min(axis=1)
+    keep = ((objects["flag"] == 0) & (snr >= min_snr) & (nearest > size / 2)
             & np.isfinite(gx) & np.isfinite(gy)
             & (gy >= core[0]) & (gy < core[1]) & (gx >= core[2]) & (gx < core[3])
             & (gy - half >= 1) & (gy + half < image_shape[0] - 1)
@@ -89,12 +96,26 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
         if cy - half < 0 or cx - half < 0 or cy + half >= sub.shape[0] \
                 or cx + half >= sub.shape[1] or bad[cut].any():
             continue
-        stamps.append(sub[cut])
+        others = (segments[cut] > 0) & (segments[cut] != k + 1)
+        stamp = sub[cut].copy()
+        if others.any():
+            stamp[binary_dilation(others, iterations=NEIGHBOUR_GROW)] = np.nan
+        stamps.append(stamp)
         chosen.append(k)
     if not chosen:
         return empty
     chosen = np.array(chosen)
-    return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps)}
+    return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps),
+            "isolated": nearest[chosen] > size}
+
+
+def preferred(stars: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The isolated ones of ``stars`` when there are ``PREFERRED_PSF_STARS`` of them, else
+    all (a small or crowded image: neighbours' pixels are NaN in the stamps)."""
+    isolated = stars["isolated"]
+    if isolated.sum() >= PREFERRED_PSF_STARS or isolated.all():
+        return {key: values[isolated] for key, values in stars.items()}
+    return stars
 
 
 def brightest(stars: dict[str, np.ndarray], snr: float, least: int) -> dict[str, np.ndarray]:
@@ -134,10 +155,15 @@ def stack_psf(stars: dict[str, np.ndarray]) -> tuple[np.ndarray, float]:
     offsets_y = stars["y"] - np.round(stars["y"])
     moved = []
     for stamp, dx, dy in zip(stars["stamps"], offsets_x, offsets_y, strict=True):
-        centred = spline_shift(stamp, (-dy, -dx), order=3, mode="nearest")
-        moved.append(centred / centred.sum())
-    stack = np.median(np.stack(moved), axis=0)
-    params, covariance = moffat_fit(stack / stack.sum())
+        finite = np.isfinite(stamp)
+        centred = spline_shift(np.where(finite, stamp, 0.0), (-dy, -dx), order=3,
+                               mode="nearest")
+        kept = spline_shift(finite.astype(np.float64), (-dy, -dx), order=1,
+                            mode="nearest") > 0.999
+        centred[~kept] = np.nan
+        moved.append(centred / np.nansum(centred))
+    stack = np.nanmedian(np.stack(moved), axis=0)
+    params, covariance = moffat_fit(stack / np.nansum(stack))
     if len(moved) > 1:
         widths = [moffat_fwhm(moffat_fit(m)[0]) for m in moved[:WIDTH_STARS]]
         error = float(np.std(widths, ddof=1) / math.sqrt(len(widths)))
@@ -158,9 +184,9 @@ def _moffat(params: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def moffat_fit(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The elliptical Moffat parameters (see ``_moffat``) that best fit a unit-sum stamp
-    (scipy's least squares, uniform weights) and their covariance (the Jacobian's, scaled
-    by the residuals' variance).
+    """The elliptical Moffat parameters (see ``_moffat``) that best fit a unit-sum stamp on
+    its finite pixels (scipy's least squares, uniform weights) and their covariance (the
+    Jacobian's, scaled by the residuals' variance).
 
     ``beta`` may reach ``MAX_BETA``: a Moffat of large ``beta`` is a Gaussian (``alpha^2 = 2
     beta sigma^2``), so Gaussian stars are fitted too; with a bound of 30 the PSF photometry
@@ -170,11 +196,13 @@ def moffat_fit(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     c = stack.shape[0] // 2
     y, x = np.indices(stack.shape, dtype=np.float64) - c
-    sigma = 1 / math.sqrt(4 * math.pi * float((stack**2).sum()))
-    start = np.array([stack.max(), 0.0, 0.0, 2.0 * sigma, 1.0, 0.0, 3.0])
+    finite = np.isfinite(stack)
+    y, x, values = y[finite], x[finite], stack[finite]
+    sigma = 1 / math.sqrt(4 * math.pi * float((values**2).sum()))
+    start = np.array([values.max(), 0.0, 0.0, 2.0 * sigma, 1.0, 0.0, 3.0])
     lower = [0.0, -2.0, -2.0, 0.1, 0.3, -math.pi, 1.01]
     upper = [np.inf, 2.0, 2.0, 10.0 * c, 1.0, math.pi, MAX_BETA]
-    fit = least_squares(lambda p: (_moffat(p, y, x) - stack).ravel(), start,
+    fit = least_squares(lambda p: _moffat(p, y, x) - values, start,
                         bounds=(lower, upper), x_scale="jac")
     dof = max(fit.fun.size - fit.x.size, 1)
     information = fit.jac.T @ fit.jac
@@ -235,9 +263,9 @@ def shift_psf(psf: np.ndarray, offset: tuple[float, float]) -> np.ndarray:
 def star_flux(stars: dict[str, np.ndarray], psf: np.ndarray, sigma: float,
               gain: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """PSF photometry of each star stamp and its standard error: the least-squares flux of
-    ``psf`` shifted onto the star's centroid (uniform weights; the stamps are
-    background-subtracted), with the variance of the stamp's pixels ``sigma^2`` plus, with a
-    ``gain``, the star's own photon noise."""
+    ``psf`` shifted onto the star's centroid over the stamp's finite pixels (uniform
+    weights; the stamps are background-subtracted), with the variance of the stamp's pixels
+    ``sigma^2`` plus, with a ``gain``, the star's own photon noise."""
     n, size, _ = stars["stamps"].shape
     if n == 0:
         return np.empty(0), np.empty(0)
@@ -245,13 +273,15 @@ def star_flux(stars: dict[str, np.ndarray], psf: np.ndarray, sigma: float,
     params[:, 0] = stars["x"] - np.round(stars["x"])
     params[:, 1] = stars["y"] - np.round(stars["y"])
     params[:, 4] = 1.0
-    model = psf_evaluate(params, (size, size), psf)
+    finite = np.isfinite(stars["stamps"])
+    data = np.where(finite, stars["stamps"], 0.0)
+    model = psf_evaluate(params, (size, size), psf) * finite
     information = (model * model).sum(axis=(1, 2))
-    variance = np.full(stars["stamps"].shape, sigma**2)
+    variance = np.full(data.shape, sigma**2)
     if gain is not None:
-        variance = variance + np.maximum(stars["stamps"], 0.0) / gain
+        variance = variance + np.maximum(data, 0.0) / gain
     error = np.sqrt((model * model * variance).sum(axis=(1, 2))) / information
-    return (model * stars["stamps"]).sum(axis=(1, 2)) / information, error
+    return (model * data).sum(axis=(1, 2)) / information, error
 
 
 def match_stars(a: dict[str, np.ndarray], b: dict[str, np.ndarray],

@@ -65,7 +65,8 @@ def image_psf(data: np.ndarray, bad: np.ndarray | None = None, *, size: int = 25
     bad = np.zeros(data.shape, bool) if bad is None else np.asarray(bad, bool)
     sky = Sky.of(np.asarray(data, np.float64), bad)
     ny, nx = data.shape
-    stars = psfs.find_stars(sky, bad, (0, 0), (0, ny, 0, nx), (ny, nx), size, min_snr)
+    stars = psfs.preferred(psfs.find_stars(sky, bad, (0, 0), (0, ny, 0, nx), (ny, nx), size,
+                                           min_snr))
     count = int(stars["x"].size)
     if count < psfs.MIN_PSF_STARS:
         return None, count
