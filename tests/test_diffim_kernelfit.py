@@ -220,3 +220,32 @@ def test_gpu_fit_and_fitted_subtraction_equal_the_cpu_s(wrong_psfs):
     for name, values in host.items():
         assert isinstance(device[name], np.ndarray)
         np.testing.assert_allclose(device[name], values, atol=1e-9)
+
+
+def test_a_63_px_stamp_with_one_star_runs_at_the_defaults(tmp_path):
+    """A 63 x 63 pair without WCS, PSFs or flux ratio, one bright star (S/N ~ 100) beside a
+    transient of S/N 20, taken as it is (``aligned``) with the defaults (``auto``): the PSFs
+    come from the one star (a Moffat fit), the flux ratio from it with its error (within 3
+    of them of the truth), and the transient is found where the simulation put it."""
+    from dataclasses import replace
+
+    from outcore.diffim.manifest import one_pair
+
+    sim = simulate_pair((63, 63), seed=1003, stars=1, psf_reference=PsfShape("gaussian", 3.0),
+                        psf_target=PsfShape("gaussian", 4.0), transient_snr=[20.0],
+                        margin=12.0, moved=0)
+    x, y = sim.transients["x"][0], sim.transients["y"][0]
+    star = (20.0, 44.0) if np.hypot(x - 20, y - 44) > 15 else (44.0, 20.0)
+    sim = replace(sim, stars={"x": np.array([star[0]]), "y": np.array([star[1]]),
+                              "flux": np.array([3000.0])})
+    item = write_pair(sim, tmp_path, "s", psf=False, wcs=False)
+    pairs = one_pair({"reference": str(tmp_path / item["reference"]["path"]),
+                      "target": str(tmp_path / item["target"]["path"])}, grid="aligned")[0]
+    options = Options(tile=256, method="auto")
+    model = compute_models(pairs, options)[0]
+    assert model.stars[0] == 1 and model.psf_source[0].startswith("measured")
+    assert abs(model.flux_ratio - sim.flux_ratio) < 3 * model.flux_ratio_error
+    (result,) = dask.compute(*[t for _, _, t in tile_graph(pairs, [model], options)],
+                             scheduler="sync")
+    table = {name: result.table[:, j] for j, name in enumerate(COLUMNS)}
+    assert (np.hypot(table["x"] - x, table["y"] - y) < 1.5).sum() == 1
