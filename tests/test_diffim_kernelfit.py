@@ -249,3 +249,29 @@ def test_a_63_px_stamp_with_one_star_runs_at_the_defaults(tmp_path):
                              scheduler="sync")
     table = {name: result.table[:, j] for j, name in enumerate(COLUMNS)}
     assert (np.hypot(table["x"] - x, table["y"] - y) < 1.5).sum() == 1
+
+
+def test_the_plan_runs_a_kernel_fit_of_a_pair_four_times_a_worker_s_memory():
+    """A 32768-px pair (8 GiB of float32 images) on workers of 2 GiB: the plan with the
+    fitted kernel's stages (its halo bound, ``diffim-fit`` per survey block) chooses a tile
+    that fits, and no stage holds more than a worker's budget."""
+    from dataclasses import replace
+
+    from outcore.diffim.memory import (
+        DIFFIM_WORKER_BASELINE_BYTES,
+        choose_tile,
+        halo_bound,
+        memory_model,
+    )
+    from outcore.plan import Plan, Resources
+
+    shapes = [(32768, 32768)]
+    options = Options(method="kernel")
+    limit = 2 * 2**30
+    assert 2 * 4 * 32768**2 >= 4 * limit
+    resources = Resources(2, 1, limit)
+    halo = halo_bound([25, 25], options.stamp, ("kernel",), options.kernel_basis)
+    tile = choose_tile(shapes, options, halo, False, resources, methods=("kernel",))
+    stages = memory_model(shapes, replace(options, tile=tile), halo, methods=("kernel",))
+    assert "diffim-fit" in {s.name for s in stages}
+    assert Plan.of(stages, resources, baseline_bytes=DIFFIM_WORKER_BASELINE_BYTES).fits
