@@ -13,7 +13,9 @@ judged on the stamps it did not see, so the fit's own pixels do not flatter it. 
 
 The fitted kernel is kept when ZOGY's residual exceeds the kernel's by more than
 ``RESIDUAL_MARGIN`` of it and by more than ``SIGNIFICANCE`` times the noise of such a mean
-(``sqrt(2 / n)`` over ``n`` pixels), and the kernel's spread is no further from 1 than ZOGY's plus
+(``sqrt(2 / n)`` over ``n`` pixels), its own residual is within ``KERNEL_CEILING`` (it
+subtracts the held-out stars to near the noise: on a crowded field where neither does,
+ZOGY is kept), and the kernel's spread is no further from 1 than ZOGY's plus
 ``SPREAD_TOLERANCE``: ZOGY, optimal where its PSFs are right, is the default, and the fit
 must earn its place (wrong PSF models leave ZOGY rings on every star). With fewer than two
 stamps nothing can be held out, and ZOGY is kept; a pair that ZOGY cannot subtract (no flux
@@ -42,6 +44,9 @@ from outcore.diffim.tile import read_background_subtracted
 RESIDUAL_MARGIN = 0.1
 #: ... and by this many times the standard error of a mean of squared unit normals.
 SIGNIFICANCE = 5.0
+#: The kernel's own residual must be at most this (measured on the SAAO bulge frames, where
+#: crowding leaves both far from the noise: ZOGY 48-145, the kernel 18-103).
+KERNEL_CEILING = 2.0
 #: The kernel's spread may be this much further from 1 than ZOGY's.
 SPREAD_TOLERANCE = 0.1
 
@@ -122,7 +127,8 @@ def choose(pair: Pair, model: PairModel, setup: FitSetup | None,
     pixels = max(min(z["residual_pixels"], k["residual_pixels"]), 1)
     excess = z["residual"] - k["residual"]
     better = excess > max(RESIDUAL_MARGIN * k["residual"], SIGNIFICANCE * (2 / pixels) ** 0.5)
-    calm = abs(k["spread"] - 1) <= abs(z["spread"] - 1) + SPREAD_TOLERANCE
+    calm = abs(k["spread"] - 1) <= abs(z["spread"] - 1) + SPREAD_TOLERANCE \
+        and k["residual"] <= KERNEL_CEILING
     words = (f"on {len(odd)} held-out static sources ZOGY leaves {z['residual']:.2f} times "
              f"the noise and the fitted kernel {k['residual']:.2f}; off the sources D / "
              f"sqrt(V) spreads {z['spread']:.2f} and {k['spread']:.2f}")
