@@ -53,9 +53,11 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
     is image pixel ``origin`` (y, x). Only stars whose centroid lies in ``core`` (y0, y1, x0,
     x1, image pixels) are kept, so each star belongs to one block. Returns ``x``, ``y``
     (image pixels, windowed centroids), ``snr`` (aperture S/N), ``stamps`` (n, size, size)
-    of the background-subtracted data around each star's nearest pixel, NaN on the pixels
-    of other sources (their segments, grown by ``NEIGHBOUR_GROW``), and ``isolated`` (no
-    other source within ``size`` pixels; the others have none within ``size / 2``).
+    of the background-subtracted data around each star's nearest pixel (in a star that is
+    not isolated, NaN on the pixels of other sources: their segments, grown by
+    ``NEIGHBOUR_GROW``), and ``isolated`` (no other source within ``size`` pixels; the
+    others have none within ``size / 2``). The isolated stars are taken first, brightest
+    first, up to ``MAX_STARS_PER_BLOCK``.
     """
     empty = {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
              "stamps": np.empty((0, size, size)), "isolated": np.empty(0, dtype=bool)}
@@ -87,8 +89,9 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
             & (gy >= core[0]) & (gy < core[1]) & (gx >= core[2]) & (gx < core[3])
             & (gy - half >= 1) & (gy + half < image_shape[0] - 1)
             & (gx - half >= 1) & (gx + half < image_shape[1] - 1))
+    isolated = nearest > size
     stamps, chosen = [], []
-    for k in np.argsort(-snr):
+    for k in np.lexsort((-snr, ~isolated)):  # the isolated stars first, brightest first
         if not keep[k] or len(chosen) == MAX_STARS_PER_BLOCK:
             continue
         cy, cx = int(round(yw[k])), int(round(xw[k]))
@@ -98,7 +101,7 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
             continue
         others = (segments[cut] > 0) & (segments[cut] != k + 1)
         stamp = sub[cut].copy()
-        if others.any():
+        if others.any() and not isolated[k]:
             stamp[binary_dilation(others, iterations=NEIGHBOUR_GROW)] = np.nan
         stamps.append(stamp)
         chosen.append(k)
@@ -106,7 +109,7 @@ def find_stars(sky: Sky | None, bad: np.ndarray, origin: tuple[int, int],
         return empty
     chosen = np.array(chosen)
     return {"x": gx[chosen], "y": gy[chosen], "snr": snr[chosen], "stamps": np.stack(stamps),
-            "isolated": nearest[chosen] > size}
+            "isolated": isolated[chosen]}
 
 
 def preferred(stars: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
