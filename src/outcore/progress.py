@@ -47,21 +47,25 @@ class LineProgress(TextProgressBar):
 def follow(futures: list[distributed.Future]) -> None:
     """Show the progress of ``futures`` until they finish: in a notebook a widget where
     ipywidgets is installed (displayed: ``distributed.progress`` only returns it) and dask's
-    text bar where it is not; a bar on a terminal; plain lines elsewhere."""
+    text bar where it is not; a bar on a terminal; plain lines elsewhere. The bar watches
+    the futures' own scheduler (not the default client's, which may be another one: a
+    command run inside ``with Client():``)."""
+    held = distributed.client.futures_of(futures)
+    where = {"scheduler": held[0].client.scheduler.address} if held else {}
     if is_kernel():
         try:  # the widget's own imports: a kernel may run without ipywidgets
             import ipywidgets  # noqa: F401
             from IPython.display import display
         except ImportError:
-            distributed.progress(futures, notebook=False, multi=False)
+            distributed.progress(futures, notebook=False, multi=False, **where)
             return
 
-        display(distributed.progress(futures, notebook=True, multi=False))
+        display(distributed.progress(futures, notebook=True, multi=False, **where))
     elif sys.stdout.isatty():
-        distributed.progress(futures, notebook=False, multi=False)
+        distributed.progress(futures, notebook=False, multi=False, **where)
         print(flush=True)
     else:
-        LineProgress(distributed.client.futures_of(futures))
+        LineProgress(held, **where)
 
 
 def compute(client: distributed.Client, *collections: Any, show: bool | None = None
