@@ -80,7 +80,9 @@ def test_refined_positions_and_modes_run_from_the_command_line(tmp_path):
     """A first-principles scan (``ptycho_cases.true_scan``) of two probe modes with its
     positions recorded up to 1.5 pixels off: ``--refine-positions --probe-modes 2`` writes
     the modes, the refined and the input positions, and a summary with the errors against
-    the truth, the fitted phase ramp and no warnings; the run stops on the loss by itself."""
+    the truth, the fitted phase ramp and no warnings; the run stops on the loss by itself
+    (noise-free patterns have no floor: it stops once the loss falls by under 3 % per
+    iteration, which it still did at 80 iterations with the default 1e-3)."""
     from .ptycho_cases import pupil_guess, true_scan, write_preprocessed, write_truth
 
     scan = true_scan(side=8, k=32, step=4, jitter=0.5, modes=(1.0, 0.4), margin=4, seed=3)
@@ -91,12 +93,12 @@ def test_refined_positions_and_modes_run_from_the_command_line(tmp_path):
     write_truth(scan, tmp_path / "t.zarr")
     code = main(["ptycho", "reconstruct", "--input", str(tmp_path / "p.zarr"),
                  "--refine-positions", "--refine-from", "2", "--probe-modes", "2",
-                 "--batch-size", "8", "--max-iterations", "80", "--truth",
+                 "--batch-size", "8", "--max-iterations", "80", "--tolerance", "3e-2", "--truth",
                  str(tmp_path / "t.zarr"), "--output-dir", str(tmp_path / "runs"),
                  "--name", "rec", *COMMON])
     assert code == 0
     metrics = load_summary(tmp_path / "runs" / "rec")["metrics"]
-    assert metrics["stopped"] == "tolerance" and metrics["iterations_run"] < 80, metrics
+    assert metrics["stopped"] == "settled" and metrics["iterations_run"] < 80, metrics
     assert metrics["warnings"] == []
     assert metrics["object_error"] < 0.02 and metrics["position_error_px"] < 0.1, metrics
     assert metrics["position_correction_rms_px"] > 0.8
@@ -223,7 +225,7 @@ def test_a_plan_over_the_stated_device_memory_names_host_residency():
     (["--slices", "2"], "--slices 2 needs a positive --slice-thickness"),
     (["--noise", "gauss"], "--noise gauss is not one of"),
     (["--defocus-search", "maybe"], "--defocus-search maybe is not one of"),
-    (["--refine-positions"], "could leave the"),
+    (["--refine-positions", "--position-bound", "100"], "could leave the"),
     (["--curvature-every", "0"], "--curvature-every 0 must be at least 1"),
 ])
 def test_bad_options_fail_before_compute(prepared, args, message, capsys):

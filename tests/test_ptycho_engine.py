@@ -99,7 +99,8 @@ def test_serial_twin_gives_the_same_trajectory(scan, store, shared_cluster):
     update."""
     from outcore.ptycho.reconstruction import model as physics
 
-    settings = engine.Settings(iterations=4, batch_size=40, probe_start=1)
+    fixed = dict(step_object=1.0, step_probe=1.0, alpha=0.02)  # rPIE's, written out below
+    settings = engine.Settings(iterations=4, batch_size=40, probe_start=1, **fixed)
     obj, probe, losses = np.ones(scan.truth.shape, np.complex64), scan.guess, []
     for it in range(settings.iterations):
         total = 0.0
@@ -111,7 +112,7 @@ def test_serial_twin_gives_the_same_trajectory(scan, store, shared_cluster):
             total += terms.loss
         losses.append(total)
     result = _run(shared_cluster(2, LIMIT), scan, store, iterations=4, batch_size=40,
-                  probe_start=1)
+                  probe_start=1, **fixed)
     np.testing.assert_allclose(result.loss, losses, rtol=1e-6)
     np.testing.assert_allclose(result.obj, obj, atol=1e-5)
 

@@ -15,6 +15,7 @@ import scipy.fft
 
 from outcore import io
 from outcore.cli import main
+from outcore.errors import LayoutError
 from outcore.io.importers.cxi import EV_J
 
 from .ptycho_cases import assert_gradients_match
@@ -75,6 +76,26 @@ def test_cxi_positions_follow_the_detector_basis(tmp_path):
     translation = fields["entry_1/sample_1/geometry_1/translation"].astype(np.float64)
     assert layout == "diffraction"
     np.testing.assert_allclose(ds["positions"].values, -translation[:, [1, 0]])
+
+
+def test_cxi_translation_named_as_positions_reads_as_without_it(tmp_path):
+    """``--array positions=`` naming the file's own (n, 3) translation gives the positions
+    the reader finds by itself (not its raw columns); another (n, 3) dataset is refused
+    with one line saying to leave the option out."""
+    fields = _cxi(tmp_path / "scan.cxi")
+    with h5py.File(tmp_path / "scan.cxi", "a") as f:
+        f["entry_1/sample_1/geometry_1/other"] = np.zeros((6, 3))
+    plain, _ = io.read_source(tmp_path / "scan.cxi")
+    for name in ("/entry_1/sample_1/geometry_1/translation",
+                 "entry_1/sample_1/geometry_1/translation"):
+        named, _ = io.read_source(tmp_path / "scan.cxi", arrays={"positions": name})
+        np.testing.assert_array_equal(named["positions"].values, plain["positions"].values)
+    translation = fields["entry_1/sample_1/geometry_1/translation"].astype(np.float64)
+    np.testing.assert_array_equal(plain["positions"].values, translation[:, :2])
+    with pytest.raises(LayoutError, match=r"have shape \(6, 3\)") as refused:
+        io.read_source(tmp_path / "scan.cxi",
+                       arrays={"positions": "/entry_1/sample_1/geometry_1/other"})
+    assert "leave arrays={'positions'" in refused.value.fix
 
 
 @pytest.mark.parametrize(("drop", "named", "option"), [
@@ -226,8 +247,8 @@ def test_simulated_nearfield_scan_reconstructs_its_object(tmp_path):
     io.save(ds, tmp_path / "nf.zarr", layout="diffraction")
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
     assert main(["ptycho", "preprocess", "--input", str(tmp_path / "nf.zarr"), "--output",
-                 str(tmp_path / "pre.zarr"), "--focus-sample-distance", str(z1), "--name",
-                 "pre", *runs]) == 0
+                 str(tmp_path / "pre.zarr"), "--focus-sample-distance", str(z1),
+                 "--object-padding", "0", "--name", "pre", *runs]) == 0  # on the truth's grid
     pre = xr.open_zarr(tmp_path / "pre.zarr", consolidated=False)
     assert pre.attrs["pixel_size"] == pytest.approx(pixel, rel=1e-12)
     assert pre.attrs["propagation_distance"] == pytest.approx(distance, rel=1e-12)
@@ -340,7 +361,7 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(p25_stores, tmp_
 
     assert main(["ptycho", "reconstruct", "--input", str(store),
                  "--iterations", "30", "--batch-size", "50", "--refine-positions",
-                 "--refine-from", "10", "--name", "rec", *runs]) == 0
+                 "--refine-from", "10", "--probe-modes", "1", "--name", "rec", *runs]) == 0
     recon = xr.open_zarr(tmp_path / "runs" / "rec" / "reconstruction.zarr",
                          consolidated=False)
     settings = start.settings_for(pre, solver.Settings(

@@ -40,7 +40,8 @@ def test_stack_four_times_the_worker_limit_streams_from_disk(tmp_path):
     top_left = np.tile(raster, (repeats, 1))
 
     start = np.ones((n, n), np.complex64)
-    settings = engine.Settings(iterations=1, residency="disk", probe_start=0)
+    settings = engine.Settings(iterations=1, residency="disk", probe_start=0, step_object=1.0,
+                               step_probe=1.0, alpha=0.02)  # rPIE's, as the twin below
     plan = Plan(memory_model(len(top_left), K, (n, n), 1, "disk", settings.sub_batch), 1,
                 memory_limit=LIMIT)
     assert plan.fits

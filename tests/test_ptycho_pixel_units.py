@@ -97,7 +97,7 @@ def test_a_grid_scan_in_pixels_needs_only_its_step_in_pixels(client):
     data = np.ones((3, 4, 16, 16), np.float32)
     ds = xr.Dataset({"data": (("scan_y", "scan_x", "k_y", "k_x"), data)},
                     attrs={"length_unit": "pixel", "scan_step": [3.0, 2.0]})
-    pre = preprocess(ds)
+    pre = preprocess(ds, object_padding=0)
     assert pre.attrs["pixel_size"] == 1.0 and pre.attrs["reciprocal_pixel_size"] == 1 / 16
     corners = pre["top_left"].values
     assert sorted(set(np.diff(corners[:, 1]).tolist())) == [-6, 2]  # rows of 4, 2 px apart

@@ -54,7 +54,9 @@ def saved(tmp_path_factory, scans):
     """The grid scan on disk (stack, truth) and its preprocessed store."""
     root = tmp_path_factory.mktemp("pre")
     stack, truth = scans["grid"].save(root / "grid.zarr")
-    pre = save_preprocessed(preprocess(outcore.open(stack), chunk_positions=8), root / "p.zarr")
+    # no padding: the windows where the truth has them
+    pre = save_preprocessed(preprocess(outcore.open(stack), chunk_positions=8, object_padding=0),
+                            root / "p.zarr")
     return stack, truth, pre
 
 
@@ -70,7 +72,7 @@ def _frames(ds: xr.Dataset) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["grid", "list"])
 def test_round_trip_without_crop_or_bin(scans, kind):
     sim = scans[kind]
-    pre = preprocess(sim.stack, chunk_positions=8)
+    pre = preprocess(sim.stack, chunk_positions=8, object_padding=0)  # the truth's grid
     truth = sim.truth
     np.testing.assert_array_equal(pre["top_left"].values, truth["top_left"].values)
     expected = physics.intensities(truth["object"].values, truth["probe"].values,
@@ -90,11 +92,20 @@ def test_round_trip_without_crop_or_bin(scans, kind):
                                                       rel=1e-4)
 
 
-def test_padding_moves_every_window(scans):
+@pytest.mark.parametrize("given, padding", [(5, 5), (0, 0), (None, 6)])
+def test_padding_moves_every_window(scans, given, padding):
+    """A padding given moves every window by it; none given, the far field's need: the
+    position bound (3) and the half pixel of rounding, 4, and the probe's centring drift
+    (K/16, at least 2), 6 pixels for K = 32, recorded as a choice."""
     sim = scans["list"]
-    pre = preprocess(sim.stack, object_padding=5)
-    np.testing.assert_array_equal(pre["top_left"].values, sim.truth["top_left"].values + 5)
-    assert pre.attrs["object_shape"] == [n + 10 for n in sim.truth["object"].shape]
+    pre = preprocess(sim.stack, object_padding=given)
+    np.testing.assert_array_equal(pre["top_left"].values,
+                                  sim.truth["top_left"].values + padding)
+    assert pre.attrs["object_shape"] == [n + 2 * padding for n in sim.truth["object"].shape]
+    choices = pre.attrs["preprocess"]["choices"]
+    assert ("object_padding" in choices) == (given is None)
+    if given is None:
+        assert choices["object_padding"]["value"] == padding
 
 
 def test_bin_sums_blocks_and_keeps_the_pixel(scans):
@@ -414,23 +425,23 @@ def test_aperture_probe_guess_is_a_disc_with_the_data_power(scans):
     assert pre.attrs["preprocess"]["probe"] == "aperture"
 
 
-def test_patterns_stored_fft_shifted_are_warned_about_and_read_with_centre_0_0(scans):
+def test_patterns_stored_fft_shifted_are_recognised_and_unshifted(scans):
     """Frames stored in numpy's FFT order (zero frequency at pixel 0, 0), as some detectors'
-    software writes them: the automatic centre warns, naming centre=(0, 0), which gives the
-    amplitudes of the frames stored the usual way."""
-    from outcore.ptycho.preprocessing.pipeline import ShiftedPatternsWarning
-
+    software writes them: the automatic centre recognises them and gives the amplitudes of
+    the same frames stored the usual way (recorded as ``fft_shifted`` and a choice);
+    ``centre=(0, 0)`` says so by hand, with the same amplitudes; the usual order is left
+    alone."""
     stack = scans["list"].stack
-    base = preprocess(stack, centre=(K // 2, K // 2))
+    base = preprocess(stack)
+    assert base.attrs["preprocess"]["fft_shifted"] is False
+    assert "fft_shifted" not in base.attrs["preprocess"]["choices"]
     shifted = stack.copy()
     shifted["data"] = stack["data"].copy(data=stack["data"].data.map_blocks(
         np.fft.ifftshift, axes=(-2, -1), dtype=stack["data"].dtype))
-    with pytest.warns(ShiftedPatternsWarning, match=r"centre=\(0, 0\)"):
-        preprocess(shifted)
-    fixed = preprocess(shifted, centre=(0, 0))
-    np.testing.assert_array_equal(fixed["amplitudes"].values, base["amplitudes"].values)
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", ShiftedPatternsWarning)
-        preprocess(stack)  # the usual order: no warning
+    found = preprocess(shifted)
+    assert found.attrs["preprocess"]["fft_shifted"] is True
+    assert "centre=" in found.attrs["preprocess"]["choices"]["fft_shifted"]["why"]
+    np.testing.assert_array_equal(found["amplitudes"].values, base["amplitudes"].values)
+    given = preprocess(shifted, centre=(0, 0))
+    usual = preprocess(stack, centre=(K // 2, K // 2))
+    np.testing.assert_array_equal(given["amplitudes"].values, usual["amplitudes"].values)

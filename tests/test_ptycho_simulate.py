@@ -203,6 +203,31 @@ def test_subpixel_modes_slices_mask_and_recorded_errors():
     outcore.io.validate(sim.stack, "diffraction")
 
 
+def test_a_velociprobe_like_scan_stores_shifted_counts_in_pixels():
+    """``central_stop``, ``fft_shifted`` and ``length_unit="pixel"`` against the same scan
+    without them: the probe's pupil is dark inside the stop and the same outside it, the
+    stored patterns are those of the stop's scan in numpy's FFT order (zero frequency at
+    pixel 0, 0), positions and step are in object pixels, and no energy is stated."""
+    options = dict(detector=K, jitter=1.0, subpixel=True, position_error=0.3, seed=3,
+                   probe_aperture=K / 4)
+    plain = simulate((3, 4), **options)
+    stopped = simulate((3, 4), central_stop=0.4, **options)
+    stored = simulate((3, 4), central_stop=0.4, fft_shifted=True, length_unit="pixel",
+                      **options)
+    modes = [sim.truth["probe"].values.reshape(-1, K, K)[0] for sim in (plain, stopped)]
+    pupil = [np.abs(np.fft.fftshift(np.fft.fft2(np.fft.ifftshift(mode)))) for mode in modes]
+    q = np.hypot(*np.indices((K, K)) - K // 2)
+    inside = q <= 0.4 * K / 4 - 1
+    assert pupil[1][inside].max() < 1e-3 * pupil[1].max() < pupil[0][inside].min()
+    np.testing.assert_array_equal(stored.stack["data"].values,
+                                  np.fft.ifftshift(stopped.stack["data"].values, axes=(-2, -1)))
+    pixel = stopped.truth.attrs["pixel_size"]
+    np.testing.assert_allclose(stored.stack["positions"].values,
+                               stopped.stack["positions"].values / pixel, rtol=1e-12)
+    assert stored.stack.attrs["length_unit"] == "pixel"
+    assert "energy" not in stored.stack.attrs and "wavelength" not in stored.stack.attrs
+
+
 def test_bad_thick_object_options_are_refused():
     for kw in (dict(slices=2), dict(slice_thickness=1e-6), dict(probe_modes=0),
                dict(mask=np.zeros((3, 3), bool))):

@@ -44,6 +44,7 @@ from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked, write_new
 from outcore.plan import Plan, Resources
+from outcore.ptycho.layouts import PIXEL_UNIT
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, simulate_stages
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS
@@ -146,13 +147,15 @@ def synthetic_object(shape: tuple[int, int], k: int, seed: int, layer: int = 0,
 
 
 def aperture_probe(k: int, aperture: float, wavelength: float, pixel_size: float,
-                   defocus: float, centre: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+                   defocus: float, centre: tuple[float, float] = (0.0, 0.0),
+                   central_stop: float = 0.0) -> np.ndarray:
     """Probe (k, k) complex128 of unit energy: a pupil of radius ``aperture`` detector
-    pixels around ``centre`` (q_y, q_x pixels from the zero frequency) with ``defocus`` [m]
-    (see ``optics.pupil_to_probe``)."""
+    pixels around ``centre`` (q_y, q_x pixels from the zero frequency), its middle out to
+    ``central_stop`` times that radius dark (a zone plate's central stop; 0: none), with
+    ``defocus`` [m] (see ``optics.pupil_to_probe``)."""
     q = np.arange(k) - k // 2
-    pupil = (np.hypot(q[:, None] - centre[0], q[None, :] - centre[1]) <= aperture).astype(
-        np.float64)
+    radius = np.hypot(q[:, None] - centre[0], q[None, :] - centre[1])
+    pupil = ((radius <= aperture) & (radius >= central_stop * aperture)).astype(np.float64)
     probe = pupil_to_probe(pupil, wavelength, 1.0 / (k * pixel_size), defocus)
     return probe / np.sqrt((np.abs(probe) ** 2).sum())
 
@@ -205,7 +208,8 @@ class SimulatedFrames:
     ``shape`` is ``(NY, NX, K, K)`` (grid) or ``(n, K, K)`` (list); ``coords`` (n, 2) in
     raster order; ``objects``: the slices; ``probe`` (M, K, K); ``noisy``: Poisson counts
     (the probe carries the dose); ``model``: the propagator between slices; ``mask``
-    (K, K) True where the detector ignores a pixel.
+    (K, K) True where the detector ignores a pixel; ``fft_shifted``: patterns (and mask)
+    stored with the zero frequency at pixel (0, 0) (numpy's FFT order).
     """
 
     shape: tuple[int, ...]
@@ -217,6 +221,7 @@ class SimulatedFrames:
     noisy: bool
     model: Model
     mask: np.ndarray | None = None
+    fft_shifted: bool = False
 
     @property
     def ndim(self) -> int:
@@ -247,7 +252,7 @@ class SimulatedFrames:
                 out[i] = np.random.default_rng([self.seed, _NOISE, int(j)]).poisson(clean[i])
         if self.mask is not None:
             out[:, self.mask] = out.max(axis=(1, 2))[:, None]
-        return out
+        return np.fft.ifftshift(out, axes=(-2, -1)) if self.fft_shifted else out
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,9 @@ def simulate(
     seed: int = 0,
     chunk_positions: int = CHUNK_POSITIONS,
     object_padding: int = 0,
+    central_stop: float = 0.0,
+    fft_shifted: bool = False,
+    length_unit: str = "m",
 ) -> Simulation:
     """A simulated ptychography scan with its truth; nothing is computed (``save`` writes
     both, on your cluster; ``.stack`` and ``.truth`` are lazy Datasets).
@@ -353,7 +361,18 @@ def simulate(
     detector pixels to spoil and record as ignored. ``object_detail``: the object's blobs
     that many times smaller (more structure at the probe's scale, which position refinement
     needs). ``dtype`` float32 or uint32 (counts only). ``chunk_positions`` positions per
-    task; ``object_padding`` pixels of object around the windows.
+    task; ``object_padding`` pixels of object around the windows. ``central_stop``: the
+    aperture's middle, out to that fraction of its radius, dark (a zone plate's central
+    stop, e.g. 0.4). ``fft_shifted``: the patterns (and the mask) stored with the zero
+    frequency at pixel (0, 0), as some detectors' software writes them. ``length_unit``
+    ``"pixel"``: a stack measured in object pixels (positions and scan step in pixels, the
+    defocus in pixels with a wavelength of one pixel, no energy or detector geometry),
+    as a scan whose positions a beamline records in pixels; the truth likewise.
+
+    A far-field scan like a measured APS Velociprobe one: ``simulate((22, 22), step=12,
+    jitter=2, subpixel=True, position_error=0.3, detector=128, probe_aperture=24,
+    central_stop=0.4, probe_modes=3, dose=1e6, dtype="uint32", object_detail=2,
+    fft_shifted=True, length_unit="pixel", object_padding=4)``.
     """
     k = at_least(detector, "detector", 2)
     if len(scan) != 2:
@@ -375,6 +394,12 @@ def simulate(
             raise OutcoreError(f"{name}={value} must be 0 or more.", "give pixels, e.g. 1.5.")
     at_least(probe_modes, "probe_modes", what="1 or more probe modes")
     at_least(slices, "slices", what="1 or more slices")
+    if not (np.isfinite(central_stop) and 0 <= central_stop < 1):
+        raise OutcoreError(f"central_stop={central_stop} is not a fraction of the aperture's "
+                           "radius in [0, 1).", "give e.g. central_stop=0.4, or 0 for none.")
+    if length_unit not in ("m", PIXEL_UNIT):
+        raise OutcoreError(f"length_unit={length_unit!r} is not 'm' or 'pixel'.",
+                           "give length_unit='m' (metres) or length_unit='pixel'.")
     if (slices > 1) != (slice_thickness is not None) or (
             slice_thickness is not None and not slice_thickness > 0):
         raise OutcoreError(f"slices={slices} with slice_thickness={slice_thickness}: "
@@ -396,7 +421,7 @@ def simulate(
     if defocus is None:
         defocus = auto_defocus(k, aperture, lam, pixel_size)
     truth_probe = _probe(probe, k, aperture, lam, pixel_size, defocus, dose, probe_modes,
-                         mode_power, mode_tilt)
+                         mode_power, mode_tilt, central_stop)
     coords = scan_coords(scan, step, jitter, seed,
                          at_least(object_padding, "object_padding", 0), subpixel)
     top_left = nearest_whole(coords)
@@ -408,7 +433,7 @@ def simulate(
     grid = jitter == 0 and position_error == 0
     frame_shape = (*scan, k, k) if grid else (len(coords), k, k)
     source = SimulatedFrames(frame_shape, dtype, objects, truth_probe, coords, seed,
-                             dose is not None, model, mask)
+                             dose is not None, model, mask, fft_shifted)
     n = at_least(chunk_positions, "chunk_positions", 1)
     chunks = ((max(1, n // min(n, scan[1])), min(n, scan[1])) if grid else (n,))
     data = da.from_array(source, chunks=(*chunks, k, k),
@@ -432,14 +457,37 @@ def simulate(
         variables["data"] = (("position", "k_y", "k_x"), data)
         variables["positions"] = (("position", "xy"), recorded)
     if mask is not None:
-        variables["mask"] = (("k_y", "k_x"), mask)
+        variables["mask"] = (("k_y", "k_x"), np.fft.ifftshift(mask) if fft_shifted else mask)
+    if central_stop:
+        attrs["central_stop"] = central_stop
     stack = xr.Dataset(variables, coords={} if grid else {"xy": ["x", "y"]}, attrs=attrs)
-    truth = _truth(objects, truth_probe, top_left, centres, pixel_size,
-                   {**attrs, "wavelength": lam, "pixel_size": pixel_size, "detector_size": k,
+    physics = {"wavelength": lam, "pixel_size": pixel_size}
+    if length_unit == PIXEL_UNIT:
+        stack = in_pixels(stack, pixel_size, lam)
+        attrs, centres = stack.attrs, centres / pixel_size
+        physics = {"wavelength": 1.0, "pixel_size": 1.0}
+    truth = _truth(objects, truth_probe, top_left, centres, physics["pixel_size"],
+                   {**attrs, **physics, "detector_size": k, "fft_shifted": int(fft_shifted),
                     "scan_shape": list(scan), "step": step, "object_padding": object_padding,
                     io.LAYOUT_ATTR: TRUTH_LAYOUT})
     warm()  # compile here once, so the workers load from numba's cache
     return Simulation(stack, truth)
+
+
+def in_pixels(stack: xr.Dataset, pixel_size: float, wavelength: float
+              ) -> xr.Dataset:
+    """The simulated ``stack`` measured in object pixels of ``pixel_size`` metres
+    (``length_unit: pixel``): its positions and scan step over the pixel, the defocus as
+    ``wavelength * defocus / pixel^2`` (a wavelength of one pixel, the same Fresnel phase),
+    no energy, wavelength or reciprocal pixel."""
+    attrs = {key: value for key, value in stack.attrs.items()
+             if key not in ("energy", "wavelength", "reciprocal_pixel_size")}
+    attrs.update(length_unit=PIXEL_UNIT, scan_step=attrs["scan_step"] / pixel_size,
+                 defocus=wavelength * attrs["defocus"] / pixel_size**2)
+    out = stack.assign(positions=stack["positions"] / pixel_size) if "positions" in stack \
+        else stack
+    out.attrs = attrs
+    return out
 
 
 def _radiation(energy: float | None, wavelength: float | None) -> tuple[float, dict]:
@@ -460,17 +508,19 @@ def _radiation(energy: float | None, wavelength: float | None) -> tuple[float, d
 
 def _probe(probe: np.ndarray | str | PathLike | None, k: int, aperture: float,
            wavelength: float, pixel_size: float, defocus: float, dose: float | None,
-           modes: int, mode_power: float, tilt: float) -> np.ndarray:
-    """The truth probe modes (M, k, k) complex64: given, or the aperture's (and its tilted
-    copies); all modes together scaled to ``dose`` (else the aperture's to unit energy)."""
+           modes: int, mode_power: float, tilt: float, central_stop: float = 0.0
+           ) -> np.ndarray:
+    """The truth probe modes (M, k, k) complex64: given, or the aperture's (with its
+    ``central_stop``, and its tilted copies); all modes together scaled to ``dose`` (else
+    the aperture's to unit energy)."""
     if probe is None:
         tilts = [(0.0, 0.0), (tilt, 0.0), (0.0, tilt), (tilt, tilt), (-tilt, 0.0),
                  (0.0, -tilt), (-tilt, -tilt), (tilt, -tilt)]
         if modes > len(tilts):
             raise OutcoreError(f"probe_modes={modes} is more than the {len(tilts)} the "
                                "simulation makes.", f"give at most {len(tilts)}, or a probe=.")
-        out = np.stack([aperture_probe(k, aperture, wavelength, pixel_size, defocus, shift)
-                        * np.sqrt(1.0 if m == 0 else mode_power)
+        out = np.stack([aperture_probe(k, aperture, wavelength, pixel_size, defocus, shift,
+                                       central_stop) * np.sqrt(1.0 if m == 0 else mode_power)
                         for m, shift in enumerate(tilts[:modes])])
     else:
         given = np.load(probe) if isinstance(probe, str | PathLike) else np.asarray(probe)

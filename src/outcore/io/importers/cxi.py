@@ -17,7 +17,8 @@ Positions: the translation moves the sample, so the probe sits at minus it on th
 ``positions`` are minus the translation projected on the detector's column (x) and row (y)
 directions (``detector_1/basis_vectors``; without them rows run along -y and columns along
 -x of the lab, which makes ``positions`` the translation's x and y as stored). Attrs given
-(``--attr``) override or supply any field, and ``positions`` may be given (``--array``).
+(``--attr``) override or supply any field, and ``positions`` may be given (``--array``:
+naming the file's own translation reads it as above).
 """
 
 from __future__ import annotations
@@ -82,6 +83,10 @@ def read_cxi(path: str | PathLike[str], *, layout: str | None = None,
             extra.setdefault("mask", np.asarray(mask[()]) != 0)
         if "positions" not in extra:
             extra["positions"] = _positions(f, h5py, path, node.shape[0])
+        elif isinstance(extra["positions"], str) and isinstance(f.get(extra["positions"]),
+                                                                h5py.Dataset):
+            extra["positions"] = _named_positions(f, h5py, path, node.shape[0],
+                                                  extra["positions"])
     _require(found | given, path)
     frames = reader.to_dask(frames_per_chunk)
     if np.issubdtype(frames.dtype, np.signedinteger):  # counts: the layout's unsigned type
@@ -152,6 +157,22 @@ def _positions(f: Any, h5py: Any, path: Any, frames: int) -> np.ndarray:
     translation = np.pad(translation, ((0, 0), (0, 3 - translation.shape[1])))
     rows, cols = _basis(f, h5py)
     return -np.stack([translation @ cols, translation @ rows], axis=1)
+
+
+def _named_positions(f: Any, h5py: Any, path: Any, frames: int, name: str) -> np.ndarray:
+    """The positions (n, 2) x y [m] of the file's dataset ``name`` given as ``positions``:
+    the sample's translation gets ``_positions``' sign and axes (its raw columns would
+    mirror the scan); another dataset must be (n, 2) x y already."""
+    node = f[name]
+    if node.name in (f"/{ENTRY}/sample_1/geometry_1/translation", f"/{ENTRY}/data_1/translation"):
+        return _positions(f, h5py, path, frames)
+    values = np.asarray(node[()], np.float64)
+    if values.shape != (frames, 2):
+        raise LayoutError(f"The positions given, {name} of {str(path)!r}, have shape "
+                          f"{values.shape}, not ({frames}, 2) x y.",
+                          "leave arrays={'positions': ...} out: the CXI reader reads the "
+                          "sample's translation with its sign and axes by itself.")
+    return values
 
 
 def _basis(f: Any, h5py: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -17,7 +17,6 @@ Conventions are those of ``outcore.ptycho.kernels``:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
@@ -61,52 +60,48 @@ def mean_pattern(ds: xr.Dataset, mask: np.ndarray | None = None) -> np.ndarray:
     return mean if mask is None else np.where(mask, 0.0, mean)
 
 
-class ShiftedPatternsWarning(UserWarning):
-    """The mean pattern's power sits in its corners: the frames look stored FFT-shifted."""
-
-
 #: A mean pattern whose four corner boxes (each an eighth of a side) hold this many times the
-#: power of its central box looks stored FFT-shifted (zero frequency at pixel 0, 0).
+#: power of its central box is stored FFT-shifted (zero frequency at pixel 0, 0).
 CORNER_POWER = 2.0
 
 
-def check_unshifted(mean: np.ndarray) -> None:
-    """Warn ``ShiftedPatternsWarning`` when ``mean``'s power sits in its corners rather than
-    its middle, as in patterns stored with the zero frequency at pixel (0, 0) (numpy's FFT
-    order), naming ``centre=(0, 0)``."""
+def stored_shifted(mean: np.ndarray) -> bool:
+    """Whether ``mean``'s power sits in its corners rather than its middle, as in patterns
+    stored with the zero frequency at pixel (0, 0) (numpy's FFT order)."""
     ky, kx = mean.shape
     by, bx = max(1, ky // 8), max(1, kx // 8)
     power = np.maximum(mean, 0)
     corners = sum(float(power[r, c].sum()) for r in (np.s_[:by], np.s_[-by:])
                   for c in (np.s_[:bx], np.s_[-bx:]))
     middle = float(power[ky // 2 - by: ky // 2 + by, kx // 2 - bx: kx // 2 + bx].sum())
-    if corners > CORNER_POWER * middle:
-        warnings.warn(
-            f"The mean pattern's power sits in its corners ({corners:.3g} in the four corner "
-            f"boxes against {middle:.3g} in the middle): the patterns look stored FFT-shifted, "
-            "zero frequency at pixel (0, 0). If so, pass centre=(0, 0), which "
-            "rolls it to the middle.", ShiftedPatternsWarning, stacklevel=3)
+    return corners > CORNER_POWER * middle
 
 
-def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
+def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[tuple[int, int], bool]:
     """The integer roll (rows, cols) that puts the zero frequency at ``source_shape // 2``:
-    from the mean pattern's centre of mass (``auto``), the given centre, or none."""
+    from the mean pattern's centre of mass (``auto``; patterns stored FFT-shifted,
+    ``stored_shifted``, are first rolled by half the detector, so the centre is found on
+    the unshifted mean), the given centre, or none; and whether ``auto`` found them
+    stored FFT-shifted."""
     if setup.centre == "none":
-        return (0, 0)
+        return (0, 0), False
+    shifted = False
     if setup.centre == "auto":
         _finite_mean(mean)
-        check_unshifted(mean)
-        weights = np.maximum(mean, 0)
+        shifted = stored_shifted(mean)
+        half = tuple(n // 2 for n in mean.shape) if shifted else (0, 0)
+        weights = np.maximum(np.roll(mean, half, axis=(0, 1)), 0)
         total = weights.sum()
         if not total > 0:
             raise LayoutError("The mean pattern has no positive intensity, so its centre "
                               "cannot be found.", "check the stack, or give centre=(row, col).")
         rows, cols = np.indices(weights.shape)
-        centre = ((rows * weights).sum() / total, (cols * weights).sum() / total)
+        centre = ((rows * weights).sum() / total - half[0],
+                  (cols * weights).sum() / total - half[1])
     else:
         centre = setup.centre
     return tuple(int(n // 2 - math.floor(c + 0.5))  # type: ignore[return-value]
-                 for n, c in zip(setup.source_shape, centre, strict=True))
+                 for n, c in zip(setup.source_shape, centre, strict=True)), shifted
 
 
 def _finite_mean(mean: np.ndarray) -> None:
@@ -153,7 +148,7 @@ def preprocess(stack: xr.Dataset | xr.DataArray | str | PathLike[str], *,
                probe: np.ndarray | str | PathLike | None = None, defocus: float | None = None,
                mask: np.ndarray | str | PathLike | None = None,
                probe_aperture: float | None = None,
-               focus_sample_distance: float | None = None, object_padding: int = 0,
+               focus_sample_distance: float | None = None, object_padding: int | None = None,
                chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
                client: distributed.Client | None = None, plan: Plan | None = None
                ) -> xr.Dataset:
@@ -176,7 +171,8 @@ def preprocess(stack: xr.Dataset | xr.DataArray | str | PathLike[str], *,
     is ignored, or a .npy; default: the stack's ``mask``), ``probe_aperture`` (the guess
     from a disc pupil of that radius in output pixels instead), ``focus_sample_distance``
     (m; a near-field scan, ``scan`` module doc), ``object_padding`` (object pixels around
-    the scanned windows), ``positions`` ((n, 2) metres, x y, replacing the stack's).
+    the scanned windows; None: what refining the positions and centring the probe need,
+    ``scan.needed_padding``), ``positions`` ((n, 2) metres, x y, replacing the stack's).
 
     Every check runs before anything is read, and the plan is checked against ``client``'s
     workers (``outcore.session``; ``plan``: the command line's); then one pass over the
@@ -219,7 +215,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
     scheduler."""
     needs_mean = found.centre == "auto" or found.probe is None
     mean = mean_pattern(ds, found.mask) if needs_mean else None
-    shift = centre_shift(found, mean)
+    shift, shifted = centre_shift(found, mean)
     start = found.crop_start()
     k = found.k
     frames = frames_of(ds).rechunk((found.chunk_positions, -1, -1))
@@ -251,13 +247,14 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         "source_detector": list(found.source_shape),
         "scan_shape": list(found.scan_shape) if found.scan_shape else [],
         "centre": found.centre if isinstance(found.centre, str) else list(found.centre),
-        "centre_shift": list(shift), "crop": found.crop, "bin": found.bin,
+        "centre_shift": list(shift), "fft_shifted": shifted, "crop": found.crop, "bin": found.bin,
         "crop_start": list(start), "defocus": found.defocus,
         "probe": found.probe_source + (", propagated back" if found.nearfield and
                                        found.probe is None else ""),
         "geometry": "near field" if found.nearfield else "far field",
         "probe_border_energy": share,
         "counts": bool(np.issubdtype(ds["data"].dtype, np.integer)),
+        "choices": choices(found, shifted),
     }
     attrs = {
         io.LAYOUT_ATTR: LAYOUT, "wavelength": found.wavelength,
@@ -275,6 +272,27 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
         variables["mask"] = (("k_y", "k_x"), ignored)
         record["masked_pixels"] = int(ignored.sum())
     return xr.Dataset(variables, coords={"xy": ["x", "y"], "yx": ["y", "x"]}, attrs=attrs)
+
+
+def choices(found: Setup, shifted: bool) -> dict[str, dict[str, Any]]:
+    """What ``preprocess`` decided from the data where no option said (each a ``value``
+    and ``why``, in the caller's words): the object padding, and patterns found stored
+    FFT-shifted (unshifted)."""
+    out = {}
+    if found.padding_chosen:
+        out["object_padding"] = {
+            "value": found.padding,
+            "why": f"{found.padding} pixels around the scanned windows: room for position "
+                   "refinement to move each by its bound" + (
+                       "" if found.nearfield else " and for the probe's centring") +
+                   "; object_padding= sets it"}
+    if shifted:
+        out["fft_shifted"] = {
+            "value": True,
+            "why": "the mean pattern's power sits in its corners: the patterns are stored "
+                   "FFT-shifted (zero frequency at pixel 0, 0), so they were rolled to the "
+                   "middle; centre= sets the zero frequency instead"}
+    return out
 
 
 def _probe_guess(pupil: np.ndarray, found: Setup) -> np.ndarray:

@@ -43,6 +43,20 @@ from outcore.ptycho.optics import (
 
 #: Positions per chunk of ``amplitudes`` when none is given.
 CHUNK_POSITIONS = 64
+
+
+def needed_padding(k: int, nearfield: bool) -> int:
+    """The object padding (pixels) a reconstruction needs around the scanned windows of
+    ``k`` pixels when none is given: room for position refinement to move every window by
+    its bound (``Settings.position_bound``, and the half pixel of rounding) and, far field,
+    for the probe's centring to roll the object by up to ``probe.CENTRE_DRIFT`` of the
+    window (a near-field probe stays where it is) without wrapping the far edge into a
+    window."""
+    from outcore.ptycho.reconstruction.probe import CENTRE_DRIFT
+    from outcore.ptycho.reconstruction.solver import Settings
+
+    margin = math.ceil(Settings.position_bound + 0.5)
+    return margin if nearfield else margin + max(2, math.ceil(CENTRE_DRIFT * k))
 #: Object pixels on a side beyond which positions are taken to be in the wrong unit.
 MOST_OBJECT_PIXELS = 2**17
 #: Length units that positions may be written in but outcore does not read, in metres.
@@ -128,7 +142,7 @@ class Setup:
     ``"none"`` or the ``(row, col)`` of zero frequency on the detector. ``mask``: the
     detector's ``(Ky, Kx)`` bool, True where a pixel is ignored (bad pixels, beam stop).
     ``aperture``: radius (output pixels) of a disc pupil for the probe guess instead of the
-    mean pattern.
+    mean pattern. ``padding_chosen``: the padding is ``needed_padding``'s, none given.
     """
 
     source_shape: tuple[int, int]
@@ -148,6 +162,7 @@ class Setup:
     mask: np.ndarray | None = None
     aperture: float | None = None
     nearfield: NearField | None = None
+    padding_chosen: bool = False
 
     @property
     def k(self) -> int:
@@ -194,7 +209,7 @@ class Setup:
 
 def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A002
           centre: str | Sequence[float] = "auto", probe: np.ndarray | str | PathLike | None = None,
-          defocus: float | None = None, object_padding: int = 0,
+          defocus: float | None = None, object_padding: int | None = None,
           chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
           mask: np.ndarray | str | PathLike | None = None, probe_aperture: float | None = None,
           focus_sample_distance: float | None = None) -> Setup:
@@ -277,11 +292,13 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
     found = Setup(
         source_shape=shape, crop=crop, bin=bin, centre=chosen, wavelength=wavelength,
         reciprocal_pixel=reciprocal, defocus=float(defocus),
-        padding=at_least(object_padding, "object_padding", 0),
+        padding=needed_padding(crop // bin, near is not None) if object_padding is None
+        else at_least(object_padding, "object_padding", 0),
         chunk_positions=at_least(chunk_positions, "chunk_positions", 1),
         positions=positions, scan_shape=tuple(ds["data"].shape[:2]) if grid else None,
         probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
         aperture=None if probe_aperture is None else float(probe_aperture), nearfield=near,
+        padding_chosen=object_padding is None,
     )
     _check_object(found)
     return found

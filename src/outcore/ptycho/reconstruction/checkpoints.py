@@ -21,7 +21,7 @@ import xarray as xr
 
 from outcore.errors import OutcoreError
 from outcore.io.store import write_new
-from outcore.ptycho.reconstruction.solver import Settings, State
+from outcore.ptycho.reconstruction.solver import Settings, State, Trajectory
 from outcore.ptycho.reconstruction.start import as_3d
 
 LATEST = "latest.json"
@@ -36,22 +36,42 @@ RESUME_KEYS = tuple(f.name for f in dataclasses.fields(Settings) if f.name not i
 UNRECORDED = {"curvature_every": 1}
 
 
-def state_dataset(state: State, losses: list[float], done: int) -> xr.Dataset:
+def state_dataset(state: State, losses: list[float], done: int,
+                  trajectory: Trajectory | None = None) -> xr.Dataset:
     """A checkpoint: the state after ``done`` iterations and their losses (with the
-    positions' Gauss-Newton matrices once refined, so a resumed run steps as the
-    uninterrupted one)."""
+    positions' Gauss-Newton matrices once refined, and what the data changed, the
+    ``trajectory``'s settings and events, so a resumed run steps as the uninterrupted
+    one)."""
     variables = {"object": (("slice", "y", "x"), as_3d(state.obj)),
                  "probe": (("mode", "k_y", "k_x"), as_3d(state.probe)),
                  "coords": (("position", "yx"), state.coords),
                  "loss": ("iteration", np.asarray(losses))}
     if state.curvature is not None:
         variables["curvature"] = (("position", "yy_yx_xx"), state.curvature)
-    return xr.Dataset(variables, attrs={"iterations_done": done})
+    attrs: dict = {"iterations_done": done}
+    if trajectory is not None and trajectory.settings is not None:
+        attrs["adapted"] = json.dumps({name: getattr(trajectory.settings, name)
+                                       for name in ADAPTABLE})
+        attrs["events"] = json.dumps(trajectory.events)
+    return xr.Dataset(variables, attrs=attrs)
 
 
-def checkpointer(work: Path, every: int, losses: list[float]) -> Callable[[int, float, State],
-                                                                             None]:
-    """An ``engine.run`` callback that saves the state every ``every`` iterations."""
+#: The settings that a run's data may change on the way (``solver.adapt``), which a
+#: checkpoint keeps.
+ADAPTABLE = ("probe_modes", "refine_positions", "refine_from", "batch_size")
+
+
+def adapted(start: xr.Dataset) -> tuple[dict, list[dict]]:
+    """The adapted settings (``ADAPTABLE``) and the events of a checkpoint (none for one
+    that records none)."""
+    return (json.loads(start.attrs.get("adapted", "{}")),
+            json.loads(start.attrs.get("events", "[]")))
+
+
+def checkpointer(work: Path, every: int, losses: list[float],
+                 trajectory: Trajectory | None = None) -> Callable[[int, float, State], None]:
+    """An ``engine.run`` callback that saves the state every ``every`` iterations (with
+    what the data changed, from the run's ``trajectory``)."""
     work.mkdir(parents=True, exist_ok=True)
 
     def save(iteration: int, loss: float, state: State) -> None:
@@ -59,7 +79,7 @@ def checkpointer(work: Path, every: int, losses: list[float]) -> Callable[[int, 
         if (iteration + 1) % every:
             return
         name = f"checkpoint-{iteration + 1:06d}.zarr"
-        write_new(state_dataset(state, losses, iteration + 1), work / name)
+        write_new(state_dataset(state, losses, iteration + 1, trajectory), work / name)
         previous = latest_checkpoint(work)
         pointer = work / (LATEST + ".partial")
         pointer.write_text(json.dumps({"checkpoint": name, "iterations_done": iteration + 1}))

@@ -31,7 +31,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,19 +100,25 @@ class ShardActor:
                              probe=self.xp.asarray(state.probe),
                              coords=np.array(state.coords, np.float64))
 
-    def advance(self, state: State, batch: np.ndarray, iteration: int, curvature: bool
-                ) -> BatchTerms | None:
+    def advance(self, state: State, batch: np.ndarray, iteration: int, curvature: bool,
+                settings: Settings) -> BatchTerms | None:
         """From ``state`` (host arrays), the terms of this shard's part of ``batch`` (None
         when it holds none of it), on the host; ``curvature``: ``solver.new_curvature`` of
-        the batch (the client's state holds the matrices, this one not)."""
+        the batch (the client's state holds the matrices, this one not); ``settings``: the
+        run's now (``solver.adapt`` changes them)."""
+        self.settings = settings
         self.begin(state)
         mine = batch[(batch >= self.start) & (batch < self.stop)]
         if not len(mine):
             return None
         return _moved(self._terms(mine, iteration, curvature), to_host)
 
-    def iterate(self, iteration: int) -> State:
-        """A whole iteration by this shard alone (it holds every position)."""
+    def iterate(self, iteration: int, settings: Settings, state: State | None = None) -> State:
+        """A whole iteration by this shard alone (it holds every position), with the run's
+        ``settings`` now, from ``state`` when given (else from where it is)."""
+        self.settings = settings
+        if state is not None:
+            self.begin(state)
         for number, batch in enumerate(batches(len(self.origin), self.settings.batch_size,
                                                self.settings.seed, iteration)):
             fresh = solver.new_curvature(self.state, batch, self.settings, iteration)
@@ -173,13 +179,17 @@ class Result:
     """Object and probe (the shapes given: (Ny, Nx) or (S, Ny, Nx); (K, K) or (M, K, K))
     complex64 numpy arrays, the positions ``coords`` (n, 2) float64 (refined or as given),
     the loss of every iteration (float64, the sum over its batches of the loss before each
-    update) and why the run stopped (``solver.Trajectory``)."""
+    update), why the run stopped, the settings it ended with, what the data changed on
+    the way (``events``) and the mean steps of each iteration (``solver.Trajectory``)."""
 
     obj: np.ndarray
     probe: np.ndarray
     coords: np.ndarray
     loss: np.ndarray
     stopped: str = ""
+    settings: Settings | None = None
+    events: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
 
 
 #: Called after each iteration with (iteration, loss, state on the host, in the shapes given).
@@ -190,8 +200,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
         probe: np.ndarray, settings: Settings, *, model: Model = AMPLITUDE,
         variable: str = "amplitudes", backend: str = "numpy", start_iteration: int = 0,
         losses: Sequence[float] = (), chunk: int = 1, start_coords: np.ndarray | None = None,
-        curvature: np.ndarray | None = None, on_iteration: IterationCallback | None = None
-        ) -> Result:
+        curvature: np.ndarray | None = None, on_iteration: IterationCallback | None = None,
+        goal: solver.Goal | None = None, trajectory: Trajectory | None = None) -> Result:
     """Reconstruct from the amplitudes ``variable`` (position, K, K) of the zarr ``store``.
 
     ``coords`` (n, 2) float64: the window corners (row, col) in object pixels, fractional in
@@ -200,7 +210,11 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
     Iterations go on from ``start_iteration`` until ``settings`` says stop; ``losses`` are
     those of the iterations before (resume), ``start_coords`` the positions the refinement
     started from (default: ``coords``), ``curvature`` (n, 3) the positions' Gauss-Newton
-    matrices of a checkpoint (``solver.State``).
+    matrices of a checkpoint (``solver.State``). With ``goal`` the run adapts what the data
+    decide (``solver.adapt``); ``trajectory``: the one to go on with and record into (its
+    losses and events those before a resume; default: a new one with ``losses``), whose
+    ``settings`` and ``events`` ``on_iteration`` may read (it is called after the data's
+    changes of that iteration).
     """
     coords = np.asarray(coords, np.float64)
     settings.validate(len(coords))
@@ -208,7 +222,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
     host = State(as_slices(np.asarray(obj, np.complex64)), as_modes(np.asarray(probe,
                                                                                np.complex64)),
                  coords.copy(), curvature=curvature)
-    trajectory = Trajectory(list(losses))
+    trajectory = trajectory if trajectory is not None else Trajectory(list(losses))
+    trajectory.settings = settings
     if backend == "numpy":  # compile here once, so the workers load from numba's cache
         warm()
     tag = uuid.uuid4().hex[:8]
@@ -217,7 +232,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
     actors: list | None = None
     generation = 0
     iteration = start_iteration
-    while not trajectory.done(settings):
+    sent: State | None = None
+    while not trajectory.done(settings, goal):
         for attempt in range(ITERATION_RETRIES + 1):
             try:
                 if actors is None:
@@ -225,9 +241,11 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     actors = _start_actors(client, bounds, make, f"{generation}-{tag}")
                     for future in [actor.begin(host) for _, actor in actors]:
                         future.result()
+                    sent = host
                 before = host.coords
                 host = _iteration([actor for _, actor in actors], host, settings, origin,
-                                  iteration)
+                                  iteration, resend=host is not sent)
+                sent = host
                 break
             except LOST as err:
                 actors = None
@@ -235,15 +253,24 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                     raise OutcoreError(f"Iteration {iteration} failed {attempt + 1} times: {err}",
                                        "check the workers' logs; a run that saved "
                                        "checkpoints can go on from its last one.") from err
-        trajectory.record(host.loss, before, host.coords)
+        trajectory.record(host.loss, before, host.coords, host.steps, host.positions)
+        if goal is not None:
+            settings, host = solver.adapt(trajectory, settings, host, goal, origin, iteration)
+            trajectory.settings = settings
         if on_iteration is not None:
-            on_iteration(iteration, host.loss, replace(
-                host, obj=host.obj.reshape(np.shape(obj)), probe=host.probe.reshape(
-                    np.shape(probe))))
+            on_iteration(iteration, trajectory.losses[-1], replace(
+                host, obj=_shaped(host.obj, obj), probe=_shaped(host.probe, probe)))
         iteration += 1
     actors = None
-    return Result(host.obj.reshape(np.shape(obj)), host.probe.reshape(np.shape(probe)),
-                  host.coords, np.asarray(trajectory.losses, np.float64), trajectory.stopped)
+    return Result(_shaped(host.obj, obj), _shaped(host.probe, probe), host.coords,
+                  np.asarray(trajectory.losses, np.float64), trajectory.stopped, settings,
+                  trajectory.events, trajectory.steps)
+
+
+def _shaped(array: np.ndarray, given: np.ndarray) -> np.ndarray:
+    """``array`` (S or M, ...) in the shape of the ``given`` start (2-D when it was one slice
+    or mode and still is)."""
+    return array.reshape(np.shape(given)) if np.ndim(given) == 2 and len(array) == 1 else array
 
 
 def _workers(client: distributed.Client) -> list[str]:
@@ -269,17 +296,18 @@ def _start_actors(client: distributed.Client, bounds: list[tuple[int, int]], mak
 
 
 def _iteration(actors: list, host: State, settings: Settings, origin: np.ndarray,
-               iteration: int) -> State:
+               iteration: int, resend: bool = False) -> State:
     """One iteration from the client's ``host`` state: each step one call of every actor
     with the state, the parts added in shard order and the update applied here (a single
-    actor runs the whole iteration itself)."""
+    actor runs the whole iteration itself, from ``host`` when ``resend``: the client
+    changed it)."""
     if len(actors) == 1:
-        return actors[0].iterate(iteration).result()
+        return actors[0].iterate(iteration, settings, host if resend else None).result()
     for number, batch in enumerate(batches(len(origin), settings.batch_size, settings.seed,
                                            iteration)):
         fresh = solver.new_curvature(host, batch, settings, iteration)
-        sent = replace(host, curvature=None)  # the matrices stay with the client
-        calls = [actor.advance(sent, batch, iteration, fresh) for actor in actors]
+        sent = replace(host, curvature=None, positions=None, steps=None)
+        calls = [actor.advance(sent, batch, iteration, fresh, settings) for actor in actors]
         summed = _sum([call.result() for call in calls])
         host = solver.step(host, summed, batch, settings, iteration, number == 0, origin)
     return solver.end_iteration(host, settings, iteration, origin)

@@ -11,7 +11,7 @@ import xarray as xr
 from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, memory_model
 from outcore.ptycho.reconstruction.model import subpixel
-from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.solver import AUTO_MODES, Settings
 from outcore.ptycho.reconstruction.start import coords_of, nearfield
 
 
@@ -27,8 +27,10 @@ def plan(ds: xr.Dataset, settings: Settings, resources: Resources) -> Plan:
         stages = memory_model(ds.sizes["position"], ds.sizes["k_y"],
                               tuple(ds.attrs["object_shape"]), workers, residency, sub_batch,
                               settings.batch_size, backend=resources.backend,
-                              modes=settings.probe_modes, slices=settings.slices,
-                              subpixel=shifted, refine=settings.refine_positions,
+                              modes=max(settings.probe_modes, AUTO_MODES if
+                                        settings.adapt_modes else 1),
+                              slices=settings.slices, subpixel=shifted,
+                              refine=settings.refine_positions or settings.adapt_positions,
                               nearfield=nearfield(ds))
         return Plan.of(stages, replace(resources, workers=workers),
                        baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)

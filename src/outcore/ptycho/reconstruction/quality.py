@@ -7,14 +7,17 @@ exp(-i g.r)`` gives the same patterns up to a constant phase per position). ``ob
 removes all three before comparing, on the well-illuminated region only; ``phase_ramp``
 finds the ramp of one object, ``without_global_phase`` removes its phase.
 
-``convergence_warnings`` says when a run has not converged: a loss far above the noise
-floor of counting data (``noise_floor``: about 1/4 per counted pixel for the amplitude
-loss, 1/2 for the Poisson half-deviance), or, for data that are not counts, a loss above
-``RESIDUAL_LIMIT`` of the data's power; probe energy at the window's edge; the iteration
-limit reached before the relative-loss stop.
+``convergence_warnings`` says when a run has not converged: a loss beyond
+``solver.NOISE_FACTOR`` times the noise floor of counting data (``noise_floor``: about 1/4
+per counted pixel for the amplitude loss, 1/2 for the Poisson half-deviance; the factor the
+run stops at), or, for data that are not counts, beyond ``solver.RESIDUAL_LIMIT`` of the
+data's power, with what would help in order (``advice``); probe energy at the window's
+edge; the iteration limit reached first.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import xarray as xr
@@ -22,13 +25,10 @@ import xarray as xr
 from outcore.backend import nearest_whole
 from outcore.ptycho.optics import BORDER_ENERGY, border_energy
 from outcore.ptycho.reconstruction.model import object_illumination
+from outcore.ptycho.reconstruction.solver import NOISE_FACTOR, RESIDUAL_LIMIT, Goal, Settings
 
 #: Pixels whose summed probe power is below this fraction of its maximum are not compared.
 ILLUMINATED_FRACTION = 0.3
-#: A loss above this many times the noise floor of counting data has not converged.
-NOISE_FACTOR = 4.0
-#: For data that are not counts: a loss above this share of ``sum a^2`` has not converged.
-RESIDUAL_LIMIT = 1e-2
 
 
 def illuminated(probe: np.ndarray, top_left: np.ndarray, object_shape: tuple[int, int],
@@ -112,36 +112,67 @@ class ConvergenceWarning(UserWarning):
 
 
 def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | None,
-                         power: float, stopped: str, nearfield: bool = False) -> list[str]:
+                         power: float, stopped: str, nearfield: bool = False,
+                         settings: Settings | None = None, events: Sequence[dict] = (),
+                         goal: Goal | None = None) -> list[str]:
     """What says the run has not converged, one sentence each (empty when nothing does):
-    a loss that is not finite, the final loss against the noise ``floor`` (or, without one,
-    against the data's total ``power`` ``sum a^2``), the probe's energy at the edge of its
-    window (far field only: a near-field probe fills its window), and the iteration limit
-    reached before the relative-loss stop (``stopped``)."""
+    a loss that is not finite, the final loss beyond ``NOISE_FACTOR`` times the noise
+    ``floor`` (the factor the run stops at; without a floor, beyond ``RESIDUAL_LIMIT`` of
+    the data's total ``power`` ``sum a^2``) with what would help, in order, from what the
+    run measured (``advice``), the probe's energy at the edge of its window (far field
+    only: a near-field probe fills its window), and the iteration limit reached first."""
     notes = []
     final = float(losses[-1]) if len(losses) else float("nan")
-    fix = ("check the probe guess: preprocess with the defocus= (or a probe=), or let the "
-           "reconstruction search it (defocus_search='on'); more iterations may help")
-    if nearfield:
-        fix = "more iterations, more probe_modes= or refine_positions= may help"
+    helps = advice(settings, events, goal, stopped, nearfield)
     if not np.isfinite(final):
         notes.append(f"diverged: the loss became {final}, so the object and probe are not "
-                     f"usable; {fix}.")
+                     f"usable; {helps}.")
     elif floor is not None and final > NOISE_FACTOR * floor:
         notes.append(f"not converged: the final loss {final:.4g} is {final / floor:.1f} times "
-                     f"the noise floor {floor:.4g} of these counts; {fix}.")
+                     f"the noise floor {floor:.4g} of these counts (converged is within "
+                     f"{NOISE_FACTOR:g} times); {helps}.")
     elif floor is None and final > RESIDUAL_LIMIT * power:
         notes.append(f"not converged: the final loss {final:.4g} is {final / power:.2%} of the "
-                     f"data's power {power:.4g} (over {RESIDUAL_LIMIT:.0%}); {fix}.")
+                     f"data's power {power:.4g} (over {RESIDUAL_LIMIT:.0%}); {helps}.")
     share = border_energy(_power_sum(np.asarray(probe).reshape(-1, *probe.shape[-2:])))
     if np.isfinite(final) and share > BORDER_ENERGY and not nearfield:
         notes.append(f"the probe has {share:.0%} of its energy at the edge of its window: it "
                      "does not fit there (the far field wraps it); crop less or bin more in "
                      "preprocessing, or give probe_support=.")
     if stopped == "max_iterations":
-        notes.append("stopped at max_iterations= before the loss settled (tolerance=); "
-                     "give more max_iterations= or a larger tolerance=.")
+        notes.append("stopped at max_iterations= before the loss settled; give more "
+                     "max_iterations=.")
     return notes
+
+
+def advice(settings: Settings | None, events: Sequence[dict], goal: Goal | None,
+           stopped: str, nearfield: bool) -> str:
+    """What may bring the loss nearer the noise, in order (more probe modes, position
+    refinement, padding, then iterations or the probe guess), from what the run measured:
+    its final ``settings``, its ``events`` (``solver.adapt``) and whether its object had
+    room to refine (``goal``)."""
+    if settings is None:
+        return "more iterations, more probe_modes= or refine_positions= may help"
+    items = [f"more probe modes (probe_modes={settings.probe_modes + 2})"]
+    names = {event["name"]: event for event in events}
+    checked = names.get("refine_positions")
+    refinable = goal is None or goal.refinable
+    if not settings.refine_positions and refinable and not (checked and not checked["value"]):
+        items.append("position refinement (refine_positions=True)")
+    held = names.get("positions_held")
+    if not refinable:
+        items.append("object padding to refine the positions (preprocess with "
+                     "object_padding=4 or more)")
+    elif settings.refine_positions and held:
+        items.append(f"more room for the positions ({held['value']} stopped at their bound: "
+                     "a larger position_bound=, with as much more object_padding= in "
+                     "preprocessing)")
+    if stopped in ("iterations", "max_iterations"):
+        items.append("more iterations")
+    elif not nearfield:
+        items.append("a better probe guess (defocus= or probe= in preprocessing, or "
+                     "defocus_search='on')")
+    return "what may help, in order: " + "; ".join(items)
 
 
 def _power_sum(probe: np.ndarray) -> np.ndarray:

@@ -64,7 +64,7 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
         "positions": (("position", "xy"), positions_of(ds, result.coords),
                       {"units": unit, "long_name": "window centres the reconstruction used"}),
     }
-    if settings.refine_positions:
+    if settings.refine_positions or not np.array_equal(result.coords, prepared.start_coords):
         variables["input_positions"] = (("position", "xy"), ds["positions"].values,
                                         {"units": unit, "long_name": "positions of the input"})
     coords: dict[str, Any] = {
@@ -91,10 +91,52 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
         "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
         "phase_ramp_rad_across_field": round(across, 6),
         "global_phase_removed_rad": phases,
-        "defocus_search": json.dumps(prepared.search), "warnings": list(notes)}
+        "defocus_search": json.dumps(prepared.search), "warnings": list(notes),
+        "choices": json.dumps(choices(settings, result.events, result.stopped,
+                                      prepared.goal.refinable if prepared.goal else True)),
+        "steps": json.dumps(result.steps)}
     if prepared.floor is not None:
         attrs["noise_floor"] = prepared.floor
+        if len(result.loss):
+            attrs["loss_over_floor"] = round(float(result.loss[-1]) / prepared.floor, 4)
     return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+#: Why a choice left to the data kept its first value, by how the run stopped.
+_UNCHANGED = {"noise floor": "the loss reached the noise floor first",
+              "iterations": "the iterations given ended first",
+              "max_iterations": "max_iterations= ended the run first",
+              "diverged": "the run diverged", "settled": "the loss settled without it"}
+
+
+def choices(settings: Settings, events: Sequence[dict], stopped: str, refinable: bool = True
+            ) -> dict[str, dict[str, Any]]:
+    """What the data decided where ``reconstruct``'s options left it to them (``settings``:
+    the run's last, with its ``adapt_*``; ``events``: ``solver.adapt``'s): each a ``value``,
+    ``why`` (in keywords) and the ``iteration`` after which it was decided (None: from the
+    start)."""
+    last = {event["name"]: event for event in events}
+    out: dict[str, dict[str, Any]] = {}
+    because = _UNCHANGED.get(stopped, "the run ended first")
+
+    def chosen(name: str, value: Any, why: str) -> None:
+        event = last.get(name)
+        out[name] = {"value": value, "why": event["why"] if event else why,
+                     "iteration": event["iteration"] if event else None}
+
+    if settings.step_object is None or settings.step_probe is None:
+        chosen("steps", "batch", "each batch's own steps of the object and every probe mode "
+               "(LSQML's closed form; step_object=, step_probe= or alpha= set rPIE's)")
+    if settings.adapt_modes:
+        chosen("probe_modes", settings.probe_modes, f"one probe mode: {because}")
+    if settings.adapt_positions:
+        chosen("refine_positions", settings.refine_positions,
+               "not tried: the object has no room to move the windows (preprocess with "
+               "object_padding=4 or more)" if not refinable else f"not tried: {because}")
+    if settings.adapt_batch:
+        chosen("batch_size", settings.batch_size, "a sixteenth of the scan (16 to 1024): "
+               f"{because} (batch_size= sets it)")
+    return out
 
 
 def write_figures(run: Run, recon: xr.Dataset) -> None:

@@ -21,7 +21,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from outcore.ptycho.preprocessing.store import open_preprocessed, save_preproces
 from outcore.ptycho.reconstruction import engine, planning
 from outcore.ptycho.reconstruction.checkpoints import (
     LATEST,
+    adapted,
     checkpointer,
     load_checkpoint,
     state_dataset,
@@ -52,7 +53,7 @@ from outcore.ptycho.reconstruction.quality import (
     truth_errors,
 )
 from outcore.ptycho.reconstruction.results import RECONSTRUCTION, result_dataset, write_figures
-from outcore.ptycho.reconstruction.solver import Settings, State
+from outcore.ptycho.reconstruction.solver import Settings, State, Trajectory
 from outcore.ptycho.reconstruction.start import (
     OPTIONS,
     Prepared,
@@ -81,15 +82,15 @@ def reconstruct(
     residency: str = "host",
     sub_batch: int = 64,
     noise: str | None = None,
-    probe_modes: int = 1,
-    step_object: float = 1.0,
-    step_probe: float = 1.0,
+    probe_modes: int | None = None,
+    step_object: float | None = None,
+    step_probe: float | None = None,
     probe_start: int = 2,
-    alpha: float = 0.02,
+    alpha: float | None = None,
     probe_support: float | None = None,
     probe_centring: bool = True,
     defocus_search: str = "auto",
-    refine_positions: bool = False,
+    refine_positions: bool | None = None,
     refine_from: int = 5,
     position_step: float = 1.0,
     position_limit: float = 0.25,
@@ -117,19 +118,26 @@ def reconstruct(
     temporary store in ``spill_dir`` (default: dask's ``temporary-directory``, else the
     system's; the workers must see it) and removed afterwards.
 
-    The options: ``iterations`` (None: until the loss falls by less than ``tolerance`` per
-    iteration, at most ``max_iterations``), ``batch_size`` positions per update over all
-    workers (None: a sixteenth of the scan, 16 to 1024), ``residency`` of each worker's
-    targets (``device``, ``host`` or ``disk``), ``sub_batch`` positions a worker computes at
-    once (memory, not the result), ``noise`` (``amplitude``, or ``poisson`` for counting
-    detectors; None: poisson for a scan of integer counts), ``probe_modes``,
-    ``step_object`` and ``step_probe``, ``probe_start`` (first iteration that refines the
-    probe), ``alpha`` (rPIE's regularisation), ``probe_support`` (a fraction of the half
-    window), ``probe_centring``, ``defocus_search`` (``auto``, ``on`` or ``off``: try other
-    defocus values for the probe guess first), ``refine_positions`` from iteration
-    ``refine_from`` (``position_step``, ``position_limit`` and ``position_bound`` in object
-    pixels, ``curvature_every``, ``position_affine``), ``slices`` ``slice_thickness``
-    [m] apart, ``seed`` (the batch order). The result is the same for any number of workers.
+    What is left out the data decide, each choice in the result's ``choices`` attr:
+    ``iterations`` (None: until the loss is within ``solver.NOISE_FACTOR`` times the noise
+    floor of counting data, or has settled, falling by less than ``tolerance`` per
+    iteration with nothing left to change; at most ``max_iterations``), the steps of the
+    object and of every probe mode (LSQML's closed form on each batch, ``steps``;
+    ``step_object``, ``step_probe`` or ``alpha``, rPIE's regularisation, give rPIE's step
+    instead), ``batch_size`` positions per update over all workers (None: a sixteenth of
+    the scan, 16 to 1024, doubled while its noise limits the step), ``probe_modes`` (None:
+    one, three when one leaves more than noise), ``refine_positions`` (None: when one
+    trial iteration finds the positions off by more than noise) and ``noise``
+    (``amplitude``, or ``poisson`` for counting detectors; None: poisson for a scan of
+    integer counts). The others: ``residency`` of each worker's targets (``device``,
+    ``host`` or ``disk``), ``sub_batch`` positions a worker computes at once (memory, not
+    the result), ``probe_start`` (first iteration that refines the probe),
+    ``probe_support`` (a fraction of the half window), ``probe_centring``,
+    ``defocus_search`` (``auto``, ``on`` or ``off``: try other defocus values for the probe
+    guess first), refinement from iteration ``refine_from`` (``position_step``,
+    ``position_limit`` and ``position_bound`` in object pixels, ``curvature_every``,
+    ``position_affine``), ``slices`` ``slice_thickness`` [m] apart, ``seed`` (the batch
+    order). The result is the same for any number of workers.
 
     ``start``: a reconstruction or checkpoint (a Dataset, a store, or a folder of
     ``checkpoints``) to go on from, after its iterations (``iterations`` counts them too);
@@ -144,8 +152,10 @@ def reconstruct(
     Returns ``object(y, x)`` (``(slice, y, x)``) complex on coordinates in metres (or
     object pixels, ``units`` says), ``probe(k_y, k_x)`` (``(mode, k_y, k_x)``),
     ``positions(position, xy)`` (refined, with ``input_positions``), ``loss(iteration)``;
-    attrs: ``pixel_size``, ``wavelength``, ``length_unit``, the settings, ``stopped`` and
-    ``warnings`` (also warned as ``ConvergenceWarning``) when it has not converged.
+    attrs: ``pixel_size``, ``wavelength``, ``length_unit``, the settings it ended with,
+    ``choices`` (what the data decided, each with why), ``stopped``, ``loss_over_floor``
+    and ``warnings`` (also warned as ``ConvergenceWarning``) when it has not converged,
+    naming what would help.
     """
     options = {name: value for name, value in locals().items() if name in OPTIONS}
     ds = scan_of(scan)
@@ -153,6 +163,7 @@ def reconstruct(
     state = start_of(start)
     done = 0
     if state is not None:
+        settings = replace(settings, **adapted(state)[0])
         start_state(state, ds, settings)  # refused here when it does not fit the scan
         done = int(state.sizes.get("iteration", 0))
     client = session.client_for(client)
@@ -273,7 +284,10 @@ class Reconstruction:
         attrs), the state saved every ``every`` iterations in ``checkpoints`` (a folder;
         None: none), ``on_iteration(iteration, loss)`` after each iteration."""
         losses = [float(v) for v in self.start["loss"].values] if self.start is not None else []
-        save = checkpointer(Path(checkpoints), every, list(losses)) if checkpoints else None
+        events = adapted(self.start)[1] if self.start is not None else []
+        trajectory = Trajectory(list(losses), events=events)
+        save = checkpointer(Path(checkpoints), every, list(losses), trajectory) \
+            if checkpoints else None
 
         def after(iteration: int, loss: float, state: State) -> None:
             if on_iteration is not None:
@@ -283,11 +297,12 @@ class Reconstruction:
 
         with client.as_current():
             prepared = self.prepare()
-            result = self.iterate(client, prepared, start_iteration=self.done, losses=losses,
-                                  on_iteration=after)
+            result = self.iterate(client, prepared, start_iteration=self.done,
+                                  trajectory=trajectory, on_iteration=after, goal=prepared.goal)
         notes = convergence_warnings(result.loss, result.probe, prepared.floor, prepared.power,
-                                     result.stopped, nearfield(self.ds))
-        return result_dataset(result, self.ds, self.settings, prepared, notes)
+                                     result.stopped, nearfield(self.ds), result.settings,
+                                     result.events, prepared.goal)
+        return result_dataset(result, self.ds, result.settings, prepared, notes)
 
 
 def record(run: Run, recon: xr.Dataset, ds: xr.Dataset, done: int = 0,
@@ -309,6 +324,9 @@ def record(run: Run, recon: xr.Dataset, ds: xr.Dataset, done: int = 0,
         "final_loss": float(loss[-1]) if len(loss) else None,
         "seconds_per_iteration": round(statistics.median(seconds), 4) if seconds else None,
         "noise_floor": recon.attrs.get("noise_floor"),
+        "loss_over_floor": recon.attrs.get("loss_over_floor"),
+        "choices": json.loads(recon.attrs["choices"]),
+        "settings": json.loads(recon.attrs["settings"]),
         "phase_ramp_rad_per_m": recon.attrs["phase_ramp_rad_per_m"],
         "phase_ramp_rad_across_field": recon.attrs["phase_ramp_rad_across_field"],
         "warnings": notes,

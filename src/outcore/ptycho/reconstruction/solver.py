@@ -13,12 +13,21 @@ position is a shift of the object, which the data cannot see) or, with
 position's Gauss-Newton matrix (half the cost of a refined term) is computed on the first
 refined iteration and then every ``curvature_every`` iterations; in between its step uses
 the latest one, held in the state (and so in checkpoints).
+
+The object's and the probe modes' steps are the batch's own (``steps``: LSQML's closed form)
+unless ``step_object``/``step_probe``/``alpha`` are given (then rPIE's preconditioned
+step with them). A run that stops on the loss (``iterations`` None) stops at the noise
+floor (``NOISE_FACTOR`` times it, for counts) or when the loss has settled
+(``Trajectory``); before that, a settled loss first changes what the data decide
+(``adapt``): probe modes when one mode leaves more than noise, position refinement when the
+positions' Gauss-Newton steps are beyond noise, a larger batch while the batch's noise limits
+the step, so that it never stops "at tolerance" while the step is the limit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,13 +44,33 @@ from outcore.ptycho.reconstruction.model import (
     batch_terms,
     update,
 )
-from outcore.ptycho.reconstruction.probe import centred, orthogonal_modes, support
+from outcore.ptycho.reconstruction.probe import centred, initial_modes, orthogonal_modes, support
+from outcore.ptycho.reconstruction.steps import chosen_update
 
 RESIDENCIES: tuple[str, ...] = ("device", "host", "disk")
-#: Iterations over which the loss must fall by ``tolerance`` each, on average, to go on.
-STOP_WINDOW = 5
+#: Iterations over which the loss must fall by ``tolerance`` each (the median slope of its
+#: logarithm, so one iteration's spike of a mini-batch's noise neither stops nor holds a
+#: run), to go on.
+STOP_WINDOW = 8
 #: Nor does a run stop on the loss while an iteration still moves a position this far (px).
 POSITIONS_SETTLED = 0.01
+#: A loss within this many times the noise floor of counting data has converged (the stop,
+#: and the warning beyond it).
+NOISE_FACTOR = 1.0
+#: For data that are not counts: a loss above this share of ``sum a^2`` leaves more than
+#: noise (more probe modes may fit it; the warning beyond it).
+RESIDUAL_LIMIT = 1e-2
+#: Probe modes a run takes when one mode leaves more than noise.
+AUTO_MODES = 3
+#: A run far from the noise floor changes its model (probe modes, refinement) once the loss
+#: falls too slowly to reach the floor within this many iterations.
+ADAPT_HORIZON = 50
+#: Within this many times the noise floor the object is good enough to tell whether the
+#: positions are off (a trial of position refinement does not wait for a slow loss).
+NEAR_FLOOR = 3.0
+#: Positions are refined when their Gauss-Newton steps' mean square is this many times what
+#: the noise makes and their RMS at least ``POSITION_LEAST`` pixels.
+POSITION_SIGNIFICANCE, POSITION_LEAST = 4.0, 0.02
 
 
 @dataclass(frozen=True)
@@ -53,8 +82,9 @@ class Settings:
     ``batch_size``: positions per update (global; None = all, one step per iteration).
     ``sub_batch``: positions a shard computes at once (bounds its scratch, not the result).
     ``step_object`` / ``step_probe``: step lengths of the preconditioned updates (1 = the
-    ePIE/rPIE projection). ``probe_start``: first iteration (0-based) that updates the probe.
-    ``alpha``: rPIE's regularisation of the preconditioner. ``seed``: the batch permutations.
+    ePIE/rPIE projection; None: the batch's own, ``steps``). ``probe_start``: first
+    iteration (0-based) that updates the probe. ``alpha``: rPIE's regularisation of the
+    preconditioner (None: ``steps.REGULARISATION``). ``seed``: the batch permutations.
     ``noise``: ``amplitude`` or ``poisson`` (``kernels``). ``probe_modes``: incoherent probe
     modes (the caller makes the starting modes). ``refine_positions`` from iteration
     ``refine_from`` on, steps of ``position_step`` times the Gauss-Newton step, each at most
@@ -64,17 +94,19 @@ class Settings:
     ``slices`` and ``slice_thickness`` (m): multislice (the caller makes the propagator).
     ``probe_centring``: keep the probe's centre of intensity in the window's centre (rolling
     the object with it); ``probe_support``: keep the probe within that fraction of the
-    half window (None: no support).
+    half window (None: no support). ``adapt_modes``, ``adapt_positions``, ``adapt_batch``:
+    what the data may change when the loss settles (``adapt``): ``AUTO_MODES`` probe
+    modes, position refinement, a larger batch.
     """
 
     iterations: int | None = None
     batch_size: int | None = None
     residency: str = "host"
     sub_batch: int = 64
-    step_object: float = 1.0
-    step_probe: float = 1.0
+    step_object: float | None = None
+    step_probe: float | None = None
     probe_start: int = 2
-    alpha: float = 0.02
+    alpha: float | None = None
     seed: int = 0
     tolerance: float = 1e-3
     max_iterations: int = 300
@@ -91,6 +123,9 @@ class Settings:
     slice_thickness: float | None = None
     probe_centring: bool = True
     probe_support: float | None = None
+    adapt_modes: bool = False
+    adapt_positions: bool = False
+    adapt_batch: bool = False
 
     def validate(self, n_positions: int) -> None:
         """Refuse settings that cannot run, before any compute (messages name the keywords
@@ -111,11 +146,13 @@ class Settings:
                 f"batch_size={self.batch_size} is not between 1 and the {n_positions} "
                 "positions.",
                 "give a batch size up to the number of positions, or omit it for full batches.")
-        if not (self.step_object > 0 and self.step_probe >= 0 and 0 <= self.alpha <= 1):
+        if not ((self.step_object is None or self.step_object > 0)
+                and (self.step_probe is None or self.step_probe >= 0)
+                and (self.alpha is None or 0 <= self.alpha <= 1)):
             raise OutcoreError(
                 f"Step lengths {self.step_object}/{self.step_probe} or alpha {self.alpha} are "
                 "out of range.", "use a positive object step, a probe step >= 0 and alpha in "
-                "[0, 1].")
+                "[0, 1], or leave them out for the steps the data choose.")
         if not self.tolerance > 0:
             raise OutcoreError(f"tolerance={self.tolerance} must be positive.",
                                "give a relative loss change, e.g. tolerance=1e-3.")
@@ -155,13 +192,19 @@ class State:
     """Object (S, Ny, Nx) and probe (M, K, K), complex64, the positions ``coords`` (n, 2)
     float64 (window corners, pixels), the loss summed over the steps of the current
     iteration so far and, once positions are refined, each position's latest Gauss-Newton
-    matrix ``curvature`` (n, 3) float64 (NaN rows: none yet)."""
+    matrix ``curvature`` (n, 3) float64 (NaN rows: none yet). What an iteration measures on
+    the side: ``steps``, the mean steps of its batches ``[object, probe modes...]``;
+    ``positions``, the positions' Gauss-Newton steps ``[sum |step|^2, sum of their noise
+    variance per unit noise, positions, positions held at their bound or the object's
+    edge]``."""
 
     obj: Any
     probe: Any
     coords: np.ndarray
     loss: float = 0.0
     curvature: np.ndarray | None = None
+    steps: np.ndarray | None = None
+    positions: np.ndarray | None = None
 
 
 def batches(n_positions: int, batch_size: int | None, seed: int, iteration: int
@@ -231,21 +274,49 @@ def step(state: State, terms: BatchTerms, batch: np.ndarray, settings: Settings,
     positions moved when refined (never beyond ``position_bound`` of ``start``, nor their
     windows out of the object), the batch's loss added to the iteration's (or starting it,
     when ``first``)."""
-    step_probe = settings.step_probe if iteration >= settings.probe_start else 0.0
-    obj, probe = update(state.obj, state.probe, terms, state.coords[batch],
-                        step_obj=settings.step_object, step_probe=step_probe,
-                        alpha=settings.alpha)
-    coords, curvature = state.coords, state.curvature
+    probe_on = iteration >= settings.probe_start
+    taken = state.steps
+    if settings.step_object is not None and settings.step_probe is not None:
+        obj, probe = update(state.obj, state.probe, terms, state.coords[batch],
+                            step_obj=settings.step_object,
+                            step_probe=settings.step_probe if probe_on else 0.0,
+                            alpha=0.02 if settings.alpha is None else settings.alpha)
+    else:
+        obj, probe, chosen = chosen_update(
+            state.obj, state.probe, terms, state.coords[batch], step_obj=settings.step_object,
+            step_probe=settings.step_probe, alpha=settings.alpha, probe_on=probe_on)
+        now = np.concatenate([[chosen.object.sum()], chosen.probe, [1.0]])
+        taken = now if first or taken is None or len(taken) != len(now) else taken + now
+    coords, curvature, measured = state.coords, state.curvature, None
     if terms.index is not None:
         curvature = kept_curvature(curvature, terms, len(coords))
-        move = settings.position_step * gauss_newton(terms.grad_pos, curvature[terms.index])
-        move = np.clip(move, -settings.position_limit, settings.position_limit)
+        newton = gauss_newton(terms.grad_pos, curvature[terms.index])
+        move = np.clip(settings.position_step * newton, -settings.position_limit,
+                       settings.position_limit)
         coords = coords.copy()
         moved = coords[terms.index] + move
         bound = settings.position_bound
         moved = np.clip(moved, start[terms.index] - bound, start[terms.index] + bound)
         coords[terms.index] = inside(moved, state)
-    return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss), curvature)
+        held = np.abs(coords[terms.index] - start[terms.index]) >= bound - WHOLE_TOLERANCE
+        held |= coords[terms.index] != moved
+        measured = _measured(state.positions if not first else None, newton,
+                             curvature[terms.index], held.any(axis=1))
+    return State(obj, probe, coords, terms.loss + (0.0 if first else state.loss), curvature,
+                 taken, measured)
+
+
+def _measured(before: np.ndarray | None, newton: np.ndarray, curvature: np.ndarray,
+              held: np.ndarray) -> np.ndarray:
+    """``State.positions`` with a batch's Gauss-Newton steps ``newton`` (b, 2) added: their
+    squares, their variance per unit noise variance (``tr C^-1`` of each ``curvature``
+    ``[yy, yx, xx]``, the inverse of the Gauss-Newton matrix of its amplitudes), their
+    number and those ``held`` (at their bound or the object's edge)."""
+    yy, yx, xx = curvature.T
+    det = np.maximum(yy * xx - yx * yx, TINY)
+    added = np.array([float((newton**2).sum()), float(((yy + xx) / det).sum()),
+                      float(len(newton)), float(held.sum())])
+    return added if before is None else before + added
 
 
 def kept_curvature(curvature: np.ndarray | None, terms: BatchTerms, n_positions: int
@@ -303,55 +374,237 @@ def inside(coords: np.ndarray, state: State) -> np.ndarray:
     return np.clip(coords, -0.5, last)
 
 
+@dataclass(frozen=True)
+class Goal:
+    """What the data let a run reach: the noise ``floor`` of counting data (the loss
+    expected at the truth; None when the data are not counts), the data's ``power``
+    ``sum a^2``, the variance of one amplitude's noise (``noise_var``: 1/4 for counts;
+    None: the residual's), the scan's ``positions`` and the detector pixels of each pattern
+    (``pixels``), and whether the object has room to refine the positions
+    (``refinable``)."""
+
+    floor: float | None
+    power: float
+    positions: int
+    pixels: int
+    noise_var: float | None = 0.25
+    refinable: bool = True
+
+    def excess(self, loss: float) -> float:
+        """How far ``loss`` is from what noise leaves, as a multiple of the limit
+        (``NOISE_FACTOR`` times the floor; without one, ``RESIDUAL_LIMIT`` of the power):
+        above 1, more than noise is left."""
+        if self.floor is not None:
+            return loss / (NOISE_FACTOR * self.floor)
+        return loss / (RESIDUAL_LIMIT * self.power) if self.power > 0 else 0.0
+
+    def amplitude_var(self, loss: float) -> float:
+        """The variance of one amplitude's noise: ``noise_var``, or the residual's per pixel."""
+        if self.noise_var is not None and self.floor is not None:
+            return self.noise_var
+        return loss / max(self.positions * self.pixels, 1)
+
+
 @dataclass
 class Trajectory:
     """The losses of the iterations run (each the sum over its batches of the loss before
-    each update), the largest move of a position in each, and why the run stopped:
-    ``iterations``, ``tolerance`` (the loss fell by less than it per iteration over the last
-    ``STOP_WINDOW`` and no position moved ``POSITIONS_SETTLED``), ``max_iterations`` or
-    ``diverged`` (a loss that is not finite)."""
+    each update), the largest move of a position in each, the mean steps of each
+    (``steps``: object, then each probe mode), what the data changed on the way
+    (``events``: dicts of ``iteration``, ``name``, ``value``, ``why``), the settings the
+    run ended with (``settings``) and why the run
+    stopped: ``iterations``, ``noise floor`` (the loss within ``NOISE_FACTOR`` of it),
+    ``settled`` (the loss fell by less than ``tolerance`` per iteration over the last
+    ``STOP_WINDOW``, no position moved ``POSITIONS_SETTLED`` and nothing was left to
+    adapt), ``max_iterations`` or ``diverged`` (a loss that is not finite)."""
 
     losses: list[float] = field(default_factory=list)
     stopped: str = ""
     moves: list[float] = field(default_factory=list)
+    steps: list[list[float]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    settings: Settings | None = None
+    positions: list[list[float] | None] = field(default_factory=list)
 
-    def record(self, loss: float, before: np.ndarray, after: np.ndarray) -> None:
-        """One more iteration: its loss and how far (pixels) it moved the positions at most
-        (``before`` and ``after`` it)."""
+    def record(self, loss: float, before: np.ndarray, after: np.ndarray,
+               steps: np.ndarray | None = None, positions: np.ndarray | None = None) -> None:
+        """One more iteration: its loss, how far (pixels) it moved the positions at most
+        (``before`` and ``after`` it), its summed steps (``State.steps``) and its
+        positions' Gauss-Newton steps (``State.positions``, when it refined them)."""
         self.losses.append(loss)
         self.moves.append(float(np.abs(after - before).max()) if len(after) else 0.0)
+        if steps is not None:
+            self.steps.append([round(float(v), 6) for v in steps[:-1] / max(steps[-1], 1)])
+        self.positions.append(None if positions is None else [float(v) for v in positions])
+
+    def positions_settled(self, goal: Goal | None) -> bool:
+        """Whether the last iteration left the positions where they are: no refinement, its
+        positions' Gauss-Newton steps within ``POSITION_SIGNIFICANCE`` times their noise
+        (``goal``'s), or, without a goal, no move of ``POSITIONS_SETTLED`` pixels."""
+        measured = self.positions[-1] if self.positions else None
+        if goal is None or measured is None:
+            return not self.moves or self.moves[-1] < POSITIONS_SETTLED
+        squares, spread = measured[0], measured[1]
+        return squares < POSITION_SIGNIFICANCE * goal.amplitude_var(self.losses[-1]) * spread
 
     def change(self, window: int = STOP_WINDOW) -> float:
-        """The relative fall of the loss per iteration over the last ``window`` iterations."""
-        before, now = self.losses[-1 - window], self.losses[-1]
-        return (before - now) / before / window if before > 0 else 0.0
+        """The relative fall of the loss per iteration over the last ``window`` iterations:
+        minus the median slope of its logarithm over every pair of them (Theil-Sen)."""
+        recent = np.log(np.maximum(np.asarray(self.losses[-window:], np.float64), TINY))
+        first, second = np.triu_indices(len(recent), 1)
+        if not len(first):
+            return 0.0
+        return float(-np.median((recent[second] - recent[first]) / (second - first)))
 
-    def done(self, settings: Settings) -> bool:
+    def since_change(self) -> int:
+        """Iterations since the last change of what runs (an event), or since the start."""
+        last = max((event["iteration"] for event in self.events), default=-1)
+        return len(self.losses) - 1 - last
+
+    def settled(self, settings: Settings, goal: Goal | None = None) -> bool:
+        """Whether the loss has stopped falling (by ``tolerance`` per iteration over
+        ``STOP_WINDOW`` since the last change) with no position still moving
+        (``positions_settled``)."""
+        return (self.since_change() >= STOP_WINDOW and self.change() < settings.tolerance
+                and self.positions_settled(goal))
+
+    def done(self, settings: Settings, goal: Goal | None = None) -> bool:
         """Whether to stop after the iterations so far (and say why in ``stopped``)."""
+        if self.stopped:
+            return True
         if self.losses and not math.isfinite(self.losses[-1]):
             self.stopped = "diverged"
         elif settings.iterations is not None:
             if len(self.losses) >= settings.iterations:
                 self.stopped = "iterations"
-            return bool(self.stopped)
-        if len(self.losses) >= settings.max_iterations:
+        elif len(self.losses) >= settings.max_iterations:
             self.stopped = "max_iterations"
-        elif len(self.losses) > STOP_WINDOW and self.change() < settings.tolerance and (
-                not self.moves or self.moves[-1] < POSITIONS_SETTLED):
-            self.stopped = "tolerance"
+        elif (goal is not None and self.at_floor(goal) and not self.trial_pending()
+              and self.positions_settled(goal)):
+            self.stopped = "noise floor"
+        elif goal is None and self.settled(settings):
+            self.stopped = "settled"  # nothing to adapt without a goal
         return bool(self.stopped)
+
+    def at_floor(self, goal: Goal) -> bool:
+        """Whether the last loss is within ``NOISE_FACTOR`` of the noise floor."""
+        return goal.floor is not None and bool(self.losses) and goal.excess(self.losses[-1]) <= 1
+
+    def trial_pending(self) -> bool:
+        """Whether a trial of position refinement starts after the last iteration."""
+        trials = [e["iteration"] for e in self.events if e["name"] == "position_trial"]
+        return bool(trials) and trials[-1] == len(self.losses) - 1
+
+    def event(self, iteration: int, name: str, value: Any, why: str) -> None:
+        self.events.append({"iteration": iteration, "name": name, "value": value, "why": why})
+
+    def checked_positions(self) -> bool:
+        return any(event["name"] == "refine_positions" for event in self.events)
+
+
+def adapt(trajectory: Trajectory, settings: Settings, state: State, goal: Goal,
+          start: np.ndarray, iteration: int) -> tuple[Settings, State]:
+    """After ``iteration``: what the data change when the loss has settled, reached the
+    noise floor or falls too slowly to reach it (``ADAPT_HORIZON``), or a trial of position
+    refinement ends, in order: ``AUTO_MODES`` probe modes when one mode leaves
+    more than noise (``Goal.excess``), position refinement tried for one iteration and kept
+    when the positions' Gauss-Newton steps are beyond noise (``POSITION_SIGNIFICANCE``;
+    only when ``goal.refinable``: the object has room for it; tried too once the loss is
+    within ``NEAR_FLOOR`` of the floor), then, once settled, twice the batch while it is
+    not the whole scan; else the run has settled (``trajectory.stopped``, unless it runs a
+    fixed number of ``iterations``). Each change is an
+    event of ``trajectory``; the settings and state to go on with."""
+    if trajectory.stopped or not trajectory.losses or not math.isfinite(trajectory.losses[-1]):
+        return settings, state
+    trial = [e for e in trajectory.events if e["name"] == "position_trial"]
+    if trial and trial[-1]["iteration"] == iteration - 1 and not trajectory.checked_positions():
+        return _judged_positions(trajectory, settings, state, goal, start, iteration)
+    floor = trajectory.at_floor(goal)
+    loss = trajectory.losses[-1]
+    slow = (trajectory.since_change() >= STOP_WINDOW and goal.excess(loss) > 1
+            and trajectory.change() < math.log(goal.excess(loss)) / ADAPT_HORIZON)
+    settled = trajectory.settled(settings, goal)
+    near = trajectory.since_change() >= STOP_WINDOW and goal.excess(loss) < NEAR_FLOOR
+    if not (settled or floor or slow or near):
+        return settings, state
+    if (settings.adapt_modes and settings.probe_modes < AUTO_MODES and goal.excess(loss) > 1
+            and (slow or settled)):
+        trajectory.event(iteration, "probe_modes", AUTO_MODES, _excess_words(goal, loss) +
+                         f": one probe mode leaves more than noise, so {AUTO_MODES} modes "
+                         "(partial coherence); probe_modes= sets them")
+        probe = initial_modes(to_host(state.probe), AUTO_MODES)
+        xp = array_namespace(state.probe)
+        return (replace(settings, probe_modes=AUTO_MODES),
+                replace(state, probe=xp.asarray(probe), steps=None))
+    if (settings.adapt_positions and not settings.refine_positions and goal.refinable
+            and not trajectory.checked_positions()):
+        trajectory.event(iteration, "position_trial", True,
+                         ("the loss reached the noise floor" if floor else
+                          "the loss came near the noise floor" if near else
+                          "the loss fell too slowly")
+                         + ": one iteration of position refinement measures how far the "
+                         "positions are off")
+        return (replace(settings, refine_positions=True, refine_from=iteration + 1),
+                replace(state, positions=None))
+    if floor or not settled:
+        return settings, state
+    if settings.adapt_batch and settings.batch_size is not None \
+            and settings.batch_size < len(start):
+        size = min(len(start), 2 * settings.batch_size)
+        trajectory.event(iteration, "batch_size", size, "the loss settled at the steps of "
+                         f"batches of {settings.batch_size}: their noise limits the step, so "
+                         f"batches of {size}")
+        return replace(settings, batch_size=size), state
+    if settings.iterations is None:
+        trajectory.stopped = "settled"
+    return settings, state
+
+
+def _excess_words(goal: Goal, loss: float) -> str:
+    if goal.floor is not None:
+        return (f"the loss fell too slowly to reach the noise floor at {loss / goal.floor:.1f}"
+                " times it")
+    return f"the loss fell too slowly at {loss / goal.power:.2%} of the data's power"
+
+
+def _judged_positions(trajectory: Trajectory, settings: Settings, state: State, goal: Goal,
+                      start: np.ndarray, iteration: int) -> tuple[Settings, State]:
+    """The end of a trial of position refinement: kept when the positions' Gauss-Newton
+    steps (``State.positions``) are ``POSITION_SIGNIFICANCE`` times their noise or more
+    (and ``POSITION_LEAST`` pixels RMS), else the positions back where they started."""
+    squares, spread, count, held = state.positions if state.positions is not None \
+        else (0.0, 1.0, 1.0, 0.0)
+    noise = goal.amplitude_var(trajectory.losses[-1]) * spread
+    ratio = squares / max(noise, TINY)
+    rms = math.sqrt(squares / max(count, 1))
+    keep = bool(ratio >= POSITION_SIGNIFICANCE and rms >= POSITION_LEAST)
+    words = (f"the positions' Gauss-Newton steps are {rms:.3g} px RMS, {ratio:.1f} times what "
+             "noise makes")
+    trajectory.event(iteration, "refine_positions", keep,
+                     words + ("; refine_positions= sets it" if keep else
+                              ": they are not off; refine_positions= sets it"))
+    if held:
+        trajectory.event(iteration, "positions_held", int(held),
+                         f"{int(held)} position steps stopped at position_bound= or the "
+                         "object's edge")
+    if keep:
+        return settings, state
+    return (replace(settings, refine_positions=False),
+            replace(state, coords=np.array(start, np.float64), curvature=None))
 
 
 def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Settings,
            model: Model, start_iteration: int = 0, trajectory: Trajectory | None = None,
            on_iteration: Callable[[int, float, State], None] | None = None,
-           ) -> tuple[State, Trajectory]:
+           goal: Goal | None = None) -> tuple[State, Trajectory]:
     """The reconstruction as a plain loop in this process, the same batches, sub-batches,
-    sums and updates as the engine: ``amplitudes(positions)`` gives the (b, K, K) targets
-    of the sorted global ``positions``."""
+    sums, updates and adaptations (``adapt``, with ``goal``; None: none) as the engine:
+    ``amplitudes(positions)`` gives the (b, K, K) targets of the sorted global
+    ``positions``."""
     start = np.asarray(state.coords, np.float64).copy()
     trajectory = trajectory or Trajectory()
-    for iteration in _iterations(settings, start_iteration, trajectory):
+    trajectory.settings = settings
+    iteration = start_iteration
+    while not trajectory.done(settings, goal):
         before = state.coords
         for number, batch in enumerate(batches(len(start), settings.batch_size, settings.seed,
                                                iteration)):
@@ -360,17 +613,14 @@ def serial(amplitudes: Callable[[np.ndarray], Any], state: State, settings: Sett
                                  iteration, new_curvature(state, batch, settings, iteration))
             state = step(state, terms, batch, settings, iteration, number == 0, start)
         state = end_iteration(state, settings, iteration, start)
-        trajectory.record(state.loss, before, state.coords)
+        trajectory.record(state.loss, before, state.coords, state.steps, state.positions)
         if on_iteration is not None:
             on_iteration(iteration, state.loss, state)
-    return state, trajectory
-
-
-def _iterations(settings: Settings, first: int, trajectory: Trajectory) -> Iterator[int]:
-    iteration = first
-    while not trajectory.done(settings):
-        yield iteration
+        if goal is not None:
+            settings, state = adapt(trajectory, settings, state, goal, start, iteration)
+            trajectory.settings = settings
         iteration += 1
+    return state, trajectory
 
 
 def on_host(state: State) -> State:

@@ -39,10 +39,15 @@ from outcore.ptycho.reconstruction.solver import Settings, State
 #: Positions read (evenly spread) to measure the data's power and noise before the run.
 SAMPLE_POSITIONS = 256
 DEFOCUS_SEARCH = ("auto", "on", "off")
+#: What the data decide when the options leave them out (``Settings.adapt_*``).
+ADAPTED = ("adapt_modes", "adapt_positions", "adapt_batch")
 #: ``reconstruct``'s keyword options that make its settings, with their defaults (those of
-#: ``Settings``, but the batch and the loss, whose defaults follow the scan).
-OPTIONS: dict[str, Any] = {**{f.name: f.default for f in fields(Settings)},
-                           "batch_size": None, "noise": None, "defocus_search": "auto"}
+#: ``Settings``, but the batch, the loss, the probe modes and the refinement, which the
+#: data decide when left out).
+OPTIONS: dict[str, Any] = {**{f.name: f.default for f in fields(Settings)
+                              if f.name not in ADAPTED},
+                           "batch_size": None, "noise": None, "probe_modes": None,
+                           "refine_positions": None, "defocus_search": "auto"}
 
 
 def default_batch(n_positions: int) -> int:
@@ -65,8 +70,10 @@ def settings_of(ds: xr.Dataset, options: Mapping[str, Any], caller: str = "recon
                 ) -> tuple[Settings, str]:
     """The ``Settings`` of reconstructing the preprocessed ``ds`` with ``reconstruct``'s
     keyword ``options`` (``OPTIONS``; the others at their defaults: ``batch_size`` a
-    sixteenth of the scan, ``default_batch``; ``noise`` Poisson for a scan of integer
-    counts, else amplitude; a near-field scan keeps its probe where it is,
+    sixteenth of the scan, ``default_batch``, growing when its noise limits the steps;
+    ``noise`` Poisson for a scan of integer counts, else amplitude; one probe mode, more
+    when it leaves more than noise; position refinement when the positions are off, each
+    decided by the data, ``solver.adapt``; a near-field scan keeps its probe where it is,
     ``settings_for``), checked against ``ds`` (``check``), and the defocus search. An
     unknown option is an ``ArgumentError`` naming ``caller``'s keyword it may have meant."""
     unknown = [name for name in options if name not in OPTIONS]
@@ -79,6 +86,11 @@ def settings_of(ds: xr.Dataset, options: Mapping[str, Any], caller: str = "recon
     search = values.pop("defocus_search")
     counts = bool(ds.attrs.get("preprocess", {}).get("counts", False))
     values["noise"] = values["noise"] or ("poisson" if counts else "amplitude")
+    values.update(adapt_modes=values["probe_modes"] is None,
+                  adapt_positions=values["refine_positions"] is None,
+                  adapt_batch=values["batch_size"] is None)
+    values["probe_modes"] = 1 if values["probe_modes"] is None else values["probe_modes"]
+    values["refine_positions"] = bool(values["refine_positions"])
     if values["batch_size"] is None:
         values["batch_size"] = default_batch(ds.sizes["position"])
     settings = settings_for(ds, Settings(**values))
@@ -157,8 +169,10 @@ def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: floa
 class Prepared:
     """What a run starts from: object (S, Ny, Nx), probe modes (M, K, K), positions
     ``coords`` (n, 2) and those the refinement started from, the model, the data's power,
-    the noise floor (None unless counts), what the defocus search found and the positions'
-    Gauss-Newton matrices (n, 3) of a checkpoint (``solver.State.curvature``)."""
+    the noise floor (None unless counts), what the defocus search found, the positions'
+    Gauss-Newton matrices (n, 3) of a checkpoint (``solver.State.curvature``) and what the
+    run aims at (``goal``: the floor, and whether the object has room to refine the
+    positions)."""
 
     obj: np.ndarray
     probe: np.ndarray
@@ -169,6 +183,7 @@ class Prepared:
     floor: float | None
     search: dict[str, Any] | None = None
     curvature: np.ndarray | None = None
+    goal: solver.Goal | None = None
 
 
 def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> None:
@@ -186,6 +201,16 @@ def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> N
                      tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)
 
 
+def refinable(ds: xr.Dataset, settings: Settings) -> bool:
+    """Whether refining the positions keeps every window in the object (``check_bounds``)."""
+    try:
+        check_bounds(coords_of(ds), ds.sizes["k_y"],
+                     tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)
+    except OutcoreError:
+        return False
+    return True
+
+
 def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
             start: xr.Dataset | None = None, defocus_search: str = "auto") -> Prepared:
     """The starting state (see the module doc), after ``check``; reads ``SAMPLE_POSITIONS``
@@ -199,11 +224,14 @@ def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
     kept = sample if model.valid is None else sample * model.valid
     power_per_pattern = float((kept.astype(np.float64) ** 2).sum() / len(sample))
     floor = quality.noise_floor(sample, n, settings.noise, model.valid)
+    pixels = int(model.valid.sum()) if model.valid is not None else ds.sizes["k_y"] ** 2
+    goal = solver.Goal(floor, power_per_pattern * n, n, pixels,
+                       refinable=refinable(ds, settings))
     if start is not None:
         obj, modes, coords = start_state(start, ds, settings)
         curvature = start["curvature"].values if "curvature" in start else None
         return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor,
-                        curvature=curvature)
+                        curvature=curvature, goal=goal)
     guess = probe.matched_power(ds["probe_guess"].values.astype(np.complex64)[None],
                                 power_per_pattern, model.valid)
     found = None
@@ -212,7 +240,7 @@ def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
     modes = probe.initial_modes(guess, settings.probe_modes)
     obj = np.ones((settings.slices, *shape), np.complex64)
     return Prepared(obj, modes, origin.copy(), origin, model, power_per_pattern * n, floor,
-                    found)
+                    found, goal=goal)
 
 
 def _unknown_defocus(ds: xr.Dataset) -> bool:
@@ -231,7 +259,8 @@ def _searched(path: str | Path, ds: xr.Dataset, guess: np.ndarray, coords: np.nd
     shape = tuple(int(v) for v in nearest_whole(local.max(axis=0)) + ds.sizes["k_y"] + 1)
     trial_settings = Settings(iterations=probe.SEARCH_ITERATIONS, batch_size=min(len(index), 16),
                               probe_start=probe.SEARCH_ITERATIONS, noise=settings.noise,
-                              probe_centring=False)
+                              probe_centring=False, step_object=1.0, step_probe=1.0,
+                              alpha=0.02)
     trial_model = Model(settings.noise, model.valid)
 
     def trial(candidate: np.ndarray) -> float:

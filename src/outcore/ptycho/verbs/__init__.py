@@ -6,6 +6,7 @@ the runner printed and write the run directory. ``outcore.ptycho.cli`` lists the
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from outcore.errors import OutcoreError
 from outcore.settings import in_flags
@@ -16,3 +17,16 @@ def in_flag_words(notes: list[str], args: argparse.Namespace) -> list[str]:
     written as its flag, as the command line says them."""
     flags = getattr(args, "flags", None) or {}
     return [in_flags(OutcoreError(note, ""), flags).problem for note in notes]  # type: ignore[attr-defined]
+
+
+def print_choices(choices: dict[str, dict[str, Any]], args: argparse.Namespace
+                  ) -> dict[str, dict[str, Any]]:
+    """Each choice the data made (``choices``: name to ``value`` and ``why``) printed as a
+    ``note:`` line in the command line's words, and the choices so worded (for the
+    summary)."""
+    worded = {}
+    for name, choice in choices.items():
+        why = in_flag_words([choice["why"]], args)[0]
+        print(f"note: {name.replace('_', ' ')} {choice['value']}: {why}", flush=True)
+        worded[name] = {**choice, "why": why}
+    return worded

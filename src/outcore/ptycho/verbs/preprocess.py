@@ -23,7 +23,7 @@ from outcore.ptycho.optics import ProbeWindowWarning
 from outcore.ptycho.preprocessing.pipeline import PREPROCESS_FIXES, plan_of, preprocess
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, diffraction_stack, setup
 from outcore.ptycho.preprocessing.store import COMPRESSIONS, open_preprocessed, save_preprocessed
-from outcore.ptycho.verbs import in_flag_words
+from outcore.ptycho.verbs import in_flag_words, print_choices
 from outcore.runs import Run
 from outcore.verbs import Job
 
@@ -57,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a near-field scan: the sample's distance downstream of the focus "
                         "(Fresnel scaling; default: the stack's focus_sample_distance attr, "
                         "else far field)")
-    p.add_argument("--object-padding", type=int, default=0,
-                   help="object pixels around the scanned windows")
+    p.add_argument("--object-padding", type=int, default=None,
+                   help="object pixels around the scanned windows (default: what refining "
+                        "the positions and centring the probe need, 4 near field, 4 + K/16 "
+                        "far field)")
     p.add_argument("--chunk-positions", type=int, default=CHUNK_POSITIONS,
                    help="positions per task and per stored chunk")
     p.add_argument("--compression", default="none", choices=sorted(COMPRESSIONS),
@@ -126,7 +128,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
             else:
                 warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
         record = pre.attrs["preprocess"]
-        run.metric(positions=int(pre.sizes["position"]), detector_size=found.k,
+        chosen = print_choices(record["choices"], args)
+        run.metric(choices=chosen, positions=int(pre.sizes["position"]), detector_size=found.k,
                    pixel_size=found.pixel_size, object_shape=pre.attrs["object_shape"],
                    centre_shift=record["centre_shift"],
                    probe_border_energy=record["probe_border_energy"],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -42,9 +43,9 @@ from outcore.ptycho.reconstruction.run import (
     record,
     starting_state,
 )
-from outcore.ptycho.reconstruction.solver import Settings
+from outcore.ptycho.reconstruction.solver import STOP_WINDOW, Settings
 from outcore.ptycho.reconstruction.start import OPTIONS, scan_of, settings_of
-from outcore.ptycho.verbs import in_flag_words
+from outcore.ptycho.verbs import in_flag_words, print_choices
 from outcore.runs import Run, resumed_run
 from outcore.settings import add_checkpoint_options, check_resume
 from outcore.verbs import Job, Tunable
@@ -65,15 +66,16 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="preprocessed store (outcore ptycho "
                    "preprocess)")
     p.add_argument("--iterations", type=int, default=None,
-                   help="iterations to run (default: until the loss settles, --tolerance)")
+                   help="iterations to run (default: until the loss reaches the noise floor, "
+                        "or settles with nothing left to change)")
     p.add_argument("--tolerance", type=float, default=defaults.tolerance,
-                   help="without --iterations: stop when the loss falls by less than this "
-                        "fraction per iteration (over the last 5)")
+                   help="the loss has settled when it falls by less than this fraction per "
+                        f"iteration (over the last {STOP_WINDOW})")
     p.add_argument("--max-iterations", type=int, default=defaults.max_iterations,
                    help="without --iterations: stop here at the latest")
     p.add_argument("--batch-size", type=int, default=None,
                    help="positions per update, over all workers (default: a sixteenth of "
-                        "the scan, 16 to 1024; the number of positions for full batches)")
+                        "the scan, 16 to 1024, doubled while its noise limits the step)")
     p.add_argument("--residency", default=defaults.residency, metavar="{device,host,disk}",
                    help="where each worker keeps its targets: device memory, host memory "
                         "(streamed to the device per sub-batch) or the store on disk")
@@ -83,14 +85,19 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
                    help="the loss: amplitude least squares, or the Poisson likelihood of "
                         "counting detectors (default: poisson for a stack of integer counts, "
                         "else amplitude)")
-    p.add_argument("--probe-modes", type=int, default=defaults.probe_modes,
-                   help="incoherent probe modes (mixed-state probe)")
-    p.add_argument("--step-object", type=float, default=defaults.step_object)
-    p.add_argument("--step-probe", type=float, default=defaults.step_probe)
+    p.add_argument("--probe-modes", type=int, default=None,
+                   help="incoherent probe modes (mixed-state probe; default: one, three "
+                        "when one leaves more than noise)")
+    p.add_argument("--step-object", type=float, default=None,
+                   help="a fixed object step (1: rPIE's projection; default: each batch's "
+                        "own, LSQML's closed form)")
+    p.add_argument("--step-probe", type=float, default=None,
+                   help="a fixed probe step (default: each batch's own, for every mode)")
     p.add_argument("--probe-start", type=int, default=defaults.probe_start,
                    help="first iteration (0-based) that refines the probe")
-    p.add_argument("--alpha", type=float, default=defaults.alpha,
-                   help="regularisation of the rPIE-style preconditioner, 0..1")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="rPIE's regularisation of the batch's preconditioner, 0..1 (default: "
+                        "the scan's illumination)")
     p.add_argument("--probe-support", type=float, default=None,
                    help="keep the probe within this fraction of the half window (e.g. 0.9)")
     p.add_argument("--no-probe-centring", dest="probe_centring", action="store_false",
@@ -98,8 +105,12 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--defocus-search", default="auto", metavar="{auto,on,off}",
                    help="try other defocus values for the probe guess first (auto: when the "
                         "guess is the mean pattern without a defocus)")
-    p.add_argument("--refine-positions", action="store_true",
-                   help="refine the scan positions (gradient steps per position)")
+    refine = p.add_mutually_exclusive_group()
+    refine.add_argument("--refine-positions", action="store_true", default=None,
+                        help="refine the scan positions (Gauss-Newton steps per position; "
+                             "default: when a trial iteration finds them off)")
+    refine.add_argument("--no-refine-positions", dest="refine_positions",
+                        action="store_false", help="never refine the positions")
     p.add_argument("--refine-from", type=int, default=defaults.refine_from,
                    help="first iteration (0-based) that refines the positions")
     p.add_argument("--position-step", type=float, default=defaults.position_step,
@@ -205,6 +216,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                                 checkpoint_every=args.checkpoint_every, on_iteration=lines,
                                 backend=resources.backend, client=client, plan=plan)
         recon.attrs["warnings"] = in_flag_words(recon.attrs["warnings"], args)
+        recon.attrs["choices"] = json.dumps(print_choices(json.loads(recon.attrs["choices"]),
+                                                          args))
         record(run, recon, ds, done, lines.seconds, truth)
 
     def rounds(client: distributed.Client, plan: Plan,

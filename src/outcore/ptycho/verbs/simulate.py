@@ -79,6 +79,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="positions per task and per stored chunk")
     p.add_argument("--object-padding", type=int, default=0,
                    help="object pixels around the scanned windows")
+    p.add_argument("--central-stop", type=float, default=0.0, metavar="FRACTION",
+                   help="darken the aperture's middle out to this fraction of its radius "
+                        "(a zone plate's central stop, e.g. 0.4)")
+    p.add_argument("--fft-shifted", action="store_true",
+                   help="store the patterns with the zero frequency at pixel (0, 0), as "
+                        "some detectors' software does")
+    p.add_argument("--length-unit", default="m", choices=("m", "pixel"),
+                   help="pixel: positions and lengths in object pixels, no energy or "
+                        "detector geometry, as a scan recorded in pixels")
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
@@ -95,6 +104,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         position_error=args.position_error, probe_modes=args.probe_modes, slices=args.slices,
         slice_thickness=args.slice_thickness, object_detail=args.object_detail,
         mask=None if args.beam_stop is None else beam_stop(args.detector, args.beam_stop),
+        central_stop=args.central_stop, fft_shifted=args.fft_shifted,
+        length_unit=args.length_unit,
     )
     attrs = sim.truth.attrs
     config: dict[str, Any] = {
@@ -107,7 +118,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         "subpixel": args.subpixel, "position_error": args.position_error,
         "probe_modes": args.probe_modes, "slices": args.slices,
         "slice_thickness": args.slice_thickness, "beam_stop": args.beam_stop,
-        "object_detail": args.object_detail,
+        "object_detail": args.object_detail, "central_stop": args.central_stop,
+        "fft_shifted": args.fft_shifted, "length_unit": args.length_unit,
     }
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
