@@ -27,7 +27,7 @@ from outcore import backend, cluster
 from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
-from outcore.runs import Run, input_record, sha256_path
+from outcore.runs import Run, input_record, process_age_s, sha256_path
 from outcore.settings import RunSettings, in_flags
 from outcore.verbs import Job
 
@@ -52,6 +52,8 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     that its errors come before the cluster starts. The job is planned once, on the running
     cluster's resources, and that plan is what the run records and executes.
     """
+    timings = {"start": round(process_age_s(), 6)}  # interpreter, imports, parsing
+    t0 = time.perf_counter()
     kind = settings.cluster.validate()
     settings.validate()
     if kind == "mpi":  # before anything probes CUDA: it reads CUDA_VISIBLE_DEVICES once
@@ -65,13 +67,17 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     run_path = refuse_existing(Path(settings.output_dir) / name)
     opts, why = chosen_cluster(settings.cluster, job)
     kind = opts.resolved_kind()
+    timings["prepare"] = _since(t0)
+    t0 = time.perf_counter()
     client = cluster.start(opts.kind, **_cluster_kwargs(opts))
+    timings["cluster"] = _since(t0)
     exit_code = 1
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
+        print(f"cluster: {kind}, {dashboard_words(client)}", flush=True)
         if why:
             print(f"note: {why}; --cluster local starts worker processes", flush=True)
+        t0 = time.perf_counter()
         resources = Resources.of_client(client, backend_name,
                                         settings.cluster.device_memory_limit)
         plan = job.plan(resources)
@@ -80,14 +86,28 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
             plan.notes.append(capped)
         print(plan.table(), flush=True)
         plan.check(job.plan_fixes, job.device_fixes)
+        timings["plan"] = _since(t0)
         run = Run.create(run_path.parent, run_path.name, job.command,
                          _config(job, settings, plan))
+        run.record["timings_s"].update(timings)
         summary = _execute(run, client, job, plan, settings, kind, why)
         exit_code = 0
         return summary
     finally:
         signal.signal(signal.SIGTERM, previous)
         cluster.stop(client, exit_code)
+
+
+def dashboard_words(client: distributed.Client) -> str:
+    """How the ``cluster:`` line names the dashboard: its link, or that there is none and
+    the flag that serves one."""
+    if client.dashboard_link:
+        return f"dashboard {client.dashboard_link}"
+    return "no dashboard (--dashboard serves one)"
+
+
+def _since(t0: float) -> float:
+    return round(time.perf_counter() - t0, 6)
 
 
 def chosen_cluster(opts: cluster.ClusterOptions,
@@ -116,7 +136,7 @@ def _execute(
                 "requested": settings.cluster.kind,
                 "why": why,
                 "scheduler": client.scheduler.address,
-                "dashboard": client.dashboard_link,
+                "dashboard": client.dashboard_link or None,
                 "workers": cluster.placement(client),
             },
         )
@@ -124,7 +144,7 @@ def _execute(
         hashes = InputHashes(run, job.inputs)
         with hashes, RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
-                with run.timing("execute"), run.performance_report():
+                with run.performance_report(settings.report), run.timing("execute"):
                     job.execute(run, client, plan)
                 if job.rounds is not None and (
                     settings.warmup_rounds or settings.measure_rounds > 1

@@ -55,8 +55,8 @@ def client_for(client: distributed.Client | None = None) -> distributed.Client:
     workers = own.scheduler_info(n_workers=-1)["workers"].values()
     limit = min(int(w["memory_limit"]) for w in workers)
     print(f"outcore: no Dask client was running, so one was started in this process:"
-          f" {len(workers)} workers of {format_bytes(limit)}, dashboard {own.dashboard_link}."
-          " Start your own (distributed.Client(...)) first to choose the cluster.",
+          f" {len(workers)} workers of {format_bytes(limit)}, without a dashboard. Start your"
+          " own (distributed.Client(...)) first to choose the cluster and see its dashboard.",
           flush=True)
     return own
 

@@ -24,6 +24,8 @@ class ClusterOptions:
     """What a user asked for; ``validate`` checks it against the kind before anything starts.
 
     ``memory_limit`` and ``device_memory_limit`` are per worker (bytes or "4 GiB").
+    ``dashboard``: serve Dask's dashboard for a cluster of threads of this process too
+    (``serves_dashboard``); every other kind serves one, at ``dashboard_address``.
     """
 
     kind: str = "auto"
@@ -33,6 +35,7 @@ class ClusterOptions:
     device_memory_limit: int | str | None = None
     spill_dir: str | None = None
     dashboard_address: str = LOOPBACK_DASHBOARD
+    dashboard: bool = False
     interface: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -53,6 +56,14 @@ class ClusterOptions:
             tls_scheduler_cert=self.tls_cert, tls_scheduler_key=self.tls_key,
             tls_worker_cert=self.tls_cert, tls_worker_key=self.tls_key,
         )
+
+    @property
+    def serves_dashboard(self) -> bool:
+        """Whether the cluster started for these options serves Dask's dashboard: always
+        for worker processes (``local``, ``cuda``, ``mpi``) and a joined scheduler (its own);
+        for ``threads`` only when asked (``dashboard=True``), since importing bokeh for it
+        costs a short job about 0.8 s."""
+        return self.dashboard or self.resolved_kind() != "threads"
 
     @property
     def is_address(self) -> bool:
@@ -165,7 +176,7 @@ class ClusterOptions:
     def warn_if_exposed(self) -> None:
         """Warn when the dashboard or the cluster listens beyond loopback without TLS."""
         host = self.dashboard_address.rpartition(":")[0]
-        if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
+        if self.serves_dashboard and host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
             warnings.warn(
                 f"The dashboard listens on {self.dashboard_address!r}, beyond this machine:"
                 " anyone who can reach it sees your tasks and data names. Bind it to"
