@@ -1,11 +1,14 @@
 """Progress of a computation, in the form the output can show: an updating bar in a terminal,
 a widget in a notebook, and elsewhere (a log file, a batch job's output) a plain line at most
-every ``LOG_INTERVAL_S`` seconds, never carriage-return frames."""
+every ``LOG_INTERVAL_S`` seconds, never carriage-return frames; on a Dask cluster (a client's
+futures) and on dask's threaded scheduler of this process (no client) alike."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import suppress
 from contextvars import ContextVar
 from typing import Any
@@ -64,10 +67,69 @@ def follow(futures: list[distributed.Future]) -> None:
         LineProgress(distributed.client.futures_of(futures))
 
 
-def compute(client: distributed.Client, *collections: Any, show: bool | None = None
+def compute(client: distributed.Client | None, *collections: Any, show: bool | None = None
             ) -> list[Any]:
-    """Compute dask collections on the cluster, showing progress unless ``--no-progress``."""
+    """Compute dask collections on ``client``'s cluster, or without one on dask's threaded
+    scheduler of this process (``dask.compute``'s default there), showing progress unless
+    ``--no-progress``."""
+    show = SHOW_PROGRESS.get() if show is None else show
+    if client is None:
+        import dask
+
+        with local_progress() if show else contextlib.nullcontext():
+            return list(dask.compute(*collections))
     futures = client.compute(list(collections))
-    if SHOW_PROGRESS.get() if show is None else show:
+    if show:
         follow(futures)
     return client.gather(futures)
+
+
+@contextlib.contextmanager
+def local_progress() -> Iterator[None]:
+    """Progress of the ``dask.compute`` calls inside on dask's local schedulers: dask's bar
+    on a terminal, plain lines elsewhere (``LocalLines``)."""
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar() if sys.stdout.isatty() else _local_lines():
+        yield
+
+
+def _local_lines() -> Any:
+    from dask.diagnostics import ProgressBar
+
+    class LocalLines(ProgressBar):
+        """dask's local progress bar as ``LineProgress``'s plain lines."""
+
+        def __init__(self) -> None:
+            super().__init__(dt=0.5)
+            self._last = -float("inf")
+
+        def _update_bar(self, elapsed: float) -> None:
+            state = self._state
+            done = len(state["finished"]) if state else 0
+            total = done + (sum(len(state[k]) for k in ("ready", "waiting", "running"))
+                            if state else 0)
+            self._line(done, total, elapsed, last=False)
+
+        def _finish(self, dsk: Any, state: Any, errored: bool) -> None:
+            self._running = False
+            self._timer.join()
+            if not errored:
+                total = len(state["finished"]) if state else 0
+                self._line(total, total, time.monotonic() - self._monotonic_start, last=True)
+
+        def _start(self, dsk: Any) -> None:
+            self._monotonic_start = time.monotonic()
+            super()._start(dsk)
+
+        def _line(self, done: int, total: int, elapsed: float, last: bool) -> None:
+            now = time.monotonic()
+            if not last and (not total or now - self._last < LOG_INTERVAL_S):
+                return
+            self._last = now
+            percent = int(100 * done / total) if total else 100
+            with suppress(ValueError):
+                print(f"progress: {done}/{total} tasks ({percent}%), {format_time(elapsed)}",
+                      flush=True)
+
+    return LocalLines()

@@ -9,13 +9,14 @@ compute and before anything is written.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import datetime as dt
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -67,19 +68,21 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     run_path = refuse_existing(Path(settings.output_dir) / name)
     opts, why = chosen_cluster(settings.cluster, job)
     kind = opts.resolved_kind()
+    threaded = on_threaded_scheduler(opts, settings, job)
     timings["prepare"] = _since(t0)
     t0 = time.perf_counter()
-    client = cluster.start(opts.kind, **_cluster_kwargs(opts))
+    client = None if threaded else cluster.start(opts.kind, **_cluster_kwargs(opts))
     timings["cluster"] = _since(t0)
     exit_code = 1
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        print(f"cluster: {kind}, {dashboard_words(client)}", flush=True)
+        print(f"cluster: {kind}, {_where(client)}", flush=True)
         if why:
             print(f"note: {why}; --cluster local starts worker processes", flush=True)
         t0 = time.perf_counter()
-        resources = Resources.of_client(client, backend_name,
-                                        settings.cluster.device_memory_limit)
+        resources = (Resources.of_options(opts, backend_name) if client is None else
+                     Resources.of_client(client, backend_name,
+                                         settings.cluster.device_memory_limit))
         plan = job.plan(resources)
         capped = settings.memory_limit_note(resources)
         if capped:  # in the table and in the summary's plan
@@ -90,17 +93,46 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
         run = Run.create(run_path.parent, run_path.name, job.command,
                          _config(job, settings, plan))
         run.record["timings_s"].update(timings)
-        summary = _execute(run, client, job, plan, settings, kind, why)
+        with contextlib.nullcontext() if client else threaded_scheduler(resources):
+            summary = _execute(run, client, job, plan, settings, kind, why)
         exit_code = 0
         return summary
     finally:
         signal.signal(signal.SIGTERM, previous)
-        cluster.stop(client, exit_code)
+        if client is not None:
+            cluster.stop(client, exit_code)
 
 
-def dashboard_words(client: distributed.Client) -> str:
-    """How the ``cluster:`` line names the dashboard: its link, or that there is none and
-    the flag that serves one."""
+def on_threaded_scheduler(opts: cluster.ClusterOptions, settings: RunSettings, job: Job) -> bool:
+    """Whether ``job`` runs on dask's threaded scheduler in this process, no Dask cluster
+    started: its workers are threads of this process (``threads``, or ``auto``'s choice of
+    it), it computes only dask collections (``Job.local_scheduler``), and nothing asks for
+    what only a cluster gives: a dashboard (``--dashboard``), Dask's performance report
+    (``--report always``), a memory limit each worker holds to (``--memory-limit``) or a
+    watch on stuck tasks (``--worker-timeout``). A short job saves importing and starting
+    distributed's scheduler and its cost of each task, which together come to a third of a
+    no-op ``fit-dipoles`` beyond the libraries' imports."""
+    return (opts.resolved_kind() == "threads" and job.local_scheduler and not opts.dashboard
+            and settings.report != "always" and opts.memory_limit is None
+            and settings.worker_timeout is None)
+
+
+@contextlib.contextmanager
+def threaded_scheduler(resources: Resources) -> Iterator[None]:
+    """dask's threaded scheduler with a thread for each thread of the plan's workers, the
+    default of every ``dask.compute`` inside."""
+    import dask
+
+    with dask.config.set(scheduler="threads",
+                         num_workers=resources.workers * resources.threads_per_worker):
+        yield
+
+
+def _where(client: distributed.Client | None) -> str:
+    """How the ``cluster:`` line names where the job runs: the dashboard's link, or that
+    there is none and the flag that serves one."""
+    if client is None:
+        return "dask's threaded scheduler in this process, no dashboard (--dashboard serves one)"
     if client.dashboard_link:
         return f"dashboard {client.dashboard_link}"
     return "no dashboard (--dashboard serves one)"
@@ -125,8 +157,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _execute(
-    run: Run, client: distributed.Client, job: Job, plan: Plan, settings: RunSettings, kind: str,
-    why: str | None,
+    run: Run, client: distributed.Client | None, job: Job, plan: Plan, settings: RunSettings,
+    kind: str, why: str | None,
 ) -> dict[str, Any]:
     try:
         run.set(
@@ -135,16 +167,18 @@ def _execute(
                 "kind": kind,
                 "requested": settings.cluster.kind,
                 "why": why,
-                "scheduler": client.scheduler.address,
-                "dashboard": client.dashboard_link or None,
-                "workers": cluster.placement(client),
+                "scheduler": client.scheduler.address if client else "dask.threaded",
+                "dashboard": (client.dashboard_link or None) if client else None,
+                "workers": (cluster.placement(client) if client else
+                            [cluster.this_process(plan.workers * plan.threads_per_worker)]),
             },
         )
         run.set("plan", plan.to_dict())
         hashes = InputHashes(run, job.inputs)
         with hashes, RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
-                with run.performance_report(settings.report), run.timing("execute"):
+                with run.performance_report(settings.report, cluster=client is not None), \
+                        run.timing("execute"):
                     job.execute(run, client, plan)
                 if job.rounds is not None and (
                     settings.warmup_rounds or settings.measure_rounds > 1
@@ -156,7 +190,7 @@ def _execute(
                 watchdog.raise_if_fired()
                 raise
             except Exception as err:
-                if client.status != "running":
+                if client is not None and client.status != "running":
                     raise OutcoreError(
                         f"Lost the scheduler at {run.record['cluster']['scheduler']} during the"
                         f" run ({type(err).__name__}: {err}).",
@@ -246,10 +280,13 @@ class RunWatchdog:
     memory (dask pauses a worker at 80 % of its limit) for ``PAUSED_GRACE_S``, when one task
     has been processing for more than ``worker_timeout`` seconds (``--worker-timeout``), or
     when the scheduler has not answered for ``SCHEDULER_GRACE_S``. Firing interrupts the main
-    thread; ``run_job`` turns that into a failed run with the reason and a fix.
+    thread; ``run_job`` turns that into a failed run with the reason and a fix. Without a
+    client (dask's threaded scheduler: nothing pauses, no scheduler to lose) it watches
+    nothing.
     """
 
-    def __init__(self, client: distributed.Client, worker_timeout: float | None = None) -> None:
+    def __init__(self, client: distributed.Client | None,
+                 worker_timeout: float | None = None) -> None:
         self.client = client
         self.worker_timeout = worker_timeout
         self.reason: tuple[str, str] | None = None
@@ -257,12 +294,14 @@ class RunWatchdog:
         self._thread = threading.Thread(target=self._watch, daemon=True, name="outcore-watch")
 
     def __enter__(self) -> RunWatchdog:
-        self._thread.start()
+        if self.client is not None:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _watch(self) -> None:
         paused_since = silent_since = None
@@ -339,9 +378,10 @@ def _max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def peak_worker_rss(client: distributed.Client) -> dict[str, int]:
-    """Each worker process's peak resident memory in bytes (the kernel's high-water mark)."""
-    return client.run(_max_rss)
+def peak_worker_rss(client: distributed.Client | None) -> dict[str, int]:
+    """Each worker process's peak resident memory in bytes (the kernel's high-water mark);
+    without a client, this process's (its threads are the workers)."""
+    return client.run(_max_rss) if client is not None else {"this-process": _max_rss()}
 
 
 def print_summary(summary: dict) -> None:

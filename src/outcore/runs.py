@@ -315,7 +315,7 @@ class Run:
             self.record["timings_s"][stage] = round(time.perf_counter() - t0, 6)
 
     @contextlib.contextmanager
-    def performance_report(self, when: str = "auto") -> Iterator[None]:
+    def performance_report(self, when: str = "auto", cluster: bool = True) -> Iterator[None]:
         """Dask's performance report of the enclosed work, written to ``dask-report.html``
         ``always``, ``never``, or (``auto``) when the work took ``REPORT_AFTER_S`` seconds
         or more: rendering it imports bokeh and costs about 0.7 s, more than a short job.
@@ -329,10 +329,18 @@ class Run:
 
         The report's "calling code" is the command line (``argv``): dask would otherwise
         look up the source of this function, 0.3 s of ``inspect`` over every loaded module.
+        ``cluster=False``: the work runs on dask's threaded scheduler, which keeps nothing to
+        report (``always`` then cannot be honoured: OutcoreError).
         """
         choice(when, REPORT_CHOICES, "report")
-        if when == "never":
-            self.record["report"] = {"path": None, "when": when, "why": "not asked for"}
+        if when == "never" or not cluster:
+            if when == "always":
+                raise OutcoreError("Dask's performance report needs a Dask cluster, and this"
+                                   " work runs on dask's threaded scheduler.",
+                                   "run it on a Dask cluster, or do not ask for a report.")
+            self.record["report"] = {"path": None, "when": when, "why": (
+                "not asked for" if when == "never" else
+                "the work ran on dask's threaded scheduler, which keeps no report")}
             yield
             return
         from distributed import get_client, performance_report

@@ -49,6 +49,7 @@ from outcore.cluster.workers import (
     placement_table,
     quiet_size_probes,
     set_malloc_thresholds,
+    this_process,
     total_memory_limit,
     worker_environ,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "set_malloc_thresholds",
     "start",
     "stop",
+    "this_process",
     "total_memory_limit",
     "worker_environ",
 ]
@@ -104,7 +106,8 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
     client = ENGINES[resolved](opts)
     if previous is not None and previous is not client:
         warnings.warn(
-            f"outcore started a new {resolved} cluster ({client.dashboard_link}); it is now"
+            f"outcore started a new {resolved} cluster"
+            f" ({client.dashboard_link or client.scheduler.address}); it is now"
             f" the default client, in place of the one you had ({previous.scheduler.address})."
             " To run outcore on yours, do not start one: its functions use your default"
             " client, or pass client=.", stacklevel=2)

@@ -110,26 +110,32 @@ def placement(client: distributed.Client) -> list[dict[str, Any]]:
     """One record per worker: address, name, host, pid, threads, memory limit, GPU name/uuid."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     facts = client.run(_worker_facts)
-    records = []
-    for address, info in sorted(workers.items()):
-        fact = facts.get(address, {})
-        gpu = fact.get("gpu") or {}
-        records.append(
-            {
-                "address": address,
-                "name": str(info.get("name")),
-                "host": info.get("host"),
-                "hostname": fact.get("hostname"),
-                "pid": fact.get("pid"),
-                "threads": info.get("nthreads"),
-                "memory_limit_bytes": info.get("memory_limit"),
-                "cuda_visible_devices": fact.get("cuda_visible_devices"),
-                "gpu_name": gpu.get("name"),
-                "gpu_uuid": gpu.get("uuid"),
-                "gpu_memory_bytes": gpu.get("total_bytes"),
-            }
-        )
-    return records
+    return [_record(address, info, facts.get(address, {}))
+            for address, info in sorted(workers.items())]
+
+
+def this_process(threads: int) -> dict[str, Any]:
+    """The ``placement`` record of this process's ``threads`` running dask's threaded
+    scheduler (no Dask cluster: no address and no memory limit of its own)."""
+    return _record(None, {"name": "dask.threaded", "nthreads": threads}, _worker_facts())
+
+
+def _record(address: str | None, info: dict[str, Any], fact: dict[str, Any]
+            ) -> dict[str, Any]:
+    gpu = fact.get("gpu") or {}
+    return {
+        "address": address,
+        "name": str(info.get("name")),
+        "host": info.get("host"),
+        "hostname": fact.get("hostname"),
+        "pid": fact.get("pid"),
+        "threads": info.get("nthreads"),
+        "memory_limit_bytes": info.get("memory_limit"),
+        "cuda_visible_devices": fact.get("cuda_visible_devices"),
+        "gpu_name": gpu.get("name"),
+        "gpu_uuid": gpu.get("uuid"),
+        "gpu_memory_bytes": gpu.get("total_bytes"),
+    }
 
 
 def placement_table(records: list[dict[str, Any]]) -> str:

@@ -210,8 +210,7 @@ def fit_dipoles(
     """
     fit = _checked(catalog, model, psf, chunk_size, backend, max_iterations, f_tol, x_tol,
                    g_tol, scale_errors, output_chunk)
-    session.fitted_plan(fit.plan, session.client_for(client), fit.backend, plan=plan,
-                        fixes=fit.fixes)
+    session.fitted_plan(fit.plan, client, fit.backend, plan=plan, fixes=fit.fixes)
     return _graph(fit)
 
 

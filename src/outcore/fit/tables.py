@@ -49,7 +49,8 @@ def save_fits(fits: xr.Dataset, path: str | PathLike[str], *,
     return write_new(fits.drop_encoding(), path, lambda write: compute(client, write))
 
 
-def write_fits(run: Run, client: distributed.Client, result: xr.Dataset) -> dict[str, object]:
+def write_fits(run: Run, client: distributed.Client | None, result: xr.Dataset
+               ) -> dict[str, object]:
     """Write ``result`` (``fit_dipoles``'s lazy dataset) as the run's ``fits.zarr`` (the
     store ``save_fits`` writes), computed on ``client``, then ``fits.parquet`` from it
     (timings ``fit`` and ``parquet``); return the metrics: candidates, fits per second of
