@@ -73,7 +73,7 @@ def test_the_comms_size_probe_of_a_deep_message_is_quiet_and_other_failures_are_
 
     from distributed.sizeof import safe_sizeof
 
-    from outcore.cluster.workers import quiet_size_probes
+    from outcore.cluster.quiet import quiet_size_probes
 
     deep: dict = {}
     node = deep

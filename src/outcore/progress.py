@@ -6,17 +6,18 @@ futures) and on dask's threaded scheduler of this process (no client) alike."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import suppress
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import distributed
 from dask.utils import format_time
-from distributed.diagnostics.progressbar import TextProgressBar
-from distributed.utils import is_kernel
+
+if TYPE_CHECKING:
+    import distributed
 
 #: Whether ``compute`` shows progress; ``run_job`` sets it from ``--no-progress``.
 SHOW_PROGRESS: ContextVar[bool] = ContextVar("outcore_show_progress", default=True)
@@ -24,33 +25,59 @@ SHOW_PROGRESS: ContextVar[bool] = ContextVar("outcore_show_progress", default=Tr
 LOG_INTERVAL_S = 10.0
 
 
-class LineProgress(TextProgressBar):
-    """dask's text progress bar as plain lines: one at the start, one at most every
+class _Lines:
+    """The plain progress lines: one at the start (once there are tasks), one at most every
     ``LOG_INTERVAL_S`` seconds, one at the end."""
 
-    def __init__(self, keys: Any, **kwargs: Any) -> None:
-        self._last = -float("inf")
-        super().__init__(keys, **kwargs)
+    _last = -float("inf")
 
-    def _draw_bar(self, remaining: int, all: int, **kwargs: Any) -> None:  # noqa: A002
+    def _line(self, done: int, total: int, elapsed: float, last: bool) -> None:
         now = time.monotonic()
-        if remaining and now - self._last < LOG_INTERVAL_S:
+        if not last and (not total or now - self._last < LOG_INTERVAL_S):
             return
         self._last = now
-        done = all - remaining
-        percent = int(100 * done / all) if all else 100
+        percent = int(100 * done / total) if total else 100
         with suppress(ValueError):
-            print(f"progress: {done}/{all} tasks ({percent}%), {format_time(self.elapsed)}",
+            print(f"progress: {done}/{total} tasks ({percent}%), {format_time(elapsed)}",
                   flush=True)
 
-    def _draw_stop(self, **kwargs: Any) -> None:
-        pass
+
+@functools.cache
+def _line_progress() -> type:
+    """``LineProgress``: distributed's text progress bar of futures as ``_Lines``."""
+    from distributed.diagnostics.progressbar import TextProgressBar
+
+    class LineProgress(_Lines, TextProgressBar):
+        """dask's text progress bar as plain lines (``_Lines``)."""
+
+        def __init__(self, keys: Any, **kwargs: Any) -> None:
+            self._last = -float("inf")
+            super().__init__(keys, **kwargs)
+
+        def _draw_bar(self, remaining: int, all: int, **kwargs: Any) -> None:  # noqa: A002
+            self._line(all - remaining, all, self.elapsed, last=not remaining)
+
+        def _draw_stop(self, **kwargs: Any) -> None:
+            pass
+
+    return LineProgress
+
+
+def __getattr__(name: str) -> Any:
+    """``LineProgress``, made on first use: its base class is distributed's, which a run on
+    dask's threaded scheduler never imports."""
+    if name == "LineProgress":
+        return _line_progress()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def follow(futures: list[distributed.Future]) -> None:
     """Show the progress of ``futures`` until they finish: in a notebook a widget where
     ipywidgets is installed (displayed: ``distributed.progress`` only returns it) and dask's
     text bar where it is not; a bar on a terminal; plain lines elsewhere."""
+    import distributed
+    from distributed.utils import is_kernel
+
     if is_kernel():
         try:
             import ipywidgets  # noqa: F401  (the widget's own import, tried first)
@@ -64,7 +91,7 @@ def follow(futures: list[distributed.Future]) -> None:
         distributed.progress(futures, notebook=False, multi=False)
         print(flush=True)
     else:
-        LineProgress(distributed.client.futures_of(futures))
+        _line_progress()(distributed.client.futures_of(futures))
 
 
 def compute(client: distributed.Client | None, *collections: Any, show: bool | None = None
@@ -95,14 +122,17 @@ def local_progress() -> Iterator[None]:
 
 
 def _local_lines() -> Any:
+    """dask's local progress bar (``dask.diagnostics``) as ``_Lines``."""
     from dask.diagnostics import ProgressBar
 
-    class LocalLines(ProgressBar):
-        """dask's local progress bar as ``LineProgress``'s plain lines."""
-
+    class LocalLines(_Lines, ProgressBar):
         def __init__(self) -> None:
             super().__init__(dt=0.5)
             self._last = -float("inf")
+
+        def _start(self, dsk: Any) -> None:
+            self._clock = time.monotonic()
+            super()._start(dsk)
 
         def _update_bar(self, elapsed: float) -> None:
             state = self._state
@@ -116,20 +146,6 @@ def _local_lines() -> Any:
             self._timer.join()
             if not errored:
                 total = len(state["finished"]) if state else 0
-                self._line(total, total, time.monotonic() - self._monotonic_start, last=True)
-
-        def _start(self, dsk: Any) -> None:
-            self._monotonic_start = time.monotonic()
-            super()._start(dsk)
-
-        def _line(self, done: int, total: int, elapsed: float, last: bool) -> None:
-            now = time.monotonic()
-            if not last and (not total or now - self._last < LOG_INTERVAL_S):
-                return
-            self._last = now
-            percent = int(100 * done / total) if total else 100
-            with suppress(ValueError):
-                print(f"progress: {done}/{total} tasks ({percent}%), {format_time(elapsed)}",
-                      flush=True)
+                self._line(total, total, time.monotonic() - self._clock, last=True)
 
     return LocalLines()

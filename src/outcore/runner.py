@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import distributed
+import dask
+import dask.threaded
 from dask.utils import format_bytes
 
 from outcore import backend, cluster
@@ -31,6 +32,9 @@ from outcore.progress import SHOW_PROGRESS
 from outcore.runs import Run, input_record, process_age_s, sha256_path
 from outcore.settings import RunSettings, in_flags
 from outcore.verbs import Job
+
+if TYPE_CHECKING:
+    import distributed
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,16 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     resolved backend among them); it must only read metadata (lazy opens, validation), so
     that its errors come before the cluster starts. The job is planned once, on the running
     cluster's resources, and that plan is what the run records and executes.
+
+    Until a cluster's client says otherwise, dask computes here on its threaded scheduler,
+    given as its function: named, or left to dask, it would import distributed only to look
+    for a client, which a run on dask's threaded scheduler never needs.
     """
+    with dask.config.set(scheduler=dask.threaded.get):
+        return _run_job(settings, job_factory)
+
+
+def _run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> dict[str, Any]:
     timings = {"start": round(process_age_s(), 6)}  # interpreter, imports, parsing
     t0 = time.perf_counter()
     kind = settings.cluster.validate()
@@ -120,11 +133,10 @@ def on_threaded_scheduler(opts: cluster.ClusterOptions, settings: RunSettings, j
 @contextlib.contextmanager
 def threaded_scheduler(resources: Resources) -> Iterator[None]:
     """dask's threaded scheduler with a thread for each thread of the plan's workers, the
-    default of every ``dask.compute`` inside."""
-    import dask
-
-    with dask.config.set(scheduler="threads",
-                         num_workers=resources.workers * resources.threads_per_worker):
+    default of every ``dask.compute`` inside; rechunks by tasks, as dask chooses without a
+    client (said here: to find that out, dask imports distributed)."""
+    with dask.config.set({"scheduler": dask.threaded.get, "array.rechunk.method": "tasks",
+                          "num_workers": resources.workers * resources.threads_per_worker}):
         yield
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-
-import distributed
+from typing import TYPE_CHECKING
 
 from outcore import backend
 from outcore.checks import at_least, size
-from outcore.cluster import cuda
 from outcore.errors import ClusterError
+
+if TYPE_CHECKING:
+    import distributed
 
 CLUSTER_KINDS: tuple[str, ...] = ("auto", "local", "threads", "cuda", "mpi")
 ADDRESS_PREFIXES: tuple[str, ...] = ("tcp://", "tls://", "ucx://", "inproc://")
@@ -49,6 +50,8 @@ class ClusterOptions:
         """dask's Security for TLS between client, scheduler and workers (None without TLS)."""
         if not self.tls:
             return None
+        import distributed
+
         return distributed.Security(
             require_encryption=True,
             tls_ca_file=self.tls_ca,
@@ -75,8 +78,11 @@ class ClusterOptions:
         """``auto`` becomes ``cuda`` where a GPU is visible, else ``local`` (which a job whose
         data are small then runs in this process: ``in_process_reason``)."""
         if self.kind == "auto":
-            return ("cuda" if backend.gpu_available() and cuda.import_failure() is None
-                    else "local")
+            if not backend.gpu_available():
+                return "local"
+            from outcore.cluster import cuda
+
+            return "cuda" if cuda.import_failure() is None else "local"
         return "address" if self.is_address else self.kind
 
     def default_workers(self) -> int:
@@ -144,6 +150,8 @@ class ClusterOptions:
                     "set them where that cluster's workers are started, or drop them.",
                 )
         if kind == "cuda" and on_this_machine:
+            from outcore.cluster import cuda
+
             cuda.check_usable()
         return kind
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import distributed
 import xarray as xr
 
 from outcore.checks import at_least
@@ -27,6 +27,9 @@ from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Tunable, Verb
+
+if TYPE_CHECKING:
+    import distributed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import dask.threaded
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
@@ -83,7 +84,8 @@ def write_parquet(fits_zarr: Path, out: Path) -> None:
     try:
         for start in range(0, ds.sizes["candidate"], step):
             part = ds[columns].isel(candidate=slice(start, start + step)).compute(
-                scheduler="threads")
+                scheduler=dask.threaded.get)  # this process's threads (by name: a lookup of
+            # distributed's client, importing it)
             table = pa.table({c: _arrow(part[c].values) for c in columns})
             if writer is None:
                 writer = pq.ParquetWriter(out, table.schema)
