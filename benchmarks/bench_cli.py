@@ -32,6 +32,16 @@ Cases (``--cases``):
   process (``peers/astra_runner.py``, its own venv, ``peers/make_astra_venv.sh``) on the same
   projections exported once to ``.npy``. ``quality.psnr_db``: ``10 log10(range^2 / MSE)``
   against the phantom over the whole volume, ``range`` the phantom's max - min, for both.
+- ``slices``: wide slices, few of them, many views (the beamline's case): ``outcore tomo
+  reconstruct --method gridrec`` and ``--method fbp`` (tool ``outcore-fbp``) of a
+  Shepp-Logan scan ``--slices-z`` planes of ``--slices-n`` squared (``outcore tomo simulate
+  --shape Z N N``, ``--slices-views`` parallel views), against algotom's CPU FBP and DFI
+  (``peers/algotom_runner.py slices``, band by band of sinograms on every core, its own venv
+  ``peers/make_algotom_venv.sh``) and ASTRA's CPU 2-D FBP slice by slice
+  (``peers/astra_runner.py``, in the same venv or its own), every one with the bare ramp
+  (outcore's ``ram-lak``, algotom's ``filter_name=None``, ASTRA's ``FBP``) on the same
+  ``.npy`` export of the projections; ``outcore_speedup`` is each one's median over
+  gridrec's. ``quality.psnr_db`` as for ``tomo``.
 - ``ptycho``: ``outcore ptycho reconstruct`` of a simulated scan (``outcore ptycho simulate``
   then ``preprocess``; ``--ptycho-scan`` squared positions of ``--ptycho-k`` pixels), against
   quantEM (``peers/quantem_reconstruct.py``, ``--quantem-modes``) and Pty-chi
@@ -71,6 +81,7 @@ inputs. A peer that cannot be installed or run prints ``"value": null`` with a `
     python benchmarks/bench_cli.py                                   # the issue's sizes
     python benchmarks/bench_cli.py --cases fit-dipoles --fit-n 30000 300000
     python benchmarks/bench_cli.py --cases tomo --tomo-n 256 --tomo-methods fbp
+    python benchmarks/bench_cli.py --cases slices --slices-n 1024 2048 --slices-z 8 16
     python benchmarks/bench_cli.py --cases startup fit-dipoles tomo --fit-n 2000 \\
         --fit-inputs npz --tomo-n 64 --tomo-methods fbp              # make bench
 """
@@ -101,10 +112,11 @@ from common import line, skipped
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 VENVS = {name: PEERS / f".venv-{name}" / "bin" for name in
-         ("cuphoton", "astra", "quantem", "ptychi")}
+         ("cuphoton", "astra", "quantem", "ptychi", "algotom")}
 MAKERS = {name: f"benchmarks/peers/make_{name}_venv.sh" for name in VENVS}
-PEER_NAMES = ("cuphoton", "scipy-loop", "astra", "quantem", "ptychi")
-CASES = ("startup", "fit-dipoles", "tomo", "ptycho", "demo")
+PEER_NAMES = ("cuphoton", "scipy-loop", "astra", "quantem", "ptychi", "algotom")
+CASES = ("startup", "fit-dipoles", "tomo", "slices", "ptycho", "demo")
+SLICES_TOOLS = ("gridrec", "fbp", "algotom-fbp", "algotom-dfi", "astra")
 #: This process's environment at start, handed to every command.
 START_ENVIRON = dict(os.environ)
 RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -281,10 +293,12 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
               work: Path) -> None:
     """``--repeats`` runs of each contender, interleaved, forwards then backwards."""
     able = [c for c in contenders if c.note is None]
+    peer_repeats = args.repeats if args.peer_repeats is None else args.peer_repeats
     for repeat in range(args.repeats):
         order = able if repeat % 2 == 0 else able[::-1]
         for contender in order:
-            if contender.failure:
+            if contender.failure or (not contender.tool.startswith("outcore")
+                                     and repeat >= peer_repeats):
                 continue
             folder = work / "runs" / f"{bench}-{contender.label}-{repeat}".replace(" ", "_")
             if folder.exists():
@@ -571,16 +585,20 @@ def psnr_db(volume: np.ndarray, truth: np.ndarray) -> float:
     return round(10 * np.log10(float(truth.max() - truth.min()) ** 2 / mse), 3)
 
 
-def make_projections(args: argparse.Namespace, folder: Path, n: int) -> dict:
-    """``proj.zarr`` by ``outcore tomo simulate``, exported once to ``proj.npy`` and
-    ``geometry.json`` for ASTRA."""
+def make_projections(args: argparse.Namespace, folder: Path, n: int,
+                     shape: tuple[int, int, int] | None = None, views: int | None = None
+                     ) -> dict:
+    """``proj.zarr`` by ``outcore tomo simulate`` (of ``shape``, default ``n^3``, from
+    ``views``, default ``--tomo-views``), exported once to ``proj.npy`` and
+    ``geometry.json`` for ASTRA and algotom."""
     import zarr
 
     prepare = {}
     store = folder / "proj.zarr"
     if not store.exists():
-        found = checked([*outcore_command(), "tomo", "simulate", "--shape", str(n), str(n),
-                         str(n), "--views", str(args.tomo_views), "--output", str(store),
+        found = checked([*outcore_command(), "tomo", "simulate", "--shape",
+                         *(str(s) for s in (shape or (n, n, n))), "--views",
+                         str(views or args.tomo_views), "--output", str(store),
                          "--output-dir", str(folder / "prep-runs"), "--no-progress"],
                         folder / "prep-simulate", args.timeout, "outcore tomo simulate")
         prepare["tomo_simulate"] = round(found.wall_s, 3)
@@ -638,8 +656,12 @@ def tomo_method(args: argparse.Namespace, work: Path, folder: Path, n: int, meth
 
 
 def astra_contender(args: argparse.Namespace, folder: Path, case: dict, method: str,
-                    truth: np.ndarray) -> Contender:
-    python, note = peer_python("astra")
+                    truth: np.ndarray, prefer: str = "astra") -> Contender:
+    """ASTRA's CPU 2-D ``method`` slice by slice, from its own venv or ``prefer``'s (the
+    algotom venv holds the same astra-toolbox)."""
+    python, note = peer_python(prefer)
+    if python is None:
+        python, note = peer_python("astra")
 
     def judge(run: Path, measured: Measured) -> dict:
         report = runner_report(measured)
@@ -655,6 +677,70 @@ def astra_contender(args: argparse.Namespace, folder: Path, case: dict, method: 
                      str(folder / "geometry.json"), str(run / "volume.npy"), "--method", method,
                      "--iterations", str(args.tomo_iterations), "--projector",
                      args.astra_projector],
+        judge, note=note)
+
+
+def case_slices(args: argparse.Namespace, work: Path) -> None:
+    for n, z in zip(args.slices_n, args.slices_z, strict=True):
+        slices_size(args, work, n, z)
+
+
+def slices_size(args: argparse.Namespace, work: Path, n: int, z: int) -> None:
+    from outcore.tomo.phantom import shepp_logan
+
+    folder = work / f"slices-{n}x{z}"
+    folder.mkdir(parents=True, exist_ok=True)
+    progress(f"slices {z} x {n}^2: inputs")
+    prepare = make_projections(args, folder, n, (z, n, n), args.slices_views)
+    truth = shepp_logan((z, n, n)).compute().astype(np.float64)
+    case = {"n": n, "slices": z, "views": args.slices_views, "geometry": "parallel",
+            "window": "ram-lak"}
+    workers = ["--workers", str(args.workers)] if args.workers else []
+
+    def judge_outcore(run: Path, _: Measured) -> dict:
+        import zarr
+
+        summary = summary_of(run / "out")
+        volume = zarr.open_group(run / "out" / "volume.zarr", mode="r")["volume"][:]
+        metrics = summary.get("metrics", {})
+        return {"quality": {"psnr_db": psnr_db(volume, truth)},
+                "solve_s": metrics.get("seconds"), "peak_worker_bytes": peak_worker(metrics)}
+
+    def outcore(method: str) -> Callable[[Path], list[str]]:
+        return lambda run: [*outcore_command(), "tomo", "reconstruct", "--input",
+                            str(folder / "proj.zarr"), "--method", method, *workers,
+                            "--output-dir", str(run), "--name", "out"]
+
+    contenders = [Contender("outcore", "outcore gridrec", {**case, "method": "gridrec"},
+                            outcore("gridrec"), judge_outcore),
+                  Contender("outcore-fbp", "outcore fbp", {**case, "method": "fbp"},
+                            outcore("fbp"), judge_outcore)]
+    if "algotom" in args.peers:
+        contenders += [algotom_contender(folder, case, method, truth)
+                       for method in ("fbp", "dfi")]
+    if "astra" in args.peers:
+        contenders.append(astra_contender(args, folder, {**case, "method": "fbp"}, "fbp",
+                                          truth, prefer="algotom"))
+    contenders = [c for c in contenders if c.label.replace(" ", "-").replace(
+        "outcore-", "") in args.slices_tools]
+    alternate(f"slices-{n}x{z}", contenders, args, work)
+    emit("slices", contenders, prepare)
+
+
+def algotom_contender(folder: Path, case: dict, method: str, truth: np.ndarray) -> Contender:
+    python, note = peer_python("algotom")
+
+    def judge(run: Path, measured: Measured) -> dict:
+        report = runner_report(measured)
+        volume = np.load(run / "volume.npy")
+        return {"quality": {"psnr_db": psnr_db(volume, truth)},
+                "algotom_s": report.get("algotom_s"), "peer_versions": report.get("versions")}
+
+    return Contender(
+        f"algotom-{method}", f"algotom {method}", {**case, "method": method},
+        lambda run: [python, str(PEERS / "algotom_runner.py"), "slices",
+                     str(folder / "proj.npy"), str(folder / "geometry.json"),
+                     str(run / "volume.npy"), "--method", method, "--window", "none"],
         judge, note=note)
 
 
@@ -889,7 +975,7 @@ def quality_text(bench: str, quality: dict | None) -> str:
         return (f"median \\|dx\\| {quality['x_pos_abs_err_median_px']:.4f} px, "
                 f"{100 * quality['x_pos_lost_fraction']:.2f} % > 0.5 px, "
                 f"x pull spread {quality['x_pos_pull_spread']:.2f}")
-    if bench == "tomo":
+    if bench in ("tomo", "slices"):
         return f"PSNR {quality['psnr_db']:.2f} dB"
     if bench == "ptycho":
         return f"object error {quality['object_error']:.4f}"
@@ -950,6 +1036,9 @@ def add_harness_options(parser: argparse.ArgumentParser) -> None:
     workers, the time limit, the work folder, keeping outputs and the seed."""
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs of each contender (3 or more for figures; 1 for a check)")
+    parser.add_argument("--peer-repeats", type=int, default=None,
+                        help="runs of each peer, in the first rounds (default --repeats): "
+                             "fewer for peers that take minutes a run")
     parser.add_argument("--workers", type=int, default=None,
                         help="outcore's --workers (default: outcore's own choice)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
@@ -967,6 +1056,8 @@ def check_harness_options(parser: argparse.ArgumentParser, args: argparse.Namesp
     """Refuse a harness option that cannot run."""
     if args.repeats < 1:
         parser.error("--repeats must be at least 1 (3 or more for figures to quote)")
+    if args.peer_repeats is not None and not 1 <= args.peer_repeats <= args.repeats:
+        parser.error("--peer-repeats must be between 1 and --repeats")
 
 
 def main() -> None:
@@ -984,6 +1075,14 @@ def main() -> None:
     parser.add_argument("--tomo-methods", nargs="+", choices=["fbp", "sirt", "cgls"],
                         default=["fbp", "sirt", "cgls"])
     parser.add_argument("--tomo-iterations", type=int, default=20)
+    parser.add_argument("--slices-n", type=int, nargs="+", default=[1024],
+                        help="slices case: slice edges (the issue's 1024 and 2048)")
+    parser.add_argument("--slices-z", type=int, nargs="+", default=[8],
+                        help="slices case: planes, one per --slices-n (8 and 16 or more)")
+    parser.add_argument("--slices-views", type=int, default=1500)
+    parser.add_argument("--slices-tools", nargs="+", default=list(SLICES_TOOLS),
+                        choices=SLICES_TOOLS,
+                        help="slices case: the contenders to run (the peers also by --peers)")
     parser.add_argument("--astra-projector", choices=["linear", "strip", "line"],
                         default="linear")
     parser.add_argument("--ptycho-scan", type=int, default=32, help="positions per side")
@@ -1002,6 +1101,8 @@ def main() -> None:
     parser.add_argument("--table", type=Path, default=None, metavar="RESULTS.jsonl",
                         help="print the markdown tables of a results file and exit")
     args = parser.parse_args()
+    if len(args.slices_n) != len(args.slices_z):
+        parser.error("--slices-z needs one plane count per --slices-n")
     if args.table is not None:
         print(tables(args.table))
         return
@@ -1010,7 +1111,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-cli-")) if temporary else args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     runners = {"startup": case_startup, "fit-dipoles": case_fit, "tomo": case_tomo,
-               "ptycho": case_ptycho, "demo": case_demo}
+               "slices": case_slices, "ptycho": case_ptycho, "demo": case_demo}
     try:
         for name in CASES:
             if name in args.cases:

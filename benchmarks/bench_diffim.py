@@ -152,8 +152,8 @@ def bench_pair(args: argparse.Namespace, work: Path) -> None:
                                     args.timeout)
             runs[contender].append(measured)
     first = f"outcore-{args.clusters[0]}"
-    d = xr.open_zarr(work / "runs" / f"{first}-0" / "difference.zarr", group="pair",
-                     consolidated=False)["difference"].values
+    d = xr.open_zarr(work / "runs" / f"{first}-0" / "difference.zarr")["difference"].sel(
+        pair="pair").values
     edge = 64
     case = {"size": args.size, "workers": args.workers, "tile": args.tile}
     reference = statistics.median(r.wall_s for r in runs[first])

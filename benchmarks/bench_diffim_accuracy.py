@@ -31,7 +31,7 @@ from scipy import stats
 from outcore.diffim import (
     Options,
     PsfShape,
-    catalog,
+    catalog_pairs,
     read_manifest,
     simulate_pair,
     write_manifest,
@@ -49,7 +49,7 @@ def _run(sims, folder: Path, measured: bool):
         for item, sim in zip(items, sims, strict=True):
             item["flux_ratio"] = sim.flux_ratio
     pairs, _ = read_manifest(write_manifest(items, folder / "pairs.json"))
-    _, table = catalog(pairs, Options(box=128))
+    _, table = catalog_pairs(pairs, Options(box=128))
     return [table[table["item_id"] == f"p{k}"].reset_index(drop=True) for k in range(len(sims))]
 
 

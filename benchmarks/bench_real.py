@@ -246,8 +246,7 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> None:
 
     def judge_outcore(run: Path, _: Measured) -> dict:
         summary_of(run / "out")
-        pair = xr.open_zarr(run / "out" / "difference.zarr", group="pair",
-                            consolidated=False).load()
+        pair = xr.open_zarr(run / "out" / "difference.zarr").sel(pair="pair").load()
         held["outcore"] = pair.difference.values.astype(np.float64)
         score = pair.score.values.astype(np.float64)
         held["searched"] = np.isfinite(score)

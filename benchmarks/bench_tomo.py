@@ -38,7 +38,10 @@ the axis, a detector that sees the whole volume) and the same Shepp-Logan volume
   the lines say how to make it.
 - ``astra-toolbox`` (2.5.0 installs from PyPI for this Python) is not run: its 3-D
   projectors (``FP3D_CUDA``, ``BP3D_CUDA``) need a CUDA GPU, and it has no 3-D CPU path;
-  ``--tools astra`` prints a line saying so (``"value": null``).
+  ``--tools astra`` prints a line saying so (``"value": null``). Its CPU 2-D FBP, SIRT and
+  CGLS are run as whole processes against ``outcore tomo reconstruct`` by
+  ``bench_cli.py``: the ``tomo`` case, and the ``slices`` case (1024^2 and 2048^2 slices
+  from 1500 views: gridrec and FBP against algotom's FBP and DFI and ASTRA's FBP).
 
 ``peak_worker_bytes`` is the largest resident set during the timed runs of a process that
 projects (an outcore worker, else this process), ``peak_rss_bytes`` the peak of all the

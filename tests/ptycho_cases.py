@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import distributed
 import numpy as np
 import pytest
 import zarr
 
 from outcore.ptycho.reconstruction import model as physics
+
+
+@contextmanager
+def local_client(workers: int = 1, memory_limit: str = "2GiB") -> Iterator[distributed.Client]:
+    """A cluster of ``workers`` in this process and its client, the default while the block
+    runs (what a notebook user starts; the public functions run on it)."""
+    with distributed.LocalCluster(n_workers=workers, threads_per_worker=1, processes=False,
+                                  memory_limit=memory_limit, dashboard_address=":0") as cluster, \
+            distributed.Client(cluster) as client:
+        yield client
 
 
 @dataclass

@@ -27,13 +27,13 @@ from astropy.io import fits
 import outcore
 from outcore.cli import main
 from outcore.fit import simulate_catalog
-from outcore.ptycho.preprocessing.pipeline import preprocess
-from outcore.ptycho.preprocessing.store import save_preprocessed
-from outcore.ptycho.simulate import simulate_stack
+from outcore.ptycho import preprocess, save_preprocessed, simulate
 from outcore.runs import Run, sha256_path
 from outcore.tomo import Projector, shepp_logan
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.layouts import projections_dataset
+
+from .ptycho_cases import local_client
 
 THREADS = ["--cluster", "threads", "--no-progress"]
 
@@ -122,11 +122,11 @@ def inputs(tmp_path_factory) -> Path:
     nan["projections"][0, 0, 0] = np.nan
     nan.to_zarr(d / "proj-nan.zarr", zarr_format=3, consolidated=False)
 
-    sim = simulate_stack((4, 4), detector=16, step=4, seed=0)
-    stack, _ = sim.save(d / "stack.zarr")
-    pre = preprocess(outcore.open(stack), source=str(stack))
-    save_preprocessed(pre, d / "pre.zarr")
-    save_preprocessed(pre, d / "pre-zstd.zarr", compression="zstd")
+    with local_client() as client:
+        stack, _ = simulate((4, 4), detector=16, step=4, seed=0).save(d / "stack.zarr")
+        pre = preprocess(stack, client=client)
+        save_preprocessed(pre, d / "pre.zarr")
+        save_preprocessed(pre, d / "pre-zstd.zarr", compression="zstd")
     _corrupt_chunk(d / "pre-zstd.zarr", "amplitudes")  # read by the engine, not outcore.open
     (_copy(d / "pre.zarr", d / "pre-badmeta.zarr") / "zarr.json").write_text("")
     _corrupt_chunk(_copy(d / "stack.zarr", d / "stack-badchunk.zarr"), "data")

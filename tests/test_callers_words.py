@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "outcore"
 #: The command line's own modules: they may name flags.
 CLI_PARTS = {"cli.py", "settings.py", "runner.py", "tune.py", "demo.py", "verbs.py", "verbs"}
 #: Families whose modules still name flags while their Python surface is moved (issue 34).
-PENDING: set[str] = {"tomo", "ptycho", "diffim"}
+PENDING: set[str] = {"tomo"}
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
 
@@ -72,6 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--block", type=int)
     parser.add_argument("--attr", action="append")
     parser.add_argument("--shape", nargs=3, type=int)
+    parser.add_argument("--aligned", action="store_true")
     add_common_options(parser)
     return parser
 
@@ -83,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     ("use kind='local' (CPU workers)", "use --cluster local (CPU workers)"),
     ("give attrs={'energy': 12658} (eV).", "give --attr energy=12658 (eV)."),
     ("e.g. shape=(128, 128, 128).", "e.g. --shape 128 128 128."),
+    ("give aligned=True.", "give --aligned."),
     ("workers=4 or more, threads_per_worker=1", "--workers 4 or more, --threads-per-worker 1"),
     ("k_y=3 and pixel_size= stay", "k_y=3 and pixel_size= stay"),  # not options of the verb
 ])

@@ -26,9 +26,11 @@ GPU = REPO / "benchmarks" / "gpu"
 GPU_BENCHMARKS = ("bench_fit.py", "bench_tomo.py", "bench_ptycho.py", "common.py")
 #: Modules of this repository that the files import by their own names.
 LOCAL = {"outcore", "tests", "common", "bench_cli", "bench_real", "ptycho_cases", "raw_scan"}
-#: The distribution of a module that is not installed here (the GPU extra's, the machine's).
+#: The distribution of a module that importlib's metadata does not map: not installed here
+#: (the GPU extra's, the machine's), or one extension-module file with no top-level record.
 NOT_HERE = {"cupy": "cupy-cuda13x", "cupyx": "cupy-cuda13x", "dask_cuda": "dask-cuda",
-            "pynvml": "nvidia-ml-py", "cuda": "cuda-bindings", "skimage": "scikit-image"}
+            "pynvml": "nvidia-ml-py", "cuda": "cuda-bindings", "skimage": "scikit-image",
+            "ducc0": "ducc0"}
 #: What an ``except`` must catch for the imports in its ``try`` to count as optional.
 GUARDS = {"ImportError", "ModuleNotFoundError"}
 

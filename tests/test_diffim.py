@@ -14,9 +14,9 @@ from outcore.diffim import (
     COLUMNS,
     Options,
     PsfShape,
-    catalog,
+    catalog_pairs,
     compute_models,
-    difference,
+    pair_difference,
     read_manifest,
     simulate_pair,
     tile_graph,
@@ -51,7 +51,7 @@ def _match(table, x, y, radius=1.5):
 
 def _scores_and_table(pairs, options):
     """The models, the S_corr images and the candidate table, from one pass of tile tasks."""
-    models = compute_models(None, pairs, options)
+    models = compute_models(pairs, options)
     tiles = tile_graph(pairs, models, options)
     results = dask.compute(*[task for _, _, task in tiles])
     scores = [np.full(p.shape, np.nan, dtype=np.float32) for p in pairs]
@@ -122,7 +122,7 @@ def injected(tmp_path_factory):
                               [faint, rng.uniform(8, 30, 40)]), moved=4, margin=45.0)
             for k in range(6)]
     pairs = _pairs(tmp_path_factory.mktemp("injected"), sims, ratio=True)
-    models, table = catalog(pairs, INJECTED)
+    models, table = catalog_pairs(pairs, INJECTED)
     return sims, models, table
 
 
@@ -173,7 +173,7 @@ def moffat_target(tmp_path_factory):
                           transient_snr=rng.uniform(8, 30, 40), moved=4, margin=45.0)
             for k in range(6)]
     pairs = _pairs(tmp_path_factory.mktemp("moffat"), sims, psf=False)
-    models, table = catalog(pairs, INJECTED)
+    models, table = catalog_pairs(pairs, INJECTED)
     return sims, models, table
 
 
@@ -239,8 +239,8 @@ def test_swapping_the_images_negates_the_difference(bright_pair, tmp_path):
                "flux_ratio": 1 / sim.flux_ratio}
     item["flux_ratio"] = sim.flux_ratio
     pairs, _ = read_manifest(write_manifest([item, swapped], directory / "swap.json"))
-    models = compute_models(None, pairs, OPTIONS)
-    one, two = (difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
+    models = compute_models(pairs, OPTIONS)
+    one, two = (pair_difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
     scale = float(np.abs(one["difference"]).max())
     np.testing.assert_allclose(two["difference"], -one["difference"], atol=1e-5 * scale)
     np.testing.assert_allclose(two["score"], -one["score"], atol=1e-4)
@@ -253,10 +253,10 @@ def test_scaling_one_image_leaves_the_score_unchanged(bright_pair):
                            sim.stars, sim.transients, sim.moved)
     # measured PSFs and flux ratio: everything the model estimates must follow the scale
     pairs = _pairs(directory / "scaled", [sim, scaled], psf=False)
-    models = compute_models(None, pairs, OPTIONS)
+    models = compute_models(pairs, OPTIONS)
     assert models[0].flux_ratio == pytest.approx(sim.flux_ratio, rel=0.02)
     assert models[1].flux_ratio == pytest.approx(3.7 * models[0].flux_ratio, rel=1e-4)
-    one, two = (difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
+    one, two = (pair_difference(p, m, OPTIONS) for p, m in zip(pairs, models, strict=True))
     np.testing.assert_allclose(two["score"], one["score"], atol=2e-3)
     np.testing.assert_allclose(two["difference"], one["difference"], atol=2e-3)
 
@@ -266,7 +266,7 @@ def test_nothing_is_reported_near_edges_or_masked_pixels(tmp_path):
                           transient_snr=[25.0] * 6, margin=4.0, mask_boxes=3)
             for k in range(4)]
     pairs = _pairs(tmp_path, sims, ratio=True)
-    models, table = catalog(pairs, OPTIONS)
+    models, table = catalog_pairs(pairs, OPTIONS)
     near = 0
     for k, (sim, model) in enumerate(zip(sims, models, strict=True)):
         half = model.kernels.reach
@@ -297,8 +297,8 @@ def test_nothing_is_reported_near_edges_or_masked_pixels(tmp_path):
 def test_the_catalog_does_not_depend_on_the_tile_size(injected, tile, tmp_path):
     sims, _, _ = injected
     pairs = _pairs(tmp_path, sims[:2])
-    _, whole = catalog(pairs, Options(tile=512))
-    _, tiled = catalog(pairs, Options(tile=tile))
+    _, whole = catalog_pairs(pairs, Options(tile=512))
+    _, tiled = catalog_pairs(pairs, Options(tile=tile))
     keys = ["item_id", "source_id"]
     whole = whole.sort_values(keys).reset_index(drop=True)
     tiled = tiled.sort_values(keys).reset_index(drop=True)
@@ -312,7 +312,7 @@ def test_the_catalog_does_not_depend_on_the_tile_size(injected, tile, tmp_path):
 def test_gaussian_dipole_model_finds_the_lobes(bright_pair):
     sim, directory = bright_pair
     pairs = _pairs(directory / "gauss", [sim], ratio=True)
-    _, table = catalog(pairs, Options(tile=256, fit_model="gaussian"))
+    _, table = catalog_pairs(pairs, Options(tile=256, fit_model="gaussian"))
     mv = sim.moved
     j = _match(table, (mv["x"] + mv["x_new"]) / 2, (mv["y"] + mv["y_new"]) / 2, radius=2.0)
     assert (j >= 0).all()
@@ -348,7 +348,7 @@ def test_transients_have_magnitudes_and_a_faded_source_stays_negative(tmp_path):
     item["zeropoint"] = 25.0
     pairs, _ = read_manifest(write_manifest([item], tmp_path / "pairs.json"))
     assert pairs[0].zeropoint == 25.0 and pairs[0].zeropoint_source == "given"
-    models, table = catalog(pairs, INJECTED)
+    models, table = catalog_pairs(pairs, INJECTED)
     truth = sim.transients
     j = _match(table, truth["x"], truth["y"])
     assert (j >= 0).all()
@@ -367,7 +367,7 @@ def test_transients_have_magnitudes_and_a_faded_source_stays_negative(tmp_path):
                                                                 ["path"]))
     pairs, _ = read_manifest(write_manifest([swapped], tmp_path / "swapped.json"))
     assert pairs[0].zeropoint_source == "target MAGZP"
-    models, table = catalog(pairs, INJECTED)
+    models, table = catalog_pairs(pairs, INJECTED)
     j = _match(table, truth["x"], truth["y"])
     assert (j >= 0).all()
     got = table.iloc[j]
@@ -439,7 +439,7 @@ def test_noise_maps_give_what_their_variances_give(tmp_path):
     tables = []
     for name, entry in (("variance", item), ("noise", noisy)):
         pairs, _ = read_manifest(write_manifest([entry], tmp_path / f"{name}.json"))
-        tables.append(catalog(pairs, INJECTED)[1].sort_values("source_id"))
+        tables.append(catalog_pairs(pairs, INJECTED)[1].sort_values("source_id"))
     assert len(tables[0]) == len(tables[1]) > 0
     for column in ("x", "y", "flux", "flux_err", "snr"):
         np.testing.assert_allclose(tables[1][column], tables[0][column], rtol=1e-6)
@@ -458,9 +458,9 @@ def test_an_image_with_few_bright_stars_takes_its_brightest_down_to_s_n_15(tmp_p
     sim = simulate_pair((256, 256), seed=21, stars=14, star_snr=(18.0, 45.0),
                         psf_reference=G3, psf_target=G4)
     pairs = _pairs(tmp_path, [sim], psf=False)
-    model = compute_models(None, pairs, OPTIONS)[0]
+    model = compute_models(pairs, OPTIONS)[0]
     assert all(s.startswith("measured, 5 stars") for s in model.psf_source)
     for measured, true in zip(model.psf, (3.0, 4.0), strict=True):
         assert fwhm(measured) == pytest.approx(true, rel=0.1)
-    with pytest.raises(OutcoreError, match="lower --star-snr"):
-        compute_models(None, pairs, Options(tile=256, star_snr=50.0))
+    with pytest.raises(OutcoreError, match="lower star_snr="):
+        compute_models(pairs, Options(tile=256, star_snr=50.0))

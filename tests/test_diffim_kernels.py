@@ -16,7 +16,6 @@ from outcore.diffim import PsfShape, detect
 from outcore.diffim.background import BackgroundMesh
 from outcore.diffim.kernels import arrays, cpu, subtract
 from outcore.diffim.png import DIPOLE, EXCLUDED, POSITIVE, draw_item
-from outcore.diffim.tile import COLUMNS, TileResult
 from outcore.diffim.zogy import pair_kernels
 
 
@@ -106,11 +105,9 @@ def test_the_png_marks_each_detection_where_it_is(tmp_path):
 
     preview = np.zeros((256, 256), dtype=np.float32)
     preview[:10, :10] = np.nan  # excluded pixels, at the bottom left (y upwards)
-    table = np.zeros((2, len(COLUMNS)))
-    for row, (x, y, snr, dipole) in enumerate(((100.0, 50.0, 8.0, 0), (300.0, 400.0, 9.0, 1))):
-        table[row, [COLUMNS.index(c) for c in ("x", "y", "snr", "is_dipole")]] = x, y, snr, dipole
-    tile = TileResult((0, 512, 0, 512), {}, table, np.empty((2, 3, 5, 5)), preview)
-    image = np.asarray(Image.open(draw_item(str(tmp_path / "a.png"), "a", (512, 512), 2, [tile],
+    marks = {"x": np.array([100.0, 300.0]), "y": np.array([50.0, 400.0]),
+             "snr": np.array([8.0, 9.0]), "is_dipole": np.array([False, True])}
+    image = np.asarray(Image.open(draw_item(str(tmp_path / "a.png"), "a", preview, 2, marks,
                                             5.0)).convert("RGB"))
     caption = image.shape[0] - 512
     assert image.shape[1] == 512 and caption > 0  # the 256 preview enlarged twice

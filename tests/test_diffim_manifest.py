@@ -158,7 +158,7 @@ def test_one_pair_form_hashes_the_files(written):
     (pair,), files = one_pair({"reference": str(base / item["reference"]["path"]),
                                "target": str(base / item["target"]["path"])}, flux_ratio=1.5)
     assert pair.flux_ratio == 1.5 and files[0][2] == item["reference"]["sha256"]
-    with pytest.raises(OutcoreError, match="--target-psf"):
+    with pytest.raises(OutcoreError, match="target_psf="):
         one_pair({"reference": str(base / item["reference"]["path"]),
                   "target": str(base / item["target"]["path"]), "target_psf": "nope.npy"})
 

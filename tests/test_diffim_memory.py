@@ -33,14 +33,14 @@ def pair_and_model(tmp_path_factory):
     pairs, _ = read_manifest(write_manifest([write_pair(sim, folder, "m")],
                                             folder / "pairs.json"))
     options = Options(tile=256)
-    return pairs[0], compute_models(None, pairs, options)[0], options
+    return pairs[0], compute_models(pairs, options)[0], options
 
 
 def test_tile_memory_model_bounds_the_measured_peak(pair_and_model):
     pair, model, options = pair_and_model
     core = (128, 384, 128, 384)  # an inner tile: its window is whole
     tracemalloc.start()
-    process_tile(pair, model, 0, core, options, 4)
+    process_tile(pair, model, 0, core, options)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     inputs, transient = tile_bytes(256, model.halo)

@@ -38,7 +38,7 @@ def _rewrite(directory, item, which, change) -> None:
 
 def _run(directory, items):
     pairs, _ = read_manifest(write_manifest(items, directory / "pairs.json"))
-    models = compute_models(None, pairs, OPTIONS)
+    models = compute_models(pairs, OPTIONS)
     tiles = tile_graph(pairs, models, OPTIONS)
     results = dask.compute(*[task for _, _, task in tiles])
     scores = [np.full(p.shape, np.nan) for p in pairs]

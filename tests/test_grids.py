@@ -18,7 +18,7 @@ import xarray as xr
 from scipy import ndimage
 
 from outcore.backend import nearest_whole, whole_ceil, whole_floor
-from outcore.ptycho import simulate_stack
+from outcore.ptycho import simulate
 from outcore.ptycho.preprocessing.scan import setup
 from outcore.ptycho.reconstruction.model import split
 from outcore.ptycho.reconstruction.start import coords_of
@@ -111,7 +111,7 @@ def test_reconstruction_cuts_the_windows_the_preprocessing_stored():
             for step in (0.5, 1.5, 2.5, 3.5):
                 for pixel in (1e-8, 2e-8, 5e-9, 7e-9, 1.3e-8, 3e-9, 6.5e-9, 4.2e-9, 1.1e-8,
                               1e-7):
-                    found = setup(simulate_stack((8, 8), step=step, subpixel=True,
+                    found = setup(simulate((8, 8), step=step, subpixel=True,
                                                  detector=k, pixel_size=pixel).stack)
                     top_left, positions, shape = found.windows()
                     stored = xr.Dataset({"probe_guess": (("k_y", "k_x"), np.zeros((k, k)))},

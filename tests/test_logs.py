@@ -33,12 +33,13 @@ def test_a_logged_run_has_progress_lines_and_no_frames_or_warnings(tmp_path):
 def test_ptycho_reconstruct_prints_no_warning(tmp_path):
     """The reconstruction's store (its ``xy`` labels are strings) and checkpoints are written
     without zarr's unstable-specification warning, or any other."""
-    import outcore
-    from outcore.ptycho import preprocess, save_preprocessed, simulate_stack
+    from outcore.ptycho import preprocess, save_preprocessed, simulate
 
-    stack, _ = simulate_stack((6, 6), detector=32, seed=1).save(tmp_path / "scan.zarr")
-    save_preprocessed(preprocess(outcore.open(stack, layout="diffraction")),
-                      tmp_path / "pre.zarr")
+    from .ptycho_cases import local_client
+
+    with local_client() as client:
+        stack, _ = simulate((6, 6), detector=32, seed=1).save(tmp_path / "scan.zarr")
+        save_preprocessed(preprocess(stack, client=client), tmp_path / "pre.zarr")
     done = subprocess.run(
         [sys.executable, "-W", "default", "-m", "outcore.cli", "ptycho", "reconstruct",
          "--input", str(tmp_path / "pre.zarr"), "--iterations", "2", "--checkpoint-every",

@@ -268,7 +268,7 @@ def small_store(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(("store", "extra", "message"), [
-    ("nf.zarr", ["--centre", "8", "8"], "--centre CY CX does not apply to a near-field"),
+    ("nf.zarr", ["--centre", "8", "8"], "--centre row col does not apply to a near-field"),
     ("nf.zarr", ["--defocus", "1e-5"], "--defocus 1e-05 does not apply to a near-field"),
     ("nf.zarr", ["--focus-sample-distance", "-1"], "focus_sample_distance attr is -1.0"),
     ("reciprocal.zarr", [], "no detector_pixel_size and no detector_distance"),
@@ -324,7 +324,7 @@ def test_p25_nearfield_scan_converts_registers_and_reconstructs(p25_stores, tmp_
 
     raw, store = p25_stores
     runs = ["--output-dir", str(tmp_path / "runs"), *COMMON]
-    pre = start.open_input(store)
+    pre = start.scan_of(store)
     assert pre.attrs["pixel_size"] == pytest.approx(55e-6 * 3.65e-3 / (1.12 + 3.65e-3))
     assert pre.attrs["magnification"] == pytest.approx(307.85, abs=0.01)
 

@@ -16,8 +16,17 @@ from outcore.errors import LayoutError
 from outcore.io.store import write_new
 from outcore.ptycho.preprocessing.pipeline import preprocess
 
+from .ptycho_cases import local_client
+
 COMMON = ["--cluster", "threads", "--no-progress"]
 METRES_ONLY = ("energy", "wavelength", "reciprocal_pixel_size")
+
+
+@pytest.fixture(scope="module")
+def client():
+    """The default client that ``preprocess`` runs on."""
+    with local_client() as client:
+        yield client
 
 
 def in_pixels(stack: xr.Dataset) -> xr.Dataset:
@@ -82,7 +91,7 @@ def test_a_scan_in_pixels_reconstructs_as_its_twin_in_metres(twins, capsys):
     np.testing.assert_array_equal(rec["px"]["x"], np.arange(rec["px"].sizes["x"]))
 
 
-def test_a_grid_scan_in_pixels_needs_only_its_step_in_pixels():
+def test_a_grid_scan_in_pixels_needs_only_its_step_in_pixels(client):
     """A 4-D grid stack with ``scan_step`` in pixels and nothing physical preprocesses:
     windows ``step`` pixels apart and an object pixel of 1."""
     data = np.ones((3, 4, 16, 16), np.float32)
@@ -100,7 +109,7 @@ def test_a_grid_scan_in_pixels_needs_only_its_step_in_pixels():
     ({"positions_scale": 1e-9}, "look like metres"),
     ({"length_unit": None}, "length_unit"),
 ])
-def test_lengths_in_pixels_and_metres_are_refused(twins, change, message):
+def test_lengths_in_pixels_and_metres_are_refused(twins, change, message, client):
     ds = outcore.open(twins / "px.zarr")
     if "positions_scale" in change:
         ds = ds.assign(positions=ds["positions"] * change["positions_scale"])

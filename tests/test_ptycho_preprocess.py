@@ -22,22 +22,31 @@ from outcore.ptycho import (
     ProbeWindowWarning,
     open_preprocessed,
     preprocess,
-    read_amplitudes,
     save_preprocessed,
-    simulate_stack,
+    simulate,
 )
+from outcore.ptycho.preprocessing.store import read_amplitudes
 from outcore.ptycho.reconstruction import model as physics
 from outcore.runs import load_summary
+
+from .ptycho_cases import local_client
 
 K = 32
 COMMON = ["--cluster", "threads", "--workers", "1", "--no-progress"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def client():
+    """The default client that ``preprocess`` and ``Simulation.save`` run on."""
+    with local_client() as client:
+        yield client
+
+
 @pytest.fixture(scope="module")
 def scans():
     """A noiseless grid scan and a jittered list scan (lazy, in memory)."""
-    return {"grid": simulate_stack((6, 5), detector=K, chunk_positions=7, seed=4),
-            "list": simulate_stack((5, 6), detector=K, jitter=2.0, chunk_positions=9, seed=5)}
+    return {"grid": simulate((6, 5), detector=K, chunk_positions=7, seed=4),
+            "list": simulate((5, 6), detector=K, jitter=2.0, chunk_positions=9, seed=5)}
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +156,7 @@ def test_wraparound_warning_only_when_the_window_is_too_small(scans, recwarn):
     assert not [w for w in recwarn if issubclass(w.category, ProbeWindowWarning)]
     with pytest.warns(ProbeWindowWarning, match="too small to hold the probe") as caught:
         pre = preprocess(stack, bin=2)
-    assert "--bin" in str(caught[0].message)
+    assert "bin=" in str(caught[0].message)
     assert pre.attrs["preprocess"]["probe_border_energy"] > 0.05
     # the same check on a probe given by the user
     with pytest.warns(ProbeWindowWarning):
@@ -190,18 +199,18 @@ def _poisoned(shape: tuple[int, int] = (K, K), **attrs: object) -> xr.Dataset:
     ({}, {"positions": np.full((6, 2), np.nan)}, LayoutError, "NaN"),
     ({}, {"crop": 40}, OutcoreError, "larger than the detector"),
     ({}, {"bin": 3}, OutcoreError, "does not divide"),
-    ({}, {"crop": 20, "bin": 8}, OutcoreError, "--crop 16"),
-    ({}, {"bin": 0}, OutcoreError, "--bin"),
+    ({}, {"crop": 20, "bin": 8}, OutcoreError, "crop=16"),
+    ({}, {"bin": 0}, OutcoreError, "bin=0"),
     ({}, {"crop": 4, "bin": 4}, OutcoreError, "patterns of 1 pixel"),
     ({}, {"probe": np.ones((16, 16), np.complex64)}, LayoutError, "32x32"),
     ({}, {"centre": (40.0, 3.0)}, OutcoreError, "not a pixel"),
-    ({}, {"object_padding": -1}, OutcoreError, "--object-padding"),
+    ({}, {"object_padding": -1}, OutcoreError, "object_padding=-1"),
     ({}, {"mask": np.zeros((16, 16), bool)}, LayoutError, "the patterns are 32x32"),
     ({}, {"mask": np.full((K, K), 2)}, LayoutError, "other than 0 and 1"),
     ({}, {"mask": np.ones((K, K), bool)}, LayoutError, "every pixel"),
-    ({}, {"probe_aperture": 20.0}, OutcoreError, "--probe-aperture 20.0"),
+    ({}, {"probe_aperture": 20.0}, OutcoreError, "probe_aperture=20.0"),
     ({}, {"probe_aperture": 4.0, "probe": np.ones((K, K), np.complex64)}, OutcoreError,
-     "--probe-aperture were given"),
+     "probe_aperture= were given"),
 ])
 def test_bad_input_fails_before_compute(ds_attrs, options, error, words):
     with pytest.raises(error) as err:
@@ -212,11 +221,11 @@ def test_bad_input_fails_before_compute(ds_attrs, options, error, words):
 def test_positions_on_another_dim_and_non_square_detector_fail_before_compute():
     ds = _poisoned().rename_dims({"position": "frame"})
     ds = ds.assign(data=ds["data"].rename({"frame": "position"}))
-    with pytest.raises(LayoutError, match="positions has dims"):
+    with pytest.raises(LayoutError, match="positions= has dims"):
         preprocess(ds)
     with pytest.raises(OutcoreError, match="32x24") as err:
         preprocess(_poisoned((32, 24)))
-    assert "--crop 24" in err.value.fix
+    assert "crop=24" in err.value.fix
 
 
 def test_store_round_trip_and_random_reads(saved):
@@ -371,12 +380,12 @@ def test_a_detector_mask_is_honoured_through_crop_and_bin(tmp_path):
     on every output pixel they touch (a 2 x 2 bin with any ignored pixel is ignored), the
     store records that mask, and the kept pixels equal those of the unspoiled scan; the
     same from a .npy mask file."""
-    from outcore.ptycho.simulate import beam_stop
+    from outcore.ptycho.simulation import beam_stop
 
     mask = beam_stop(K, 3.0)
     mask[:, 5] = True
-    spoiled = simulate_stack((4, 4), detector=K, mask=mask, seed=2).stack
-    clean = simulate_stack((4, 4), detector=K, seed=2).stack
+    spoiled = simulate((4, 4), detector=K, mask=mask, seed=2).stack
+    clean = simulate((4, 4), detector=K, seed=2).stack
     pre = preprocess(spoiled, crop=24, bin=2, centre="none")
     reference = preprocess(clean, crop=24, bin=2, centre="none")
     cropped = mask[4:28, 4:28].reshape(12, 2, 12, 2).any(axis=(1, 3))
@@ -407,7 +416,7 @@ def test_aperture_probe_guess_is_a_disc_with_the_data_power(scans):
 
 def test_patterns_stored_fft_shifted_are_warned_about_and_read_with_centre_0_0(scans):
     """Frames stored in numpy's FFT order (zero frequency at pixel 0, 0), as some detectors'
-    software writes them: the automatic centre warns, naming --centre 0 0, which gives the
+    software writes them: the automatic centre warns, naming centre=(0, 0), which gives the
     amplitudes of the frames stored the usual way."""
     from outcore.ptycho.preprocessing.pipeline import ShiftedPatternsWarning
 
@@ -416,7 +425,7 @@ def test_patterns_stored_fft_shifted_are_warned_about_and_read_with_centre_0_0(s
     shifted = stack.copy()
     shifted["data"] = stack["data"].copy(data=stack["data"].data.map_blocks(
         np.fft.ifftshift, axes=(-2, -1), dtype=stack["data"].dtype))
-    with pytest.warns(ShiftedPatternsWarning, match="--centre 0 0"):
+    with pytest.warns(ShiftedPatternsWarning, match=r"centre=\(0, 0\)"):
         preprocess(shifted)
     fixed = preprocess(shifted, centre=(0, 0))
     np.testing.assert_array_equal(fixed["amplitudes"].values, base["amplitudes"].values)

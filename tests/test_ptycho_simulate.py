@@ -14,9 +14,9 @@ import pytest
 import outcore
 from outcore.cli import build_parser, main
 from outcore.errors import OutcoreError, RunExistsError
-from outcore.ptycho import open_truth, simulate_stack
+from outcore.ptycho import open_truth, simulate
 from outcore.ptycho.reconstruction import model as physics
-from outcore.ptycho.simulate import synthetic_object
+from outcore.ptycho.simulation import synthetic_object
 from outcore.ptycho.verbs import simulate as simulate_verb
 from outcore.runs import load_summary
 
@@ -30,7 +30,7 @@ def _flat(data: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("jitter", [0.0, 2.5])
 def test_stack_is_the_forward_model_of_its_truth(jitter):
-    sim = simulate_stack((5, 7), detector=K, jitter=jitter, chunk_positions=6, seed=3)
+    sim = simulate((5, 7), detector=K, jitter=jitter, chunk_positions=6, seed=3)
     truth = sim.truth
     obj, probe, top_left = (truth[name].values for name in ("object", "probe", "top_left"))
     assert obj.dtype == probe.dtype == np.complex64 and top_left.dtype == np.int64
@@ -58,7 +58,7 @@ def test_stack_is_the_forward_model_of_its_truth(jitter):
 
 
 def test_jitter_and_noise_ignore_the_chunking():
-    stacks = [simulate_stack((4, 6), detector=K, jitter=1.7, dose=1e4, dtype="uint32",
+    stacks = [simulate((4, 6), detector=K, jitter=1.7, dose=1e4, dtype="uint32",
                              seed=11, chunk_positions=n) for n in (1, 5, 24)]
     first = stacks[0]
     for other in stacks[1:]:
@@ -66,7 +66,7 @@ def test_jitter_and_noise_ignore_the_chunking():
                                       first.truth["top_left"].values)
         np.testing.assert_array_equal(other.stack["data"].values, first.stack["data"].values)
     assert [len(s.stack["data"].chunks[0]) for s in stacks] == [24, 5, 1]
-    reseeded = simulate_stack((4, 6), detector=K, jitter=1.7, dose=1e4, dtype="uint32",
+    reseeded = simulate((4, 6), detector=K, jitter=1.7, dose=1e4, dtype="uint32",
                               seed=12)
     assert not np.array_equal(reseeded.truth["top_left"].values, first.truth["top_left"].values)
     # zero-mean jitter of at most 1.7 pixels: the corners stay within the rounded bound
@@ -77,7 +77,7 @@ def test_jitter_and_noise_ignore_the_chunking():
 
 
 def test_dose_gives_poisson_counts_of_the_scaled_probe():
-    sim = simulate_stack((6, 6), detector=K, dose=5e4, dtype="uint32", seed=1)
+    sim = simulate((6, 6), detector=K, dose=5e4, dtype="uint32", seed=1)
     probe = sim.truth["probe"].values
     assert (np.abs(probe) ** 2).sum() == pytest.approx(5e4, rel=1e-5)
     counts = _flat(sim.stack["data"].values)
@@ -92,7 +92,7 @@ def test_dose_gives_poisson_counts_of_the_scaled_probe():
 
 
 def test_noiseless_probe_has_unit_energy_and_fits_its_window():
-    sim = simulate_stack((2, 2), detector=64)
+    sim = simulate((2, 2), detector=64)
     probe = sim.truth["probe"].values
     assert (np.abs(probe) ** 2).sum() == pytest.approx(1.0, rel=1e-5)
     power = np.abs(probe) ** 2
@@ -118,7 +118,7 @@ def test_given_probe_and_wavelength(tmp_path):
     probe = np.zeros((K, K), np.complex64)
     probe[12:20, 12:20] = 1 + 1j
     np.save(tmp_path / "probe.npy", probe)
-    sim = simulate_stack((3, 3), detector=K, probe=tmp_path / "probe.npy", wavelength=1e-10)
+    sim = simulate((3, 3), detector=K, probe=tmp_path / "probe.npy", wavelength=1e-10)
     np.testing.assert_array_equal(sim.truth["probe"].values, probe)
     assert sim.stack.attrs["wavelength"] == 1e-10 and "energy" not in sim.stack.attrs
 
@@ -127,13 +127,14 @@ def test_given_probe_and_wavelength(tmp_path):
     ({"energy": 8000.0, "wavelength": 1e-10}, "not both"),
     ({"dtype": "uint32"}, "uint32"),
     ({"probe": np.ones((8, 8), np.complex64)}, "shape (8, 8)"),
-    ({"step": -1.0}, "--step"),
-    ({"detector": 1}, "--detector"),
-    ({"dose": 0.0}, "--dose"),
+    ({"step": -1.0}, "step=-1.0"),
+    ({"detector": 1}, "detector=1"),
+    ({"dose": 0.0}, "dose=0.0"),
+    ({"seeds": 1}, "did you mean seed=?"),
 ])
 def test_bad_options_are_refused(options, words):
     with pytest.raises(OutcoreError) as err:
-        simulate_stack((3, 3), **{"detector": K, **options})
+        simulate((3, 3), **{"detector": K, **options})
     assert words in str(err.value)
 
 
@@ -151,7 +152,7 @@ def test_cli_writes_stack_and_truth(tmp_path):
     ds = outcore.open(stack, layout="diffraction")
     assert ds["data"].dtype == np.uint32 and ds["data"].chunks[0] == (7, 7, 6)
     stored = open_truth(truth)
-    same = simulate_stack((4, 5), detector=K, jitter=1.0, dose=1e4, dtype="uint32", seed=2)
+    same = simulate((4, 5), detector=K, jitter=1.0, dose=1e4, dtype="uint32", seed=2)
     np.testing.assert_array_equal(ds["data"].values, same.stack["data"].values)
     np.testing.assert_array_equal(stored["object"].values, same.truth["object"].values)
     np.testing.assert_array_equal(stored["top_left"].values, same.truth["top_left"].values)
@@ -171,12 +172,12 @@ def test_subpixel_modes_slices_mask_and_recorded_errors():
     Fresnel between the slices), the masked pixels are spoiled and recorded, and the
     recorded positions are the true ones plus a zero-mean error (a draw of at most a pixel
     less the draws' mean)."""
-    from outcore.ptycho.simulate import beam_stop
+    from outcore.ptycho.simulation import beam_stop
 
     from .ptycho_cases import direct_intensities
 
     mask = beam_stop(K, 2.5)
-    sim = simulate_stack((4, 5), detector=K, jitter=1.5, subpixel=True, position_error=1.0,
+    sim = simulate((4, 5), detector=K, jitter=1.5, subpixel=True, position_error=1.0,
                          probe_modes=2, slices=2, slice_thickness=2e-6, mask=mask, seed=5,
                          chunk_positions=7)
     truth = sim.truth
@@ -206,4 +207,4 @@ def test_bad_thick_object_options_are_refused():
     for kw in (dict(slices=2), dict(slice_thickness=1e-6), dict(probe_modes=0),
                dict(mask=np.zeros((3, 3), bool))):
         with pytest.raises(OutcoreError):
-            simulate_stack((2, 2), detector=K, **kw)
+            simulate((2, 2), detector=K, **kw)

@@ -16,7 +16,7 @@ import pytest
 from outcore.ptycho.reconstruction import probe as probes
 from outcore.ptycho.reconstruction import quality, solver
 from outcore.ptycho.reconstruction.model import Model
-from outcore.ptycho.reconstruction.start import open_input, prepare
+from outcore.ptycho.reconstruction.start import prepare, scan_of
 
 from .ptycho_cases import (
     defocus_metres,
@@ -125,7 +125,7 @@ def test_defocus_search_finds_the_probe_of_the_mean_pattern_alone(tmp_path):
     it (``auto``, as ``ptycho reconstruct`` does) under 2 %."""
     scan = true_scan(side=8, k=32, step=4, jitter=0.5, seed=4)
     store = write_preprocessed(scan, tmp_path / "pre.zarr", pupil_guess(scan, 0.0))
-    ds = open_input(store)
+    ds = scan_of(store)
     settings = solver.Settings(iterations=60, batch_size=16)
     errors = {}
     for search in ("off", "auto"):

@@ -36,13 +36,13 @@ import pytest
 import outcore
 from outcore.cli import main
 from outcore.fit import simulate_catalog
-from outcore.ptycho.preprocessing.pipeline import preprocess
-from outcore.ptycho.preprocessing.store import save_preprocessed
-from outcore.ptycho.simulate import simulate_stack
+from outcore.ptycho import preprocess, save_preprocessed, simulate
 from outcore.runs import load_summary
 from outcore.tomo import Projector, shepp_logan
 from outcore.tomo.geometry import scan_for
 from outcore.tomo.layouts import projections_dataset
+
+from .ptycho_cases import local_client
 
 THREADS = ["--cluster", "threads", "--no-progress"]
 ENV = {**os.environ, "PYTHONPATH": str(Path(outcore.__file__).parents[1])}
@@ -62,9 +62,9 @@ def inputs(tmp_path_factory) -> Path:
     projections = Projector(geometry, shape, "views").project(shepp_logan(shape))
     outcore.save(projections_dataset(projections, geometry, shape, "shepp-logan"),
                  d / "proj.zarr", layout="projections")
-    sim = simulate_stack((8, 8), detector=16, step=3, seed=0)
-    stack, _ = sim.save(d / "stack.zarr")
-    save_preprocessed(preprocess(outcore.open(stack), source=str(stack)), d / "pre.zarr")
+    with local_client() as client:
+        stack, _ = simulate((8, 8), detector=16, step=3, seed=0).save(d / "stack.zarr")
+        save_preprocessed(preprocess(stack, client=client), d / "pre.zarr")
     with h5py.File(d / "vol.h5", "w") as f:
         f["volume"] = np.random.default_rng(0).random((64, 64, 64), dtype=np.float32)
     return d

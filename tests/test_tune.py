@@ -110,10 +110,13 @@ def test_tomo_reconstruct_grid_on_a_synthetic_scan(tmp_path):
 
 
 def test_ptycho_reconstruct_grid_of_sub_batches(tmp_path):
-    from outcore.ptycho import preprocess, save_preprocessed, simulate_stack
+    from outcore.ptycho import preprocess, save_preprocessed, simulate
 
-    stack, _ = simulate_stack((6, 6), detector=32, step=5, jitter=1).save(tmp_path / "s.zarr")
-    pre = save_preprocessed(preprocess(outcore.open(stack)), tmp_path / "p.zarr")
+    from .ptycho_cases import local_client
+
+    with local_client() as client:
+        stack, _ = simulate((6, 6), detector=32, step=5, jitter=1).save(tmp_path / "s.zarr")
+        pre = save_preprocessed(preprocess(stack, client=client), tmp_path / "p.zarr")
     ds = tune.tune("ptycho reconstruct", [4, 36], [1, 2], input=str(pre), iterations=2,
                    batch_size=12, cluster="threads", warmup_rounds=0, measure_rounds=1,
                    output_dir=tmp_path / "runs", name="p", no_progress=True)

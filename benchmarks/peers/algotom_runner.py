@@ -1,10 +1,13 @@
-"""algotom's steps (and ASTRA's CPU FBP) on a raw scan: the peer of bench_tomo_raw.py.
+"""algotom's steps (and ASTRA's CPU FBP) on a raw scan, the peer of bench_tomo_raw.py; and
+algotom's CPU FBP and DFI of projections, the peers of bench_cli.py's ``slices`` case.
 
     benchmarks/peers/.venv-algotom/bin/python benchmarks/peers/algotom_runner.py \\
         center PROJ.npy [--rows 5]
     ... paganin RAW.h5 OUT.npy --ratio R
     ... path RAW.h5 OUT.npy [--center auto|VALUE] [--rings sort|none] [--ratio R|none]
         [--window hann] [--chunk-rows 32] [--threads N]
+    ... slices PROJ.npy GEOMETRY.json OUT.npy --method fbp|dfi [--window none]
+        [--chunk-rows 16] [--threads N]
 
 Runs in its own venv (``make_algotom_venv.sh``): the standard library, numpy, h5py, algotom
 and astra only, and does what an algotom user's script does, step by step:
@@ -35,6 +38,15 @@ and astra only, and does what an algotom user's script does, step by step:
   root attrs, 1 where it has none); ``--size`` keeps the centred ``size x size`` of each
   ``nu x nu`` slice (the volume outcore reconstructs with ``--volume-shape``).
 
+- ``slices``: projections ``PROJ.npy (view, v, u)`` (``-log``, as outcore's store holds
+  them; ``GEOMETRY.json`` as ``astra_runner.py`` reads it: a parallel beam, one detector row
+  per slice) -> volume, band by band of ``--chunk-rows`` sinograms, with algotom's CPU
+  ``fbp_reconstruction`` (its numba backprojector, ``gpu=False``, ``ncore=--threads``) or
+  ``dfi_reconstruction`` (direct Fourier inversion), no circle mask (``ratio=None``), the
+  window ``--window`` (``none``: the bare ramp, as outcore's default ``ram-lak``), the
+  centre ``(nu - 1) / 2 - offset_u / du``; each ``nu x nu`` slice is flipped along ``y`` (as
+  ``path``), its centred ``ny x nx`` kept and divided by the voxel edge (1/m).
+
 Prints one JSON line: seconds per step, the centre, the versions.
 """
 
@@ -55,7 +67,11 @@ from algotom.prep.calculation import find_center_vo
 from algotom.prep.correction import flat_field_correction
 from algotom.prep.filtering import fresnel_filter
 from algotom.prep.removal import remove_stripe_based_sorting
-from algotom.rec.reconstruction import astra_reconstruction
+from algotom.rec.reconstruction import (
+    astra_reconstruction,
+    dfi_reconstruction,
+    fbp_reconstruction,
+)
 
 
 def versions() -> dict:
@@ -161,6 +177,45 @@ def run_path(args: argparse.Namespace) -> dict:
     return report
 
 
+def run_slices(args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    geometry = json.loads(args.geometry.read_text())
+    proj = np.load(args.proj, mmap_mode="r")
+    views, nv, nu = proj.shape
+    nz, ny, nx = (int(n) for n in geometry["volume_shape"])
+    if geometry.get("geometry", "parallel") != "parallel" or nv != nz:
+        raise SystemExit(f"algotom_runner slices: a parallel beam of one row per slice, not "
+                         f"{geometry.get('geometry')} with {nv} rows for {nz} slices")
+    du = float(geometry["detector_pixel_size"][1])
+    centre = (nu - 1) / 2 - float(geometry.get("detector_offset", (0, 0))[1]) / du
+    angles = np.asarray(geometry["angles"], np.float64)
+    window = None if args.window == "none" else args.window
+    rows_y = slice((nu - ny) // 2, (nu - ny) // 2 + ny)
+    rows_x = slice((nu - nx) // 2, (nu - nx) // 2 + nx)
+    volume = np.lib.format.open_memmap(partial_of(args.out), "w+", np.float32, (nz, ny, nx))
+    spent = 0.0
+    for v0 in range(0, nv, args.chunk_rows):
+        band = np.array(proj[:, v0:v0 + args.chunk_rows, :], np.float32)
+        t1 = time.perf_counter()
+        if args.method == "fbp":
+            slices = fbp_reconstruction(band, centre, angles=angles, ratio=None,
+                                        filter_name=window, apply_log=False, gpu=False,
+                                        ncore=args.threads)
+        else:
+            slices = dfi_reconstruction(band, centre, angles=angles, ratio=None,
+                                        filter_name=window, apply_log=False,
+                                        ncore=args.threads)
+        spent += time.perf_counter() - t1
+        image = np.moveaxis(slices.reshape(nu, band.shape[1], nu), 1, 0)[:, ::-1, :]
+        volume[v0:v0 + band.shape[1]] = image[:, rows_y, rows_x] / float(
+            geometry["voxel_size"])
+    volume.flush()
+    del volume
+    partial_of(args.out).rename(args.out)
+    return {"method": args.method, "window": args.window, "center": centre,
+            "algotom_s": round(spent, 4), "total_s": round(time.perf_counter() - t0, 4)}
+
+
 def partial_of(out: Path) -> Path:
     return out.with_name(out.stem + ".partial.npy")
 
@@ -187,6 +242,14 @@ def main() -> int:
     path.add_argument("--threads", type=int, default=os.cpu_count())
     path.add_argument("--size", type=int, default=None,
                       help="keep the centred SIZE x SIZE of each slice (default: all)")
+    slices = sub.add_parser("slices")
+    slices.add_argument("proj", type=Path)
+    slices.add_argument("geometry", type=Path)
+    slices.add_argument("out", type=Path)
+    slices.add_argument("--method", choices=["fbp", "dfi"], default="fbp")
+    slices.add_argument("--window", default="none")
+    slices.add_argument("--chunk-rows", type=int, default=16)
+    slices.add_argument("--threads", type=int, default=os.cpu_count())
     args = parser.parse_args()
     if getattr(args, "out", None) is not None and args.out.exists():
         raise SystemExit(f"{args.out} exists; give a new output path")
@@ -197,6 +260,8 @@ def main() -> int:
                   "center_s": round(time.perf_counter() - t0, 4)}
     elif args.step == "paganin":
         report = run_paganin(args)
+    elif args.step == "slices":
+        report = run_slices(args)
     else:
         args.ratio = None if args.ratio == "none" else float(args.ratio)
         report = run_path(args)

@@ -13,7 +13,8 @@ def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]
                  ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` for ``exports``: module
     (relative to the package) -> the names it exports; a name equal to the module's own
-    last part exports the module itself."""
+    last part exports the module itself, unless the module's ``__all__`` holds that name
+    (``outcore.tomo.gridrec`` is the function of ``reconstruction/gridrec.py``)."""
     where = {name: module for module, names in exports.items() for name in names}
 
     def __getattr__(name: str) -> Any:
@@ -21,7 +22,8 @@ def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         loaded = importlib.import_module(f"{package}.{module}")
-        return loaded if module.rpartition(".")[2] == name else getattr(loaded, name)
+        itself = module.rpartition(".")[2] == name and name not in getattr(loaded, "__all__", ())
+        return loaded if itself else getattr(loaded, name)
 
     names = sorted(where)
     return __getattr__, lambda: names, names

@@ -79,12 +79,12 @@ def follow(futures: list[distributed.Future]) -> None:
     from distributed.utils import is_kernel
 
     if is_kernel():
-        try:
-            import ipywidgets  # noqa: F401  (the widget's own import, tried first)
+        try:  # the widget's own imports: a kernel may run without ipywidgets
+            import ipywidgets  # noqa: F401
+            from IPython.display import display
         except ImportError:
             distributed.progress(futures, notebook=False, multi=False)
             return
-        from IPython.display import display
 
         display(distributed.progress(futures, notebook=True, multi=False))
     elif sys.stdout.isatty():

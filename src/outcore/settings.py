@@ -63,7 +63,8 @@ def in_flags(error: BaseException, flags: Mapping[str, str]) -> BaseException:
     """``error`` as the command line reports it: a user's error (``errors.translate``) with
     each keyword of ``flags`` that its problem or fix names written as its flag
     (``memory_limit='2GiB'`` -> ``--memory-limit 2GiB``, ``block=`` -> ``--block``,
-    ``attrs={'energy': 12658}`` -> ``--attr energy=12658``); anything else as it is."""
+    ``aligned=True`` -> ``--aligned``, ``attrs={'energy': 12658}`` -> ``--attr
+    energy=12658``); anything else as it is."""
     user = translate(error)
     if user is None:
         return error
@@ -87,6 +88,8 @@ def _flag_words(text: str, flags: Mapping[str, str]) -> str:
             pairs = [f"{flag} {k}={v.strip(chr(39) + chr(34) + ' ')}"
                      for k, v in _PAIR.findall(value)]
             return " ".join(pairs or [flag]) + tail
+        if value == "True":  # a switch: aligned=True -> --aligned
+            return flag + tail
         if value[:1] in ("'", '"'):
             value = value[1:-1]
         elif value.startswith("("):

@@ -16,26 +16,24 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, replace
+import shutil
 
 import distributed
 
 from outcore.checks import at_least, positive
-from outcore.diffim import memory, operator, outputs, register, series
+from outcore.diffim import api, memory, outputs, series
+from outcore.diffim.api import FIT_MODELS, REGISTRATIONS
 from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, read_pairs
 from outcore.diffim.prepare import Options
 from outcore.diffim.stack import METHODS
-from outcore.errors import OutcoreError
+from outcore.errors import OutcoreError, partial_path
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Verb
 
-FIT_MODELS = ("psf", "gaussian")
-REGISTRATIONS = ("stars",)
 ONE_PAIR = ("reference", "target", "reference_variance", "target_variance", "mask",
             "reference_noise", "target_noise", "reference_psf", "target_psf")
-PLAN_FIXES = ["use a smaller --tile"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,8 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pairs a source must be detected in to get a light curve")
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse options that cannot work, each with its fix (before anything is read)."""
+def check_options(args: argparse.Namespace, backend: str) -> Options:
+    """Refuse options that cannot work, each with its fix (before anything is read); the
+    options of the run (``api.options_of``, whose keywords the errors show as flags)."""
     def need(ok: bool, problem: str, fix: str) -> None:
         if not ok:
             raise OutcoreError(problem, fix)
@@ -122,81 +121,59 @@ def check_options(args: argparse.Namespace) -> None:
          "give --aligned for images already on one grid, else --register stars.")
     need(args.zeropoint is None or math.isfinite(args.zeropoint),
          f"--zeropoint {args.zeropoint} is not a number.", "e.g. --zeropoint 27.5.")
-    positive(args.threshold, "--threshold", "the detection threshold, e.g. --threshold 5")
-    need(math.isfinite(args.threshold), f"--threshold {args.threshold} is not finite.",
-         "e.g. --threshold 5.")
-    at_least(args.stamp, "--stamp", 5, "an odd cutout side of 5 or more, e.g. --stamp 21")
-    need(args.stamp % 2 == 1, f"--stamp {args.stamp} must be odd.", "e.g. --stamp 21.")
-    at_least(args.psf_size, "--psf-size", 5, "an odd PSF side of 5 or more, e.g. --psf-size 25")
-    need(args.psf_size % 2 == 1, f"--psf-size {args.psf_size} must be odd.",
-         "e.g. --psf-size 25.")
-    if args.tile is not None:
-        at_least(args.tile, "--tile", 64, "a tile side of 64 or more, e.g. --tile 1024")
-    at_least(args.background_box, "--background-box", 8,
-             "a box side of 8 or more, e.g. --background-box 64")
-    positive(args.star_snr, "--star-snr", "the stars' least S/N, e.g. --star-snr 50")
     positive(args.flux_ratio, "--flux-ratio", "the target's flux scale, e.g. --flux-ratio 1")
     positive(args.saturation, "--saturation", "the saturation level, e.g. --saturation 65000")
     need(args.lightcurves or args.time_key is None, "--time-key applies with --lightcurves.",
          "add --lightcurves, or leave out --time-key.")
     at_least(args.min_detections, "--min-detections", 1,
              "the pairs a source is detected in, e.g. --min-detections 2")
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What a plan chose: the run's options (with their tile) and the resources planned for,
-    on which ``execute`` plans again once the PSFs, and so the halo, are known."""
-
-    options: Options
-    resources: Resources
+    return api.options_of(threshold=args.threshold, stamp=args.stamp,
+                          fit_model=args.fit_model, tile=args.tile,
+                          background_box=args.background_box, psf_size=args.psf_size,
+                          star_snr=args.star_snr, backend=backend)
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
-    check_options(args)
+    options = check_options(args, resources.backend)
     grid = "aligned" if args.aligned else "stars" if args.register else "wcs"
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
                               args.flux_ratio, args.item_id, args.zeropoint, grid, args.stack,
                               args.saturation)
-    given = Options(threshold=args.threshold, stamp=args.stamp, fit_model=args.fit_model,
-                    tile=args.tile or memory.TILE_SIDES[0], box=args.background_box,
-                    psf_size=args.psf_size, star_snr=args.star_snr, backend=resources.backend)
     if args.lightcurves:
         series.check_series(pairs)
         times, time_key = series.epoch_times(pairs, args.time_key)
-    shapes = [p.shape for p in pairs]
-    variance = any(p.reference_variance is not None for p in pairs)
-    sides = [args.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
-                               if getattr(p, k) is not None]
-    bound = memory.halo_bound(sides, args.stamp)
-
-    def plan_for(choice: Choice, halo: int) -> Plan:
-        return memory.run_plan(shapes, choice.options, halo, variance, choice.resources,
-                               bound=bound, chosen=args.tile is None, choices=choice)
 
     def plan(resources: Resources) -> Plan:
         """The plan before the run, at the halo's bound; it chooses the tile."""
-        tile = args.tile or memory.choose_tile(shapes, given, bound, variance, resources)
-        return plan_for(Choice(replace(given, tile=tile), resources), bound)
+        return api.plan_pairs(pairs, options, resources, tile=args.tile)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
-        """The models, the exact plan of the tiles (refused if it does not fit), the outputs."""
+        """The catalog (``api.catalog``, writing ``difference.zarr`` as its tiles run), then
+        the run's outputs."""
         outputs.record_inputs(run, files)
-        options = plan.choices.options
-        with run.timing("register"):
-            registered, fits = register.register_pairs(client, pairs)
-        if fits:
-            run.metric(registration={k: f.summary() for k, f in fits.items()})
-        with run.timing("models"):
-            models = operator.compute_models(client, registered, options)
-        exact = plan_for(plan.choices, max(m.halo for m in models))
-        run.set("plan", exact.to_dict())
-        exact.check(PLAN_FIXES, PLAN_FIXES)
-        outputs.write_outputs(run, client, registered, models, options)
+        store = run.add_output("difference.zarr", verify=outputs.check_difference)
+        partial = partial_path(store)
+        try:
+            with run.timing("subtract"):
+                found = api.catalog(
+                    pairs=pairs, threshold=args.threshold, stamp=args.stamp,
+                    fit_model=args.fit_model, tile=args.tile,
+                    background_box=args.background_box, psf_size=args.psf_size,
+                    star_snr=args.star_snr, backend=options.backend,
+                    difference_store=partial, client=client, plan=plan)
+            facts = found.sources.attrs["pairs"]
+            exact = api.plan_pairs(pairs, options, plan.choices.resources,
+                                   tile=plan.choices.options.tile,
+                                   halo=max(f["halo"] for f in facts.values()))
+            run.set("plan", exact.to_dict())  # the plan the tiles ran under (checked there)
+            outputs.write_outputs(run, client, pairs, found, partial, store,
+                                  plan.choices.options.tile, args.threshold)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
         if args.lightcurves:
             with run.timing("lightcurves"):
-                series.write_lightcurves(run, client, registered, models, times, time_key,
-                                         options.stamp, args.min_detections)
+                series.write_lightcurves(run, client, pairs, facts, times, time_key,
+                                         args.stamp, args.min_detections)
 
     config = {"manifest": args.manifest, "items": len(pairs), "threshold": args.threshold,
               "stamp": args.stamp, "fit_model": args.fit_model, "tile": args.tile,
@@ -210,8 +187,9 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
             "item_id": args.item_id, "aligned": args.aligned, "register": args.register})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],
-               plan_fixes=PLAN_FIXES, device_fixes=PLAN_FIXES,
-               data_bytes=data_bytes(memory.memory_model(shapes, given, bound, variance)),
+               plan_fixes=list(api.PLAN_FIXES), device_fixes=list(api.PLAN_FIXES),
+               data_bytes=data_bytes(api.plan_pairs(pairs, options, resources,
+                                                    tile=options.tile).stages),
                worker_baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
 
 

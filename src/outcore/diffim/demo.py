@@ -7,7 +7,7 @@ import distributed
 import numpy as np
 
 from outcore.diffim.manifest import read_manifest
-from outcore.diffim.operator import catalog
+from outcore.diffim.operator import catalog_pairs
 from outcore.diffim.prepare import Options
 from outcore.diffim.simulate import PsfShape, simulate_pair, write_manifest, write_pair
 from outcore.runs import Run
@@ -37,7 +37,7 @@ def demo_stage(run: Run, client: distributed.Client, size: int) -> None:
     item = write_pair(sim, folder, "demo", psf=False)
     pairs, _ = read_manifest(write_manifest([item], folder / "pairs.json"))
     with run.timing("diffim"):
-        models, table = catalog(pairs, Options(tile=max(128, size // 2)), client)
+        models, table = catalog_pairs(pairs, Options(tile=max(128, size // 2)), client)
     x, y = table["x"].to_numpy(), table["y"].to_numpy()
     tr, mv = sim.transients, sim.moved
     found = _nearest(x, y, tr["x"], tr["y"], 1.5)

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from outcore.diffim import wcs
 from outcore.diffim.stack import METHODS, StackedImage, stack_images
 from outcore.errors import InputNotFoundError, LayoutError, OutcoreError
 from outcore.io.importers.fits import hdu_index
@@ -70,8 +71,6 @@ GAIN_KEYS = ("GAIN", "EGAIN", "CCDGAIN")
 SATURATION_KEYS = ("SATURATE", "SATLEVEL", "SATURATN")
 #: Smallest image edge (pixels) a pair may have.
 MIN_IMAGE_EDGE = 32
-#: WCS agreement needed between reference and target, in pixels (at the corners and centre).
-WCS_TOLERANCE_PX = 0.01
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,8 @@ def read_manifest(path: str | Path, *, check_hashes: bool = True) -> tuple[list[
     path = Path(path).expanduser()
     if not path.is_file():
         raise InputNotFoundError(f"The manifest {str(path)!r} does not exist.",
-                                 "check --manifest (paths start from the current directory).")
+                                 "check the manifest's path (it starts from the current "
+                                 "directory).")
     try:
         record = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -251,9 +251,9 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
     if header is None and grid == "wcs":
         _fail(where, "the reference has no celestial WCS, so nothing says whether the target "
               "is on its pixel grid.",
-              'if both images are already on one pixel grid, add --aligned (manifest: '
+              'if both images are already on one pixel grid, give aligned=True (manifest: '
               '"aligned": true); else register the target on the stars of both with '
-              '--register stars (manifest: "register": "stars").')
+              'register=\'stars\' (manifest: "register": "stars").')
     ratio = item.get("flux_ratio")
     if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
                               or not math.isfinite(ratio) or ratio <= 0):
@@ -408,40 +408,31 @@ def _astropy_fits() -> Any:
     return fits
 
 
-def _celestial(image: ImageFile) -> Any:
-    """The celestial WCS of an image's header, or None."""
-    import warnings
-
-    from astropy.io import fits
-    from astropy.wcs import WCS, FITSFixedWarning
-
-    header = fits.getheader(image.path, image.hdu)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FITSFixedWarning)
-        wcs = WCS(header).celestial
-    return wcs if wcs.has_celestial else None
-
-
 def _check_wcs(reference: ImageFile, target: ImageFile | None, where: str) -> str | None:
     """The reference's WCS header string; refuse a target (None: none to check) whose WCS
     maps pixels elsewhere."""
-    ref = _celestial(reference)
-    tgt = None if target is None else _celestial(target)
+    from astropy.io import fits
+
+    ref = wcs.celestial(fits.getheader(reference.path, reference.hdu))
     if ref is None:
         return None
-    if tgt is not None:
-        ny, nx = reference.shape
-        x = np.array([0, nx - 1, 0, nx - 1, (nx - 1) / 2])
-        y = np.array([0, 0, ny - 1, ny - 1, (ny - 1) / 2])
-        ra, dec = ref.pixel_to_world_values(x, y)
-        tx, ty = tgt.world_to_pixel_values(ra, dec)
-        offset = float(np.max(np.hypot(tx - x, ty - y)))
-        if not offset <= WCS_TOLERANCE_PX:
-            _fail(where, f"the target's WCS puts the reference's pixels up to {offset:.3g} "
-                  "pixels away; the images must be on the same pixel grid.",
-                  "resample the target onto the reference's grid (e.g. with reproject or "
-                  "SWarp), or fix its WCS header.")
-    return ref.to_header().tostring()
+    if target is not None:
+        check_same_grid(ref, wcs.celestial(fits.getheader(target.path, target.hdu)),
+                        reference.shape, where)
+    return wcs.text(ref)
+
+
+def check_same_grid(reference: Any, target: Any, shape: tuple[int, int], where: str,
+                    fix: str = "resample the target onto the reference's grid (e.g. with "
+                               "reproject or SWarp), or fix its WCS header.") -> None:
+    """Refuse a target WCS (None: nothing to check) that puts the reference's pixels
+    elsewhere (beyond ``wcs.TOLERANCE_PX``)."""
+    if target is None:
+        return
+    moved = wcs.offset(reference, target, shape)
+    if not moved <= wcs.TOLERANCE_PX:
+        _fail(where, f"the target's WCS puts the reference's pixels up to {moved:.3g} pixels "
+              "away; the images must be on the same pixel grid.", fix)
 
 
 def read_psf(path: str | Path, where: str) -> np.ndarray:
@@ -462,6 +453,12 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
             _fail(where, f"{path.name!r} holds no data.", "give a FITS file with the stamp.")
     else:
         _fail(where, f"{path.name!r} is neither .npy nor FITS.", "give the PSF as .npy or FITS.")
+    return checked_psf(psf, where)
+
+
+def checked_psf(psf: Any, where: str) -> np.ndarray:
+    """A PSF stamp checked: 2-D, odd sides of 3 or more, finite, positive sum; returned as
+    float64 of unit sum, centred on its middle pixel."""
     psf = np.asarray(psf)
     if psf.ndim != 2 or min(psf.shape) < 3 or psf.shape[0] % 2 == 0 or psf.shape[1] % 2 == 0:
         _fail(where, f"the PSF stamp has shape {psf.shape}; it must be 2-D with odd sides of 3 "
@@ -477,10 +474,10 @@ def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
              item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs",
              stack: str = "median", saturation: float | None = None
              ) -> tuple[list[Pair], list]:
-    """The one-pair form (``--reference REF --target NEW`` ...): ``files`` maps the manifest's
-    file keys to paths (None: not given); each file is hashed here and checked as in a
-    manifest; ``grid`` is one of ``GRIDS`` (``--aligned``, ``--register stars``). A glob as
-    the reference or the target is a group of exposures, stacked by ``stack``."""
+    """The one-pair form (``reference=REF``, ``target=NEW`` ...): ``files`` maps the
+    manifest's file keys to paths (None: not given); each file is hashed here and checked as
+    in a manifest; ``grid`` is one of ``GRIDS`` (``aligned=True``, ``register='stars'``). A
+    glob as the reference or the target is a group of exposures, stacked by ``stack``."""
     from outcore.io.importers import is_glob, sequence_files
 
     item: dict[str, Any] = {"item_id": item_id, "stack": stack}
@@ -499,8 +496,7 @@ def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
             continue
         path = Path(name).expanduser().resolve()
         if not path.is_file():
-            flag = "--" + key.replace("_", "-")
-            raise InputNotFoundError(f"{flag} {name!r}: the file does not exist.",
+            raise InputNotFoundError(f"{key}={name!r}: the file does not exist.",
                                      "check the path (relative to the current directory).")
         item[key] = {"path": str(path), "sha256": sha256_file(path)}
     if flux_ratio is not None:

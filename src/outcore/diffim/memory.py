@@ -67,9 +67,11 @@ def tile_bytes(tile: int, halo: int, backend: str = "numpy") -> tuple[int, int]:
 
 
 def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
-                 variance: bool = False, survey_halo: int | None = None) -> list[TaskMemory]:
+                 variance: bool = False, survey_halo: int | None = None,
+                 catalog: bool = True) -> list[TaskMemory]:
     """The stages of a run over pairs of ``shapes`` with tiles of ``options.tile`` and a halo
-    of ``halo`` pixels (``halo_bound`` before the PSFs are known)."""
+    of ``halo`` pixels (``halo_bound`` before the PSFs are known); with ``catalog`` the
+    writing of the catalog and its cutouts too (not for the difference images alone)."""
     block = SURVEY_BOXES * options.box
     survey_side = min(block, max(max(s) for s in shapes)) + 2 * (
         options.psf_size // 2 + 2 if survey_halo is None else survey_halo)
@@ -82,7 +84,7 @@ def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
     # on a GPU the FFTs run there: the window's four inputs and the FFT scratch
     device = inputs + transient if options.backend == "cupy" else 0
     stamp_bytes = 3 * 4 * options.stamp**2
-    return [
+    stages = [
         TaskMemory("diffim-survey", survey_blocks, input_bytes=survey_inputs,
                    output_bytes=block**2 // options.box**2 * 2 * _F64,
                    transient_bytes=4 * _F64 * survey_side**2,
@@ -90,10 +92,13 @@ def memory_model(shapes: list[tuple[int, int]], options: Options, halo: int,
         TaskMemory("diffim-tile", tiles, input_bytes=inputs, output_bytes=core_out,
                    transient_bytes=transient, read_bytes=(2 + 2 * variance) * 4 * tile**2,
                    write_bytes=core_out, device_bytes=device),
-        TaskMemory("diffim-write", max(1, tiles), input_bytes=CUTOUT_CHUNK * stamp_bytes,
-                   output_bytes=TABLE_CHUNK * len(COLUMNS) * _F64,
-                   write_bytes=CUTOUT_CHUNK * stamp_bytes),
     ]
+    if catalog:
+        stages.append(TaskMemory("diffim-write", max(1, tiles),
+                                 input_bytes=CUTOUT_CHUNK * stamp_bytes,
+                                 output_bytes=TABLE_CHUNK * len(COLUMNS) * _F64,
+                                 write_bytes=CUTOUT_CHUNK * stamp_bytes))
+    return stages
 
 
 def tile_count(shapes: list[tuple[int, int]], tile: int) -> int:
@@ -102,7 +107,7 @@ def tile_count(shapes: list[tuple[int, int]], tile: int) -> int:
 
 
 def choose_tile(shapes: list[tuple[int, int]], options: Options, halo: int, variance: bool,
-                resources: Resources) -> int:
+                resources: Resources, catalog: bool = True) -> int:
     """The tile side when none is given: the largest of ``TILE_SIDES`` (at most the largest
     image side) whose plan fits the workers' memory and that still gives every worker thread
     a tile (fewer, larger tiles waste less on halos and FFT set-up; fewer tiles than threads
@@ -111,7 +116,8 @@ def choose_tile(shapes: list[tuple[int, int]], options: Options, halo: int, vari
     sides = sorted({min(side, largest) for side in TILE_SIDES}, reverse=True)
     wanted = min(resources.workers * resources.threads_per_worker, tile_count(shapes, sides[-1]))
     for side in sides:
-        stages = memory_model(shapes, replace(options, tile=side), halo, variance)
+        stages = memory_model(shapes, replace(options, tile=side), halo, variance,
+                              catalog=catalog)
         plan = Plan.of(stages, resources, baseline_bytes=DIFFIM_WORKER_BASELINE_BYTES)
         if plan.fits and tile_count(shapes, side) >= wanted:
             return side
@@ -119,12 +125,13 @@ def choose_tile(shapes: list[tuple[int, int]], options: Options, halo: int, vari
 
 
 def run_plan(shapes: list[tuple[int, int]], options: Options, halo: int, variance: bool,
-             resources: Resources, *, bound: int, chosen: bool, choices: object = None) -> Plan:
+             resources: Resources, *, bound: int, chosen: bool, choices: object = None,
+             catalog: bool = True) -> Plan:
     """The plan of a run over pairs of ``shapes`` with ``options`` (its tile) and a halo of
     ``halo`` pixels, for ``resources``: its stages, a note naming the tile (``chosen``: the
     plan chose it) and the halo (the ``bound`` before the PSFs are known), the diffim
     worker's baseline, and ``choices`` with the tile in its config."""
-    stages = memory_model(shapes, options, halo, variance)
+    stages = memory_model(shapes, options, halo, variance, catalog=catalog)
     notes = [f"pairs: {len(shapes)}; tile {options.tile} px"
              + (" (the plan's choice)" if chosen else "") + f"; halo {halo} px a side"
              + (" (the bound before the PSFs are known)" if halo == bound else "")]

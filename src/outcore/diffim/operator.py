@@ -1,4 +1,4 @@
-"""The dask graph of a difference-imaging run: pairs -> models -> tiles -> catalog and stores.
+"""The dask graph of difference imaging: pairs -> models -> tiles -> images and catalog.
 
 Every pair is its own chain of tasks, so the scheduler hands the next ready task, of any
 pair, to whichever worker is idle (no fixed shard of pairs per worker):
@@ -6,24 +6,28 @@ pair, to whichever worker is idle (no fixed shard of pairs per worker):
 1. ``diffim-survey`` tasks, one per survey block of each image, then one ``diffim-model``
    task per pair (``prepare.build_model``) and one ``diffim-noise`` task that measures its
    noise scale on a sample window (``calibrate``). The models are small; they come back to the
-   client, which raises the first pair's error (too few stars, ...) before any tile runs
-   and checks the exact memory plan of the tiles.
-2. ``diffim-tile`` tasks, one per tile of each pair (``tile.process_tile``). With a
-   ``store`` each writes its core of ``D``, ``V_D`` and ``S_corr`` into that zarr group
-   (chunks = tiles, so no two tasks share a chunk) and keeps only its candidates, cutouts
-   and preview; a pair larger than a worker's memory thus streams through its tiles.
-3. The catalog is gathered from the tiles' results one storage chunk at a time
-   (``tile_table``, ``table_columns``); the cutouts are built lazily from them (``cutouts``)
-   and the previews drawn on the workers, never all on the client.
+   client (``compute_models``), which raises the first pair's error (too few stars, ...)
+   before any tile runs and checks the exact memory plan of the tiles.
+2. ``diffim-tile`` tasks, one per tile of each pair (``tile.run_tile``: subtract, detect,
+   measure). With a ``store`` (``create_store``: ``difference.zarr``) each writes its core
+   of ``D``, ``V_D`` and ``S_corr`` there (chunks = tiles, so no two tasks share a chunk)
+   and keeps only its candidates and cutouts; a pair larger than a worker's memory thus
+   streams through its tiles.
+3. ``sources`` and ``cutouts`` are lazy Datasets over the tiles' results held on the
+   cluster: nothing of the catalog comes to the client until it is computed, one storage
+   chunk at a time when it is written.
 
-``difference`` gives the same images as lazy dask arrays (one chunk per tile) for use from
-Python, computed by the same tile tasks.
+``pair_difference`` gives one pair's images as lazy dask arrays, one chunk per
+``diffim-image`` task (``tile.tile_images``: the tile's window and numbers without its
+detections); ``difference_dataset`` is the layout both it and ``difference.zarr`` have.
+``catalog_pairs`` is the whole catalog of a few pairs as a pandas DataFrame (tests, demo).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import dask
 import dask.array as da
@@ -31,12 +35,13 @@ import distributed
 import numpy as np
 import pandas as pd
 import xarray as xr
-import zarr
 from dask.base import tokenize
 from dask.delayed import Delayed
 
+from outcore.diffim import wcs
 from outcore.diffim.calibrate import calibrate
 from outcore.diffim.manifest import Pair
+from outcore.diffim.memory import TABLE_CHUNK
 from outcore.diffim.prepare import (
     SURVEY_BOXES,
     Options,
@@ -53,9 +58,28 @@ from outcore.diffim.tile import (
     INTEGER_COLUMNS,
     TileResult,
     run_tile,
+    tile_images,
 )
 from outcore.errors import OutcoreError
-from outcore.io.store import COMPRESSOR
+from outcore.io.store import COMPRESSOR, consolidate, zarr_strings
+
+#: What the images of ``difference.zarr`` and of ``difference`` hold, with their units.
+IMAGE_ATTRS = {
+    "difference": {"long_name": "ZOGY difference D", "units": "background sigma"},
+    "variance": {"long_name": "variance of D, per pixel", "units": "background sigma^2"},
+    "score": {"long_name": "S_corr, the matched-filter score over its local noise (NaN where "
+                           "excluded: within the kernels' reach of an edge or bad pixel)",
+              "units": "sigma"},
+}
+#: Units of the sources' columns (the others are counts, flags or plain numbers).
+SOURCE_UNITS = {
+    "x": "pixel", "y": "pixel", "ra": "deg", "dec": "deg", "flux": "reference image unit",
+    "flux_err": "reference image unit", "x_pos": "pixel", "y_pos": "pixel", "x_neg": "pixel",
+    "y_neg": "pixel", "flux_pos": "reference image unit", "flux_neg": "reference image unit",
+    "x_pos_err": "pixel", "y_pos_err": "pixel", "x_neg_err": "pixel", "y_neg_err": "pixel",
+    "flux_pos_err": "reference image unit", "flux_neg_err": "reference image unit",
+    "center_x": "pixel", "center_y": "pixel", "mag": "mag", "mag_err": "mag",
+}
 
 
 def _key(prefix: str, *args: object) -> str:
@@ -85,8 +109,8 @@ def model_graph(pairs: Sequence[Pair], options: Options) -> list[Delayed]:
     return models
 
 
-def compute_models(client: distributed.Client | None, pairs: Sequence[Pair],
-                   options: Options) -> list[PairModel]:
+def compute_models(pairs: Sequence[Pair], options: Options,
+                   client: distributed.Client | None = None) -> list[PairModel]:
     """The models of every pair, computed on ``client`` (or dask's local scheduler); raises
     the first pair's error as an ``OutcoreError``, naming how many pairs failed."""
     graph = model_graph(pairs, options)
@@ -101,63 +125,102 @@ def compute_models(client: distributed.Client | None, pairs: Sequence[Pair],
 
 
 def tile_graph(pairs: Sequence[Pair], models: Sequence[PairModel], options: Options,
-               store: str | None = None) -> list[tuple[int, tuple[int, int, int, int],
-                                                        Delayed]]:
-    """``(item_index, core, delayed TileResult)`` of every tile of every pair, in order."""
+               store: str | None = None, keep_images: bool = True
+               ) -> list[tuple[int, tuple[int, int, int, int], Delayed]]:
+    """``(item_index, core, delayed TileResult)`` of every tile of every pair, in order
+    (``tile.run_tile``: with ``store`` the images go there; else they are kept in the
+    results with ``keep_images``)."""
     out = []
     for index, (pair, model) in enumerate(zip(pairs, models, strict=True)):
         for core in blocks(pair.shape, options.tile):
             task = dask.delayed(run_tile)(
-                pair, model, index, core, options, store,
-                dask_key_name=_key("diffim-tile", pair, model, index, core, options, store))
+                pair, model, index, core, options, store, keep_images,
+                dask_key_name=_key("diffim-tile", pair, model, index, core, options, store,
+                                   keep_images))
             out.append((index, core, task))
     return out
 
 
-def create_store(path: Path, pairs: Sequence[Pair], models: Sequence[PairModel],
-                 options: Options) -> None:
-    """The empty ``difference.zarr`` group: per item ``difference``, ``variance``, ``score``
-    ``(y, x)`` float32 in tile-sized chunks, ``psf_difference`` and the model in attrs."""
-    root = zarr.open_group(path, mode="w-", zarr_format=3)
-    root.attrs.update({"outcore_operator": "diffim", "items": [p.item_id for p in pairs]})
-    docs = {"difference": "ZOGY difference D (unit background variance)",
-            "variance": "per-pixel variance of D",
-            "score": "S_corr, the matched-filter score over its local noise (NaN where "
-                     "excluded: within the kernel half width of an edge or bad pixel)"}
-    for pair, model in zip(pairs, models, strict=True):
-        group = root.create_group(pair.item_id)
-        group.attrs.update(model.summary() | {"item_id": pair.item_id,
-                                              "shape": list(pair.shape)})
-        chunks = (min(options.tile, pair.shape[0]), min(options.tile, pair.shape[1]))
-        for name in IMAGES_OUT:
-            array = group.create_array(name, shape=pair.shape, chunks=chunks, dtype="float32",
-                                       compressors=(COMPRESSOR,), fill_value=np.nan,
-                                       dimension_names=("y", "x"))
-            array.attrs["long_name"] = docs[name]
-        psf = group.create_array("psf_difference", shape=model.kernels.psf_d.shape,
-                                 dtype="float64", dimension_names=("psf_y", "psf_x"))
-        psf[...] = model.kernels.psf_d
+def pair_facts(pair: Pair, model: PairModel, registration: Any = None) -> dict[str, Any]:
+    """The JSON-ready facts of a pair: its model's summary, its shape, the halo its tiles
+    read (pixels), the reference's WCS (``wcs.cards``, None without one) and, for a
+    registered target, its registration."""
+    facts = model.summary() | {"shape": list(pair.shape), "halo": model.halo,
+                               "wcs": wcs.cards(pair.wcs_header)}
+    if registration is not None:
+        facts["registration"] = registration.summary()
+    return facts
 
 
-def difference(pair: Pair, model: PairModel, options: Options, item_index: int = 0,
-               tiles: list | None = None) -> xr.Dataset:
+def result_attrs(pairs: Sequence[Pair], facts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The attrs of a result: each pair's facts by item_id, and the reference's WCS cards as
+    ``wcs`` when every pair has the same one (one pair, a series)."""
+    attrs: dict[str, Any] = {"outcore_operator": "diffim",
+                             "pairs": {p.item_id: f for p, f in zip(pairs, facts, strict=True)}}
+    shared = {str(f["wcs"]) for f in facts}
+    if len(shared) == 1 and facts[0]["wcs"] is not None:
+        attrs["wcs"] = facts[0]["wcs"]
+    return attrs
+
+
+def difference_dataset(pairs: Sequence[Pair], models: Sequence[PairModel],
+                       images: Sequence[Mapping[str, da.Array]],
+                       attrs: dict[str, Any]) -> xr.Dataset:
+    """The layout of ``difference.zarr`` and of ``difference``: ``IMAGE_ATTRS``'s images
+    ``(pair, y, x)`` (each pair's own ``images``, ``(ny, nx)`` dask arrays; a smaller pair is
+    padded with NaN to the largest), ``psf_difference (pair, psf_y, psf_x)`` (``P_D``, zero
+    beyond a pair's own stamp), pixel coordinates ``y``, ``x`` and the offsets ``psf_y``,
+    ``psf_x`` from the PSF's centre, ``pair`` the item_ids; ``attrs`` as given."""
+    parts = []
+    for pair, model, arrays in zip(pairs, models, images, strict=True):
+        half = model.kernels.psf_d.shape[0] // 2
+        offsets = np.arange(-half, half + 1)
+        parts.append(xr.Dataset(
+            {name: (("y", "x"), arrays[name], IMAGE_ATTRS[name]) for name in IMAGES_OUT}
+            | {"psf_difference": (("psf_y", "psf_x"), model.kernels.psf_d,
+                                  {"long_name": "P_D, the PSF of D (unit sum)"})},
+            coords={"pair": pair.item_id, "y": np.arange(pair.shape[0]),
+                    "x": np.arange(pair.shape[1]), "psf_y": offsets, "psf_x": offsets}))
+    out = xr.concat(parts, dim="pair", join="outer", combine_attrs="override",
+                    fill_value={"psf_difference": 0.0} | {name: np.nan for name in IMAGES_OUT})
+    for name, doc in (("y", "row of the reference's pixel grid, from 0"),
+                      ("x", "column of the reference's pixel grid, from 0"),
+                      ("psf_y", "row from the PSF's centre"),
+                      ("psf_x", "column from the PSF's centre")):
+        out[name].attrs.update(description=doc, units="pixel")
+    out["pair"].attrs["description"] = "item_id of the pair"
+    return out.assign_attrs(attrs)
+
+
+def pair_difference(pair: Pair, model: PairModel, options: Options) -> dict[str, da.Array]:
     """The lazy ``difference``, ``variance`` and ``score`` images of one pair, one dask chunk
-    per tile (each computed by its tile task)."""
-    tiles = tiles or tile_graph([pair], [model], options)
+    per tile, each computed by one ``diffim-image`` task (``tile.tile_images``)."""
     rows: dict[int, list] = {}
-    for _, core, task in tiles:
+    for core in blocks(pair.shape, options.tile):
+        task = dask.delayed(tile_images)(pair, model, core, options,
+                                         dask_key_name=_key("diffim-image", pair, model, core,
+                                                            options))
         rows.setdefault(core[0], []).append((core, task))
-    data = {}
+    return {name: da.block([[da.from_delayed(task[name], dtype=np.float32,
+                                             shape=(core[1] - core[0], core[3] - core[2]))
+                             for core, task in row] for _, row in sorted(rows.items())])
+            for name in IMAGES_OUT}
+
+
+def create_store(path: Path, pairs: Sequence[Pair], models: Sequence[PairModel],
+                 options: Options, attrs: dict[str, Any]) -> None:
+    """The empty ``difference.zarr`` at ``path`` (``difference_dataset``'s layout): its
+    images ``(pair, y, x)`` float32, NaN until the tiles write them, in chunks of one tile of
+    one pair; coordinates, ``psf_difference`` and ``attrs`` written, metadata consolidated."""
+    images = [{name: da.full(p.shape, np.nan, dtype=np.float32, chunks=options.tile)
+               for name in IMAGES_OUT} for p in pairs]
+    ds = zarr_strings(difference_dataset(pairs, models, images, attrs))
+    side = (min(options.tile, ds.sizes["y"]), min(options.tile, ds.sizes["x"]))
     for name in IMAGES_OUT:
-        grid = [[da.from_delayed(dask.delayed(_image)(task, name),
-                                 shape=(core[1] - core[0], core[3] - core[2]), dtype=np.float32)
-                 for core, task in row] for _, row in sorted(rows.items())]
-        data[name] = (("y", "x"), da.block(grid))
-    return xr.Dataset(data, attrs=model.summary() | {"item_id": pair.item_id})
-
-
-def _image(result: TileResult, name: str) -> np.ndarray:
-    return result.images[name]
+        ds[name] = ds[name].chunk({"pair": 1, "y": side[0], "x": side[1]})
+        ds[name].encoding = {"chunks": (1, *side), "compressors": (COMPRESSOR,)}
+    ds.to_zarr(path, mode="w-", zarr_format=3, consolidated=False, compute=False)
+    consolidate(path)
 
 
 def tile_table(result: TileResult) -> np.ndarray:
@@ -165,20 +228,51 @@ def tile_table(result: TileResult) -> np.ndarray:
     return result.table
 
 
+def tile_count(result: TileResult) -> int:
+    """The candidates of a tile's result."""
+    return result.count
+
+
 def _cutouts(result: TileResult) -> np.ndarray:
     return result.cutouts
+
+
+def _typed(name: str, column: Any) -> Any:
+    """A packed column (numpy or dask, float64) as its type: int64 for ``INTEGER_COLUMNS``,
+    bool for ``BOOL_COLUMNS``, else as it is."""
+    return (column.astype(np.int64) if name in INTEGER_COLUMNS
+            else column.astype(bool) if name in BOOL_COLUMNS else column)
 
 
 def table_columns(table: np.ndarray, item_ids: Sequence[str]) -> dict[str, np.ndarray]:
     """The typed columns of packed candidate rows ``(n, len(COLUMNS))``: ``COLUMNS`` (int64
     for ``INTEGER_COLUMNS``, bool for ``BOOL_COLUMNS``, else float64), then ``item_id``."""
-    out = {}
-    for j, name in enumerate(COLUMNS):
-        column = table[:, j]
-        out[name] = (column.astype(np.int64) if name in INTEGER_COLUMNS
-                     else column.astype(bool) if name in BOOL_COLUMNS else column)
-    out["item_id"] = np.asarray(item_ids, dtype=object)[out["item_index"]].astype(str)
+    out = {name: _typed(name, table[:, j]) for j, name in enumerate(COLUMNS)}
+    out["item_id"] = _item_ids(table[:, 0], tuple(item_ids))
     return out
+
+
+def sources(futures: Sequence, counts: Sequence[int], item_ids: Sequence[str],
+            attrs: dict[str, Any]) -> xr.Dataset:
+    """The lazy catalog over the tiles' results (``futures``, with ``counts`` rows each):
+    ``table_columns``'s columns along ``source``, in tile order, in chunks of
+    ``memory.TABLE_CHUNK`` rows (as ``sources.zarr`` stores them), with their units
+    (``SOURCE_UNITS``) and ``attrs``."""
+    parts = [da.from_delayed(dask.delayed(tile_table)(f), shape=(n, len(COLUMNS)),
+                             dtype=np.float64) for f, n in zip(futures, counts, strict=True) if n]
+    packed = (da.concatenate(parts).rechunk((min(TABLE_CHUNK, sum(counts)), -1)) if parts
+              else da.zeros((0, len(COLUMNS)), chunks=(1, -1)))
+    data = {name: ("source", _typed(name, packed[:, j]),
+                   {"units": SOURCE_UNITS[name]} if name in SOURCE_UNITS else {})
+            for j, name in enumerate(COLUMNS)}
+    data["item_id"] = ("source", packed[:, 0].map_blocks(
+        _item_ids, tuple(item_ids), dtype=f"<U{max(map(len, item_ids))}"))
+    return xr.Dataset(data, attrs=attrs)
+
+
+def _item_ids(index: np.ndarray, item_ids: tuple[str, ...]) -> np.ndarray:
+    """The item_id of each row's ``item_index``."""
+    return np.asarray(item_ids)[index.astype(np.int64)]
 
 
 def cutouts(tiles: Sequence, counts: Sequence[int], catalog: xr.Dataset,
@@ -205,14 +299,16 @@ def cutouts(tiles: Sequence, counts: Sequence[int], catalog: xr.Dataset,
                "images_long_name": "cutouts of the ZOGY difference D"})
 
 
-def catalog(pairs: Sequence[Pair], options: Options | None = None,
-            client: distributed.Client | None = None) -> tuple[list[PairModel], pd.DataFrame]:
+def catalog_pairs(pairs: Sequence[Pair], options: Options | None = None,
+                  client: distributed.Client | None = None
+                  ) -> tuple[list[PairModel], pd.DataFrame]:
     """Models and the whole catalog (a pandas DataFrame, one row per source, ``COLUMNS`` plus
-    ``item_id``) of a few pairs, computed on ``client`` or dask's local scheduler: for
-    notebooks and tests; the CLI streams the same tables into stores instead."""
+    ``item_id``) of a few checked pairs, computed on ``client`` or dask's local scheduler:
+    the pair-level twin of ``outcore.diffim.catalog`` (the same tiles), for tests and the
+    demo."""
     options = options or Options()
-    models = compute_models(client, pairs, options)
-    tasks = [task for _, _, task in tile_graph(pairs, models, options)]
+    models = compute_models(pairs, options, client)
+    tasks = [task for _, _, task in tile_graph(pairs, models, options, keep_images=False)]
     results = client.gather(client.compute(tasks)) if client else list(dask.compute(*tasks))
     table = np.concatenate([r.table for r in results]) if results else np.empty(
         (0, len(COLUMNS)))

@@ -166,12 +166,13 @@ class PairModel:
         return self.margin + self.kernels.half_width
 
     def summary(self) -> dict:
-        """JSON-ready facts of the model for summary.json."""
+        """JSON-ready facts of the model for summary.json and a result's attrs (``f_d`` and
+        ``zeropoint`` unrounded: forced photometry and magnitudes read them)."""
         return {"sigma_reference": round(self.sigma[0], 6),
                 "sigma_target": round(self.sigma[1], 6),
                 "flux_ratio": round(self.flux_ratio, 6),
                 "flux_ratio_source": self.flux_ratio_source,
-                "zeropoint": None if math.isnan(self.zeropoint) else round(self.zeropoint, 6),
+                "zeropoint": None if math.isnan(self.zeropoint) else self.zeropoint,
                 "zeropoint_source": self.zeropoint_source,
                 "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
                 "matched_stars": self.matched_stars,
@@ -181,8 +182,8 @@ class PairModel:
                 "noise_spread": self.noise_scale,
                 "noise_factors": (dict(zip(("difference", "score"), self.kernels.noise,
                                            strict=True)) if self.kernels else None),
-                "fwhm_difference_psf": round(self.fwhm_d, 4), "f_d": (
-                    round(self.kernels.f_d, 8) if self.kernels else None)}
+                "fwhm_difference_psf": round(self.fwhm_d, 4),
+                "f_d": self.kernels.f_d if self.kernels else None}
 
 
 def _concat_stars(parts: list[dict]) -> dict[str, np.ndarray]:
@@ -243,8 +244,8 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
                              error=(f"{where}: only {count} isolated stars with S/N >= "
                                     f"{least_star_snr(options):g} were found in the {name}, too "
                                     f"few to measure its PSF (at least {psfs.MIN_PSF_STARS}).",
-                                    f'give "{name}_psf" (a FITS or .npy stamp) in the manifest'
-                                    f" (--{name}-psf), or lower --star-snr."))
+                                    f"give {name}_psf= (a stamp; manifest: \"{name}_psf\","
+                                    " a FITS or .npy file), or lower star_snr=."))
         chosen = found if options.star_snr else psfs.brightest(found, STAR_SNR,
                                                                  psfs.MIN_PSF_STARS)
         psf.append(psfs.stack_psf(chosen))
@@ -262,8 +263,8 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
                                     f"{least_star_snr(options):g} were found in both images, "
                                     f"too few to measure the flux ratio (at least "
                                     f"{MIN_RATIO_STARS}).",
-                                    'give "flux_ratio" in the manifest (--flux-ratio), or '
-                                    "lower --star-snr."))
+                                    "give flux_ratio= (manifest: \"flux_ratio\"), or "
+                                    "lower star_snr=."))
         fr = psfs.star_flux({k: v[i] for k, v in ref.items()}, psf[0])
         fn = psfs.star_flux({k: v[j] for k, v in new.items()}, psf[1])
         ratio, ratio_source = float(np.median(fn / fr)), "measured"

@@ -146,7 +146,7 @@ def fit(reference: np.ndarray, target: np.ndarray, where: str) -> Registration:
             f"({len(reference)} and {len(target)} bright stars found), too few to register "
             f"them (at least {MIN_MATCHED}).",
             "check that both images show the same field; if they are already on one pixel "
-            "grid, use --aligned (manifest: \"aligned\": true) instead.")
+            "grid, give aligned=True (manifest: \"aligned\": true) instead.")
 
     if min(len(reference), len(target)) < MIN_MATCHED:
         refuse(0)
@@ -228,7 +228,7 @@ def registered(pair: Pair, registration: Registration) -> Pair:
                    RegisteredImage(variance, registration, pair.shape, order=1))
 
 
-def register_pairs(client: distributed.Client | None, pairs: Sequence[Pair]
+def register_pairs(pairs: Sequence[Pair], client: distributed.Client | None = None
                    ) -> tuple[list[Pair], dict[str, Registration]]:
     """The pairs with every ``stars`` pair's target registered (``registered``), and the
     registrations by item_id; computed on ``client`` (or dask's local scheduler)."""

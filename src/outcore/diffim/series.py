@@ -52,8 +52,9 @@ def check_series(pairs: Sequence[Pair]) -> None:
     for pair in pairs[1:]:
         if (pair.reference.path, pair.reference.hdu) != (first.path, first.hdu):
             raise OutcoreError(
-                f"--lightcurves: item {pair.item_id!r} has the reference {pair.reference.path}"
-                f" but item {pairs[0].item_id!r} has {first.path}; a series has one reference.",
+                f"Light curves (lightcurves=True) need one reference: item {pair.item_id!r} has"
+                f" the reference {pair.reference.path} but item {pairs[0].item_id!r} has"
+                f" {first.path}.",
                 "give every item the same reference, or run each reference's items apart.")
 
 
@@ -68,9 +69,10 @@ def epoch_times(pairs: Sequence[Pair], key: str | None = None) -> tuple[np.ndarr
         key = next((k for k in TIME_KEYS if k in headers[0]), None)
         if key is None:
             raise OutcoreError(
-                f"--lightcurves: the target of item {pairs[0].item_id!r} has none of the time "
+                f"Light curves (lightcurves=True) need each target's time: the target of item"
+                f" {pairs[0].item_id!r} has none of the time "
                 f"keywords {', '.join(TIME_KEYS)}.",
-                "name the header keyword that holds each exposure's time with --time-key.")
+                "name the header keyword that holds each exposure's time: time_key=.")
     times = []
     for pair, header in zip(pairs, headers, strict=True):
         value = header.get(key)
@@ -81,9 +83,10 @@ def epoch_times(pairs: Sequence[Pair], key: str | None = None) -> tuple[np.ndarr
         if not math.isfinite(time):
             found = f"no {key} keyword" if value is None else f"{key} = {value!r}, not a time"
             raise OutcoreError(
-                f"--lightcurves: the target of item {pair.item_id!r} ({pair.target.path}) has "
+                f"Light curves (lightcurves=True) need each target's time: the target of item"
+                f" {pair.item_id!r} ({pair.target.path}) has "
                 f"{found}.",
-                f"give a --time-key that every target has as a number (tried {key}).")
+                f"give a time_key= that every target has as a number (tried {key}).")
         times.append(time)
     return np.array(times), key
 
@@ -121,19 +124,22 @@ def sources(catalog: pd.DataFrame, min_detections: int) -> pd.DataFrame:
     return found.reset_index(drop=True).rename_axis("source_id").reset_index()
 
 
-def forced_photometry(store: str | Path, item_id: str, x: np.ndarray, y: np.ndarray,
+def forced_photometry(store: str | Path, index: int, shape: tuple[int, int],
+                      facts: dict, x: np.ndarray, y: np.ndarray,
                       stamp: int) -> dict[str, np.ndarray]:
-    """PSF photometry of ``D`` at pixels ``(x, y)`` of one item of ``difference.zarr``: the
-    flux ``a`` of ``F_D P_D`` placed there (``measure.psf_photometry``, reference units),
-    its error, chi2 and dof; NaN where the stamp holds no good pixel. The images are read
-    one band of storage chunk rows at a time (with the stamps' reach above and below)."""
-    group = zarr.open_group(str(store), path=item_id, mode="r")
-    ny, nx = group["difference"].shape
+    """PSF photometry of ``D`` at pixels ``(x, y)`` of pair ``index`` of ``difference.zarr``
+    (its own ``shape``; ``facts``, its entry of the store's ``pairs`` attrs, give ``f_d`` and
+    the half width of ``P_D``): the flux ``a`` of ``F_D P_D`` placed there
+    (``measure.psf_photometry``, reference units), its error, chi2 and dof; NaN where the
+    stamp holds no good pixel. The images are read one band of storage chunk rows at a time
+    (with the stamps' reach above and below)."""
+    root = zarr.open_group(str(store), mode="r")
+    ny, nx = shape
     half = stamp // 2
     images = np.zeros((len(x), stamp, stamp))
     variance = np.zeros((len(x), stamp, stamp))
     cx, cy = np.rint(x).astype(int), np.rint(y).astype(int)
-    band = group["difference"].chunks[0]
+    band = root["difference"].chunks[1]
     for b0 in range(0, ny, band):
         rows = np.flatnonzero((cy >= b0) & (cy < b0 + band))
         if rows.size == 0:
@@ -142,33 +148,38 @@ def forced_photometry(store: str | Path, item_id: str, x: np.ndarray, y: np.ndar
         window = {name: np.full((r1 - r0 + 2 * half, nx + 2 * half), np.nan)
                   for name in ("difference", "variance")}
         for name, pad in window.items():
-            pad[half: half + r1 - r0, half: half + nx] = group[name][r0:r1, :]
+            pad[half: half + r1 - r0, half: half + nx] = root[name][index, r0:r1, :nx]
         for k in rows:
             cut = np.s_[cy[k] - r0: cy[k] - r0 + stamp, cx[k]: cx[k] + stamp]
             images[k] = window["difference"][cut]
             variance[k] = window["variance"][cut]
     mask = ~(np.isfinite(images) & np.isfinite(variance) & (variance > 0))
     offsets = np.column_stack([x - cx, y - cy])
-    out = psf_photometry(images, variance, mask, offsets, np.asarray(group["psf_difference"]),
-                         float(group.attrs["f_d"]))
+    psf = np.asarray(root["psf_difference"][index])
+    middle, reach = psf.shape[0] // 2, facts["kernel_half_width"]
+    psf = psf[middle - reach: middle + reach + 1, middle - reach: middle + reach + 1]
+    out = psf_photometry(images, variance, mask, offsets, psf, float(facts["f_d"]))
     return {k: out[k] for k in ("flux", "flux_err", "chi2", "dof")}
 
 
 def lightcurves(client: distributed.Client | None, store: str | Path, pairs: Sequence[Pair],
                 catalog: pd.DataFrame, times: np.ndarray, time_key: str, stamp: int,
-                min_detections: int, zeropoints: Sequence[float]) -> pd.DataFrame:
+                min_detections: int, facts: dict) -> pd.DataFrame:
     """The light-curve table (``COLUMNS``, one row per variable source and pair, by source
     then time): one forced-photometry task per pair on ``client`` (or dask's scheduler);
-    ``zeropoints`` are the pairs' (of the reference's units: NaN gives no magnitudes)."""
+    ``facts`` are the pairs' (the ``pairs`` attrs of ``difference.zarr``: its ``zeropoint``,
+    of the reference's units, None giving no magnitudes)."""
     found = sources(catalog, min_detections)
     x, y = found["x"].to_numpy(), found["y"].to_numpy()
-    tasks = [dask.delayed(forced_photometry)(str(store), p.item_id, x, y, stamp,
-                                             dask_key_name=f"diffim-forced-{p.item_id}")
-             for p in pairs]
+    tasks = [dask.delayed(forced_photometry)(str(store), k, p.shape, facts[p.item_id], x, y,
+                                             stamp, dask_key_name=f"diffim-forced-{p.item_id}")
+             for k, p in enumerate(pairs)]
     results = client.gather(client.compute(tasks)) if client else dask.compute(*tasks)
     rows = []
-    for pair, time, result, zeropoint in zip(pairs, times, results, zeropoints, strict=True):
-        mag, mag_err = magnitudes(result["flux"], result["flux_err"], zeropoint)
+    for pair, time, result in zip(pairs, times, results, strict=True):
+        zeropoint = facts[pair.item_id]["zeropoint"]
+        mag, mag_err = magnitudes(result["flux"], result["flux_err"],
+                                  math.nan if zeropoint is None else zeropoint)
         mag_err = np.where(np.isnan(mag), np.nan, mag_err)
         detected = [pair.item_id in items for items in found["items"]]
         rows.append(pd.DataFrame({
@@ -182,15 +193,15 @@ def lightcurves(client: distributed.Client | None, store: str | Path, pairs: Seq
 
 
 def write_lightcurves(run: Run, client: distributed.Client, pairs: Sequence[Pair],
-                      models: Sequence, times: np.ndarray, time_key: str, stamp: int,
+                      facts: dict, times: np.ndarray, time_key: str, stamp: int,
                       min_detections: int) -> None:
     """``lightcurves.parquet`` and ``lightcurves.png`` of a run whose ``difference.zarr``
     and ``sources.parquet`` are written (under their partial names), and the counts in
-    the summary."""
+    the summary; ``facts``: the pairs' (``lightcurves``)."""
     written = run.outputs()
     catalog = pd.read_parquet(written["sources.parquet"])
     table = lightcurves(client, written["difference.zarr"], pairs, catalog, times, time_key,
-                        stamp, min_detections, [m.zeropoint for m in models])
+                        stamp, min_detections, facts)
     count = int(table["source_id"].nunique())
     parquet = run.add_output("lightcurves.parquet", verify=lambda p: _check_rows(p, len(table)))
     table.to_parquet(parquet, index=False)

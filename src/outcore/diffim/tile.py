@@ -6,13 +6,13 @@ A tile is a core of the image's tile grid. It reads its core plus a halo of
 run's backend) gives ``D``, ``V_D`` and ``S_corr`` on the core plus ``margin``: the region
 in which ``detect`` decides which candidates the core owns, and from which their cutouts
 are cut. The result holds the core's
-images (written by the operator), the packed table of its candidates (``COLUMNS``), their
-cutouts and a preview (every ``step``-th pixel of ``D`` on the image's own grid).
+images (written into ``difference.zarr`` by the task, or kept for the caller), the packed
+table of its candidates (``COLUMNS``) and their cutouts. ``tile_images`` gives the same
+core images without the detections.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,19 +35,16 @@ INTEGER_COLUMNS = ("item_index", "source_id", "dof", "fit_status", "flags", "sco
                    "center_x", "center_y")
 BOOL_COLUMNS = ("is_dipole",)
 IMAGES_OUT = ("difference", "variance", "score")
-#: Longest side of an item's preview (the PNG), pixels.
-PREVIEW_SIDE = 512
 
 
 @dataclass
 class TileResult:
-    """A tile's core images (float32), its candidates, their cutouts and its preview."""
+    """A tile's core images (float32), its candidates and their cutouts."""
 
     core: tuple[int, int, int, int]
     images: dict[str, np.ndarray]
     table: np.ndarray
     cutouts: np.ndarray
-    preview: np.ndarray
 
     @property
     def count(self) -> int:
@@ -94,10 +91,11 @@ def _cut(array: np.ndarray, cy: int, cx: int, half: int, fill: float) -> np.ndar
     return out
 
 
-def process_tile(pair: Pair, model: PairModel, item_index: int,
-                 core: tuple[int, int, int, int], options: Options,
-                 preview_step: int) -> TileResult:
-    """Subtract, detect, cut out and measure the tile ``core`` (y0, y1, x0, x1) of ``pair``."""
+def _subtracted(pair: Pair, model: PairModel, core: tuple[int, int, int, int],
+                options: Options) -> tuple[dict[str, np.ndarray], np.ndarray,
+                                           tuple[int, int], tuple[int, int, int, int]]:
+    """ZOGY's outputs on the region of the tile ``core`` (core plus margin, inside the image),
+    its excluded zone, the region's origin ``(y, x)`` and the core within the region."""
     kernels = model.kernels
     half, margin = kernels.half_width, model.margin
     ny, nx = pair.shape
@@ -110,39 +108,52 @@ def process_tile(pair: Pair, model: PairModel, item_index: int,
     out = subtract(*images, *variances, kernels, options.backend)
     del images, variances
     excluded = detect.excluded_zone(bad, kernels.reach)[half:-half or None, half:-half or None]
-    local_core = (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
+    return out, excluded, (ry0, rx0), (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
+
+
+def _core_images(out: dict[str, np.ndarray], excluded: np.ndarray,
+                 local_core: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
+    """``IMAGES_OUT`` of the core (float32): ``D``, ``V_D`` and ``S_corr``, NaN where
+    excluded."""
+    cut = np.s_[local_core[0]: local_core[1], local_core[2]: local_core[3]]
+    return {"difference": out["difference"][cut].astype(np.float32),
+            "variance": out["variance"][cut].astype(np.float32),
+            "score": np.where(excluded[cut], np.nan, out["score_corr"][cut]).astype(np.float32)}
+
+
+def tile_images(pair: Pair, model: PairModel, core: tuple[int, int, int, int],
+                options: Options) -> dict[str, np.ndarray]:
+    """The core images of the tile ``core`` (y0, y1, x0, x1) of ``pair`` without its
+    detections: the same window and numbers as ``process_tile``'s."""
+    out, excluded, _, local_core = _subtracted(pair, model, core, options)
+    return _core_images(out, excluded, local_core)
+
+
+def process_tile(pair: Pair, model: PairModel, item_index: int,
+                 core: tuple[int, int, int, int], options: Options) -> TileResult:
+    """Subtract, detect, cut out and measure the tile ``core`` (y0, y1, x0, x1) of ``pair``."""
+    out, excluded, origin, local_core = _subtracted(pair, model, core, options)
     found = detect.find_candidates(out["score_corr"], excluded, local_core, options.threshold,
                                    model.peak_radius, model.dipole_radius)
-    table, cutouts = _measure(found, out, excluded, model, item_index, (ry0, rx0), options,
-                              pair)
-    core_cut = np.s_[local_core[0]: local_core[1], local_core[2]: local_core[3]]
-    score_out = np.where(excluded, np.nan, out["score_corr"])
-    core_images = {"difference": out["difference"][core_cut].astype(np.float32),
-                   "variance": out["variance"][core_cut].astype(np.float32),
-                   "score": score_out[core_cut].astype(np.float32)}
-    first_y = -(-cy0 // preview_step) * preview_step - cy0
-    first_x = -(-cx0 // preview_step) * preview_step - cx0
-    preview = core_images["difference"][first_y::preview_step, first_x::preview_step].copy()
-    return TileResult(core, core_images, table, cutouts, preview)
-
-
-def preview_step(shape: tuple[int, int]) -> int:
-    """The pixel step of an item's preview, so its longest side is at most PREVIEW_SIDE."""
-    return max(1, math.ceil(max(shape) / PREVIEW_SIDE))
+    table, cutouts = _measure(found, out, excluded, model, item_index, origin, options, pair)
+    return TileResult(core, _core_images(out, excluded, local_core), table, cutouts)
 
 
 def run_tile(pair: Pair, model: PairModel, item_index: int, core: tuple[int, int, int, int],
-             options: Options, store: str | None) -> TileResult:
-    """``process_tile`` (the task of the graph); with ``store`` (a zarr group holding one
-    group per item) the core's images are written there and dropped from the result."""
-    result = process_tile(pair, model, item_index, core, options, preview_step(pair.shape))
+             options: Options, store: str | None = None, keep_images: bool = True
+             ) -> TileResult:
+    """``process_tile`` (the task of the graph). With ``store`` (a ``difference.zarr``: its
+    arrays ``(pair, y, x)``) the core's images are written there at ``item_index``; they are
+    kept in the result only with ``keep_images`` and no ``store``."""
+    result = process_tile(pair, model, item_index, core, options)
     if store is not None:
         import zarr
 
         y0, y1, x0, x1 = core
-        group = zarr.open_group(store, mode="r+", path=pair.item_id)
         for name in IMAGES_OUT:
-            group[name][y0:y1, x0:x1] = result.images[name]
+            zarr.open_array(store, path=name, mode="r+")[item_index, y0:y1, x0:x1] = \
+                result.images[name]
+    if store is not None or not keep_images:
         result.images = {}
     return result
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import distributed
 
-from outcore import io
 from outcore.ptycho.preprocessing.pipeline import preprocess
 from outcore.ptycho.preprocessing.store import open_preprocessed, save_preprocessed
 from outcore.ptycho.reconstruction.quality import truth_error
 from outcore.ptycho.reconstruction.run import reconstruct
-from outcore.ptycho.simulate import open_truth, simulate_stack
+from outcore.ptycho.simulation import open_truth, simulate
 from outcore.runs import Run
 
 
@@ -19,13 +18,14 @@ def run_stage(run: Run, client: distributed.Client, scan_side: int) -> None:
     and reconstruct object and probe data-parallel on the cluster; record the object's error
     against the truth and the seconds per iteration."""
     iterations = 30
-    sim = simulate_stack((scan_side, scan_side), detector=32, step=5, jitter=1, seed=1)
+    sim = simulate((scan_side, scan_side), detector=32, step=5, jitter=1, seed=1)
     stack, truth = sim.save(run.add_output("ptycho-stack.zarr"),
-                            run.add_output("ptycho-stack.truth.zarr"))
-    pre_path = save_preprocessed(preprocess(io.open(stack), source=str(stack)),
+                            run.add_output("ptycho-stack.truth.zarr"), client=client)
+    pre_path = save_preprocessed(preprocess(stack, client=client),
                                  run.add_output("ptycho-preprocessed.zarr"))
     with run.timing("ptycho_reconstruct"):
-        recon = reconstruct(pre_path, iterations=iterations, batch_size=32, client=client)
+        recon = reconstruct(pre_path, iterations=iterations, batch_size=32, backend="numpy",
+                            client=client)
     error = truth_error(recon, open_truth(truth), open_preprocessed(pre_path))
     run.metric(ptycho_reconstruct={
         "positions": scan_side**2, "iterations": iterations, "object_error": error,

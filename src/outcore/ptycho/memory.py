@@ -34,7 +34,7 @@ from outcore.plan import C64, C128, F32, F64, TaskMemory, zarr_read_bytes
 
 if TYPE_CHECKING:
     from outcore.ptycho.preprocessing.scan import Setup
-    from outcore.ptycho.simulate import Simulation
+    from outcore.ptycho.simulation import Simulation
 
 
 #: Resident memory of a worker process that has run reconstruction steps, bytes: 356-359 MiB

@@ -32,7 +32,8 @@ def wavelength_of(attrs: dict[str, Any]) -> float:
     raise LayoutError(
         f"The stack has neither wavelength [m] nor energy [eV] in its attrs "
         f"({sorted(attrs)}).",
-        "set one, e.g. ds.attrs['energy'] = 8000.0, or --attr energy=8000 in outcore convert.",
+        "set one, e.g. stack.attrs['energy'] = 8000.0, or convert the file with "
+        "attrs={'energy': 8000}.",
     )
 
 
@@ -50,7 +51,8 @@ def reciprocal_pixel_of(attrs: dict[str, Any], wavelength: float) -> float:
             "The stack has no reciprocal_pixel_size [1/m] and not both detector_pixel_size "
             f"[m] and detector_distance [m] in its attrs ({sorted(attrs)}).",
             "set reciprocal_pixel_size, or the detector pixel pitch and the sample-detector "
-            "distance (--attr in outcore convert).",
+            "distance, e.g. attrs={'reciprocal_pixel_size': 1.5e6} when converting the "
+            "file.",
         )
     return value
 

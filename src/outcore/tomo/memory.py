@@ -309,6 +309,12 @@ def filter_row_bytes(nu: int, cone: bool, itemsize: int = 4) -> int:
     return itemsize * size + 2 * itemsize * (size // 2 + 1) + (itemsize * nu if cone else 0)
 
 
+def read_stages(store_chunks: tuple[int, int]) -> list[TaskMemory]:
+    """The reads of the input store (``store_chunks``: how many chunks, bytes of one)."""
+    count, size = store_chunks
+    return [TaskMemory("read-projections", count, size, size, read_bytes=size)] if count else []
+
+
 def method_stages(projector: Projector, method: str,
                   store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
     """Tasks of ``method`` besides the projector's own: phantom blocks (``simulate``), the
@@ -325,8 +331,7 @@ def method_stages(projector: Projector, method: str,
         return [TaskMemory("phantom", n_slabs, 0, slab * item, transient_bytes=4 * F64 * slab),
                 TaskMemory("write-projections", n_chunks, chunk * item, chunk * item,
                            write_bytes=chunk * item)]
-    reads = [TaskMemory("read-projections", store_chunks[0], store_chunks[1],
-                        store_chunks[1], read_bytes=store_chunks[1])] if store_chunks[0] else []
+    reads = read_stages(store_chunks)
     if method == "fbp":
         return reads + [TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
                                    transient_bytes=views * rows * filter_row_bytes(
@@ -383,3 +388,54 @@ def method_plan(projector: Projector, method: str, resources: Resources,
     held = state_bytes(projector, method, resources.workers) if state == "memory" else 0
     return Plan.of([*extra, *stages(projector, method, store_chunks)], resources,
                    baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)
+
+
+# --- gridrec ------------------------------------------------------------------------------------
+
+#: Bytes per polar sample that ducc0's NUFFT plan holds (its copy of the coordinates and
+#: their sorted index; 12-16 measured with VmHWM at 2-4 million samples).
+GRIDREC_PLAN_BYTES = 16
+#: Largest oversampling of the NUFFT's fine grid on the host (``kernels.cpu``'s
+#: ``GRIDREC_SIGMA_MAX``) and on a GPU (``kernels.gpu``'s, where the grid is float64).
+GRIDREC_SIGMA = {"numpy": 2.0, "cupy": 2.0}
+#: Views per block in which ``gridrec.polar_samples`` builds its factors and coordinates.
+POLAR_BLOCK_VIEWS = 64
+
+
+def gridrec_stages(geometry: Geometry, volume_shape: tuple[int, int, int], cut: Blocks, *,
+                   dtype: Any = np.float32, backend: str = "numpy") -> list[TaskMemory]:
+    """The slab stage of gridrec (``outcore.tomo.reconstruction.gridrec``) with the slabs,
+    bands and row chunks ``cut`` (bytes per task, at the largest slab).
+
+    A slab task holds the sinogram chunks that meet its band (input) and its planes
+    (output); its scratch: the band copied out, the polar ``factors`` (complex) and
+    ``coords`` (two reals) of ``views * (size / 2 + 1)`` samples, one block of views'
+    float64 temporaries while they are built (``POLAR_BLOCK_VIEWS``), and the NUFFT's
+    (``GRIDREC_PLAN_BYTES`` a sample). A plane then holds its sinogram, the zero-padded
+    copy the FFT makes and its spectrum, the complex image and the fine grid of the NUFFT
+    (``sigma^2`` times the image, complex; float64 on a GPU, with its single-precision copy
+    and transform). On cupy the task holds its arrays on the device as well.
+    """
+    item = np.dtype(dtype).itemsize
+    n_views, nu = geometry.n_views, geometry.detector_shape[1]
+    _, ny, nx = volume_shape
+    size = padded(nu)
+    samples = n_views * (size // 2 + 1)
+    slab = max(b - a for a, b in cut.slabs)
+    band = max(b - a for a, b in cut.bands)
+    rows = max(sum(cut.row_chunks[r][1] - cut.row_chunks[r][0] for r in cut.pieces(s))
+               for s in range(len(cut.slabs)))
+    row = n_views * nu * item
+    polar = samples * 4 * item + min(n_views, POLAR_BLOCK_VIEWS) * (size // 2 + 1) * 6 * F64
+    sigma = GRIDREC_SIGMA[backend]
+    fine = math.ceil(sigma * ny) * math.ceil(sigma * nx)
+    if backend == "cupy":
+        grid = fine * (2 * F64 + 2 * 2 * item)
+    else:
+        grid = fine * 2 * item
+    plane = row + n_views * size * item + samples * 2 * item + ny * nx * 2 * item + grid
+    transient = band * row + polar + samples * GRIDREC_PLAN_BYTES + plane
+    stage = TaskMemory("gridrec", len(cut.slabs), input_bytes=rows * row,
+                       output_bytes=slab * ny * nx * item, transient_bytes=transient,
+                       write_bytes=slab * ny * nx * item)
+    return [on_device(stage) if backend == "cupy" else stage]

@@ -20,22 +20,27 @@ import math
 import warnings
 from collections.abc import Sequence
 from os import PathLike
+from pathlib import Path
 from typing import Any
 
 import dask
 import dask.array as da
+import distributed
 import numpy as np
 import xarray as xr
 
-from outcore import io
+from outcore import io, session
+from outcore.arguments import keywords_checked
 from outcore.errors import LayoutError
+from outcore.plan import Plan, Resources
+from outcore.ptycho.memory import preprocess_stages
 from outcore.ptycho.optics import (
     angular_spectrum,
     border_energy,
     check_probe_window,
     pupil_to_probe,
 )
-from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, Setup, setup
+from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, Setup, diffraction_stack, setup
 from outcore.ptycho.preprocessing.store import LAYOUT
 
 
@@ -68,7 +73,7 @@ CORNER_POWER = 2.0
 def check_unshifted(mean: np.ndarray) -> None:
     """Warn ``ShiftedPatternsWarning`` when ``mean``'s power sits in its corners rather than
     its middle, as in patterns stored with the zero frequency at pixel (0, 0) (numpy's FFT
-    order), naming ``--centre 0 0``."""
+    order), naming ``centre=(0, 0)``."""
     ky, kx = mean.shape
     by, bx = max(1, ky // 8), max(1, kx // 8)
     power = np.maximum(mean, 0)
@@ -79,7 +84,7 @@ def check_unshifted(mean: np.ndarray) -> None:
         warnings.warn(
             f"The mean pattern's power sits in its corners ({corners:.3g} in the four corner "
             f"boxes against {middle:.3g} in the middle): the patterns look stored FFT-shifted, "
-            "zero frequency at pixel (0, 0). If so, pass --centre 0 0 (centre=(0, 0)), which "
+            "zero frequency at pixel (0, 0). If so, pass centre=(0, 0), which "
             "rolls it to the middle.", ShiftedPatternsWarning, stacklevel=3)
 
 
@@ -95,7 +100,7 @@ def centre_shift(setup: Setup, mean: np.ndarray | None) -> tuple[int, int]:
         total = weights.sum()
         if not total > 0:
             raise LayoutError("The mean pattern has no positive intensity, so its centre "
-                              "cannot be found.", "check the stack, or give --centre CY CX.")
+                              "cannot be found.", "check the stack, or give centre=(row, col).")
         rows, cols = np.indices(weights.shape)
         centre = ((rows * weights).sum() / total, (cols * weights).sum() / total)
     else:
@@ -141,40 +146,77 @@ def _amplitudes_block(frames: np.ndarray, shift: tuple[int, int], start: tuple[i
     return np.sqrt(np.maximum(intensity, 0)).astype(np.float32)
 
 
-def preprocess(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A002
+@keywords_checked
+def preprocess(stack: xr.Dataset | xr.DataArray | str | PathLike[str], *,
+               crop: int | None = None, bin: int = 1,  # noqa: A002
                centre: str | Sequence[float] = "auto",
                probe: np.ndarray | str | PathLike | None = None, defocus: float | None = None,
-               object_padding: int = 0, chunk_positions: int = CHUNK_POSITIONS,
-               positions: np.ndarray | None = None, source: str | None = None,
                mask: np.ndarray | str | PathLike | None = None,
                probe_aperture: float | None = None,
-               focus_sample_distance: float | None = None) -> xr.Dataset:
-    """The ``ptycho-preprocessed`` dataset of a ``diffraction`` dataset (amplitudes lazy).
+               focus_sample_distance: float | None = None, object_padding: int = 0,
+               chunk_positions: int = CHUNK_POSITIONS, positions: np.ndarray | None = None,
+               client: distributed.Client | None = None, plan: Plan | None = None
+               ) -> xr.Dataset:
+    """The ``ptycho-preprocessed`` dataset of a diffraction ``stack``: lazy amplitudes,
+    ``amplitudes(position, k_y, k_x)``, centred, cropped and binned, in chunks of
+    ``chunk_positions``; ``positions(position, xy)`` [m], ``top_left(position, yx)``,
+    ``probe_guess(k_y, k_x)`` and, with a detector mask, ``mask(k_y, k_x)``.
 
-    ``crop`` (pixels, around the centre), ``bin`` (B x B sums), ``centre`` (``"auto"``:
-    the integer roll that moves the mean pattern's centre of mass to ``K // 2``; ``"none"``;
-    or the detector ``(row, col)`` of zero frequency), ``probe`` (a (K, K) array or .npy on
-    the output grid; default: ``sqrt`` of the mean pattern with the ``defocus`` [m] phase,
-    ``defocus`` defaulting to the stack's ``defocus`` attr or 0), ``object_padding`` (pixels
-    of object around the scanned windows), ``chunk_positions`` (positions per chunk),
-    ``positions`` ((n, 2) metres, x y, replacing the stack's), ``mask`` (the detector's
-    ``(Ky, Kx)`` bool, True where a pixel is ignored, or a .npy; default: the stack's ``mask``
-    variable), ``probe_aperture`` (the probe guess from a disc pupil of that radius in output
-    pixels, with the mean pattern's power, instead of the mean pattern),
-    ``focus_sample_distance`` (m; default: the stack's attr of that name: a near-field scan,
-    ``scan`` module doc). Every check runs
-    before any frame is read; then one pass reads the mean pattern (unless ``centre`` is
-    given and a probe too). Warns ``ProbeWindowWarning`` when the probe fills its window.
+    ``stack``: a Dataset, a DataArray of the frames or a store's path, its frames with dims
+    ``(position, k_y, k_x)`` (then ``positions(position, xy)`` in metres, x y) or
+    ``(scan_y, scan_x, k_y, k_x)`` (then the attr ``scan_step`` [m]) in any order, and the
+    physics in attrs (``energy`` [eV] or ``wavelength`` [m]; ``reciprocal_pixel_size``
+    [1/m], or ``detector_pixel_size`` and ``detector_distance`` [m]), or ``length_unit``
+    ``"pixel"`` for a stack measured in object pixels. Options: ``crop`` (pixels, around the
+    centre), ``bin`` (B x B sums), ``centre`` (``"auto"``: the integer roll that moves the
+    mean pattern's centre of mass to ``K // 2``; ``"none"``; or the detector ``(row, col)``
+    of zero frequency), ``probe`` (a (K, K) array or .npy on the output grid; default:
+    ``sqrt`` of the mean pattern with the ``defocus`` [m] phase, ``defocus`` defaulting to
+    the stack's attr or 0), ``mask`` (the detector's ``(Ky, Kx)`` bool, True where a pixel
+    is ignored, or a .npy; default: the stack's ``mask``), ``probe_aperture`` (the guess
+    from a disc pupil of that radius in output pixels instead), ``focus_sample_distance``
+    (m; a near-field scan, ``scan`` module doc), ``object_padding`` (object pixels around
+    the scanned windows), ``positions`` ((n, 2) metres, x y, replacing the stack's).
+
+    Every check runs before anything is read, and the plan is checked against ``client``'s
+    workers (``outcore.session``; ``plan``: the command line's); then one pass over the
+    frames on ``client`` finds the mean pattern (unless ``centre`` and ``probe`` are both
+    given). Warns ``ProbeWindowWarning`` when the probe guess fills its window.
+    ``save_preprocessed`` writes the result once for every reconstruction.
     """
+    ds = diffraction_stack(stack)
     found = setup(ds, crop=crop, bin=bin, centre=centre, probe=probe, defocus=defocus,
                   object_padding=object_padding, chunk_positions=chunk_positions,
                   positions=positions, mask=mask, probe_aperture=probe_aperture,
                   focus_sample_distance=focus_sample_distance)
-    return build(ds, found, source=source)
+    client = session.client_for(client)
+    session.fitted_plan(lambda resources: plan_of(ds, found, resources), client, plan=plan,
+                        fixes=PREPROCESS_FIXES)
+    with client.as_current():
+        return build(ds, found, source=_source(stack))
+
+
+#: What makes preprocessing's tasks smaller, named when its plan does not fit.
+PREPROCESS_FIXES = ("use a smaller chunk_positions= (positions per task)",
+                    "if read-stack is too big, re-chunk the stack's frames, e.g. "
+                    "stack.chunk({'position': 256}), and save it first")
+
+
+def plan_of(ds: xr.Dataset, found: Setup, resources: Resources) -> Plan:
+    """The memory plan of preprocessing ``ds`` as ``found`` says on ``resources``."""
+    return Plan.of(preprocess_stages(ds, found), resources)
+
+
+def _source(stack: Any) -> str:
+    """Where the stack came from: its path, or the store a Dataset was opened from."""
+    if isinstance(stack, str | PathLike):
+        return str(Path(stack).expanduser().resolve())
+    return str(getattr(stack, "encoding", {}).get("source", ""))
 
 
 def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset:
-    """``preprocess`` after its checks (``found = setup(ds, ...)``)."""
+    """``preprocess`` after its checks (``found = setup(ds, ...)``), on the active
+    scheduler."""
     needs_mean = found.centre == "auto" or found.probe is None
     mean = mean_pattern(ds, found.mask) if needs_mean else None
     shift = centre_shift(found, mean)
@@ -186,7 +228,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
     amplitudes = da.map_blocks(_amplitudes_block, frames, shift, start, found.crop, found.bin,
                                ignored, chunks=(frames.chunks[0], (k,), (k,)),
                                dtype=np.float32)
-    fix = ("bin less (--bin), crop less (--crop), or check --defocus / --probe.")
+    fix = ("bin less (bin=), crop less (crop=), or check defocus= or probe=.")
     if found.probe is None:
         _finite_mean(mean)
         pupil = np.sqrt(np.maximum(patterns(mean, shift, start, found.crop, found.bin), 0))
@@ -227,7 +269,7 @@ def build(ds: xr.Dataset, found: Setup, source: str | None = None) -> xr.Dataset
     }
     variables = {"amplitudes": (("position", "k_y", "k_x"), amplitudes),
                  "top_left": (("position", "yx"), top_left),
-                 "positions": (("position", "xy"), positions),
+                 "positions": (("position", "xy"), positions, {"units": found.length_unit}),
                  "probe_guess": (("k_y", "k_x"), guess)}
     if ignored is not None:
         variables["mask"] = (("k_y", "k_x"), ignored)

@@ -27,10 +27,11 @@ import numpy as np
 import xarray as xr
 
 from outcore import io
+from outcore.arguments import data_array, dataset
 from outcore.backend import nearest_whole
 from outcore.checks import at_least, existing_path
 from outcore.errors import LayoutError, OutcoreError
-from outcore.ptycho.layouts import PIXEL_UNIT
+from outcore.ptycho.layouts import GRID, LIST, PIXEL_UNIT
 from outcore.ptycho.optics import (
     finite_attr,
     fresnel_scaling,
@@ -42,6 +43,62 @@ from outcore.ptycho.optics import (
 
 #: Positions per chunk of ``amplitudes`` when none is given.
 CHUNK_POSITIONS = 64
+#: Object pixels on a side beyond which positions are taken to be in the wrong unit.
+MOST_OBJECT_PIXELS = 2**17
+#: Length units that positions may be written in but outcore does not read, in metres.
+OTHER_LENGTHS = {"km": 1e3, "cm": 1e-2, "mm": 1e-3, "um": 1e-6, "µm": 1e-6, "micron": 1e-6,
+                 "microns": 1e-6, "nm": 1e-9, "pm": 1e-12, "A": 1e-10, "Å": 1e-10,
+                 "angstrom": 1e-10}
+METRES = ("m", "metre", "metres", "meter", "meters")
+PIXELS = (PIXEL_UNIT, "pixels", "px")
+
+
+def diffraction_stack(value: Any, argument: str = "stack") -> xr.Dataset:
+    """What a user holds as a ``diffraction`` dataset, nothing read: a Dataset, a DataArray
+    of the frames (its attrs the stack's) or a store's path. The frames are ``data``, else
+    the one variable with the dims of a position list ``(position, k_y, k_x)`` or a grid
+    scan ``(scan_y, scan_x, k_y, k_x)``, in any order (transposed back); ``positions``
+    ``(position, xy)`` (a variable or a coordinate) and ``mask`` ``(k_y, k_x)`` likewise,
+    positions labelled ``xy = ["y", "x"]`` reordered to ``x, y``. Anything else is one
+    ``OutcoreError`` naming ``argument``."""
+    ds = dataset(value, argument, layout="diffraction" if isinstance(value, str | PathLike)
+                 else None)
+    attrs = dict(value.attrs if isinstance(value, xr.DataArray) else ds.attrs)
+    frames = _frames(ds, argument)
+    variables: dict[str, Any] = {"data": frames.variable}
+    coords: dict[str, Any] = {}
+    if "positions" in ds.variables:
+        positions = data_array(ds["positions"], ("position", "xy"), "positions")
+        if "xy" in positions.coords and sorted(map(str, positions["xy"].values)) == ["x", "y"]:
+            positions = positions.sel(xy=["x", "y"])
+        variables["positions"] = positions.variable
+        coords["xy"] = ["x", "y"]
+    if "mask" in ds.variables:
+        variables["mask"] = data_array(ds["mask"], ("k_y", "k_x"), "mask").variable
+    return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+def _frames(ds: xr.Dataset, argument: str) -> xr.DataArray:
+    """The frames of ``ds`` (``data``, else the one variable with a stack's dims), in the
+    layout's order."""
+    shapes = ({*LIST}, {*GRID})
+    name = "data" if "data" in ds.data_vars else None
+    if name is None:
+        found = [n for n, v in ds.data_vars.items() if set(v.dims) in shapes]
+        if len(found) == 1:
+            name = found[0]
+    if name is None or set(ds[name].dims) not in shapes:
+        held = ", ".join(f"{n}{tuple(map(str, v.dims))}" for n, v in ds.data_vars.items())
+        raise LayoutError(
+            f"{argument}= holds {held or 'nothing'}: no frames with the dims of a position "
+            f"list {LIST} or of a grid scan {GRID}.",
+            f"name the frames' dims, e.g. {argument}.rename({{'frame': 'position', 'row': "
+            "'k_y', 'col': 'k_x'}), or call the frames variable data.")
+    frames = ds[name].transpose(*(LIST if ds[name].ndim == 3 else GRID))
+    if frames.chunks is None:  # numpy: chunks of positions (a grid's scan rows one by one)
+        frames = frames.chunk(dict(zip(frames.dims, (CHUNK_POSITIONS, -1, -1) if
+                                       frames.ndim == 3 else (1, -1, -1, -1), strict=True)))
+    return frames
 
 
 @dataclass(frozen=True)
@@ -165,6 +222,9 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
     frames = math.prod(ds["data"].shape[:-2])
     if positions is not None:
         positions = _positions_override(positions, frames)
+        if not grid and "positions" not in ds.variables:  # frames alone, positions given
+            ds = ds.assign(positions=(("position", "xy"), positions)).assign_coords(
+                xy=["x", "y"])
     elif grid:
         positions = _grid_positions(ds)
     if positions is None and "positions" in ds.variables and ds["positions"].ndim == 2 \
@@ -175,53 +235,88 @@ def setup(ds: xr.Dataset, *, crop: int | None = None, bin: int = 1,  # noqa: A00
         )
     io.validate(ds, "diffraction")
     if positions is None:
+        _check_units(ds["positions"], ds.attrs)
         positions = _positions_override(ds["positions"].values, frames)
     shape = tuple(int(n) for n in ds["data"].shape[-2:])
     crop = _crop(crop, shape)
     wavelength, reciprocal = _optics(ds.attrs, crop, positions)
-    bin = at_least(bin, "--bin", 1)  # noqa: A001
+    bin = at_least(bin, "bin", 1)  # noqa: A001
     if crop % bin:
         low = crop - crop % bin
         raise OutcoreError(
-            f"--bin {bin} does not divide the cropped pattern of {crop} pixels.",
-            f"crop to a multiple of {bin} (e.g. --crop {low}) or choose a bin that divides "
+            f"bin={bin} does not divide the cropped pattern of {crop} pixels.",
+            f"crop to a multiple of {bin} (e.g. crop={low}) or choose a bin that divides "
             f"{crop}.",
         )
     if crop // bin < 2:
-        raise OutcoreError(f"--crop {crop} with --bin {bin} leaves patterns of "
+        raise OutcoreError(f"crop={crop} with bin={bin} leaves patterns of "
                            f"{crop // bin} pixel.", "bin less: the patterns need 2 or more "
                            "pixels a side.")
     if defocus is None:
         defocus = float(ds.attrs.get("defocus", 0.0))
     if not np.isfinite(defocus):
-        raise OutcoreError(f"--defocus {defocus} is not a number.", "give metres, e.g. 2e-5.")
+        raise OutcoreError(f"defocus={defocus} is not a number.", "give metres, e.g. 2e-5.")
     chosen = _centre(centre, shape)
     near = _nearfield(ds.attrs, focus_sample_distance)
     if near is not None:
         chosen, defocus = _nearfield_options(chosen, defocus)
     guess, source = None, "mean pattern"
     if probe is not None and probe_aperture is not None:
-        raise OutcoreError("Both --probe and --probe-aperture were given.",
+        raise OutcoreError("Both probe= and probe_aperture= were given.",
                            "give one: a probe file, or the radius of an aperture.")
     if probe is not None:
         guess, source = _probe(probe, crop // bin)
     if probe_aperture is not None:
         if not (np.isfinite(probe_aperture) and 0 < probe_aperture <= crop // bin / 2):
-            raise OutcoreError(f"--probe-aperture {probe_aperture} is not a radius inside "
+            raise OutcoreError(f"probe_aperture={probe_aperture} is not a radius inside "
                                f"the {crop // bin}-pixel window.",
                                f"give a radius in output detector pixels, 0 to "
                                f"{crop // bin // 2}.")
         source = "aperture"
     detector_mask = _mask(ds if mask is None else mask, shape)
-    return Setup(
+    found = Setup(
         source_shape=shape, crop=crop, bin=bin, centre=chosen, wavelength=wavelength,
         reciprocal_pixel=reciprocal, defocus=float(defocus),
-        padding=at_least(object_padding, "--object-padding", 0),
-        chunk_positions=at_least(chunk_positions, "--chunk-positions", 1),
+        padding=at_least(object_padding, "object_padding", 0),
+        chunk_positions=at_least(chunk_positions, "chunk_positions", 1),
         positions=positions, scan_shape=tuple(ds["data"].shape[:2]) if grid else None,
         probe=guess, probe_source=source, source_attrs=dict(ds.attrs), mask=detector_mask,
         aperture=None if probe_aperture is None else float(probe_aperture), nearfield=near,
     )
+    _check_object(found)
+    return found
+
+
+def _check_units(positions: xr.DataArray, attrs: dict[str, Any]) -> None:
+    """Refuse positions whose ``units`` attr is a length outcore does not read (metres, or
+    object pixels for a stack whose ``length_unit`` is pixel)."""
+    units = positions.attrs.get("units")
+    if units is None:
+        return
+    pixels = attrs.get("length_unit") == PIXEL_UNIT
+    if str(units) in (PIXELS if pixels else METRES):
+        return
+    want = "object pixels (the stack's length_unit is pixel)" if pixels else "metres"
+    factor = OTHER_LENGTHS.get(str(units))
+    how = (f"stack['positions'] = stack.positions * {factor:g} with units 'm'"
+           if factor and not pixels else f"give them in {want} with units "
+           f"{'pixel' if pixels else 'm'!r}")
+    raise LayoutError(f"The positions are in {units!r}; outcore reads them in {want}.",
+                      f"convert them: {how}.")
+
+
+def _check_object(found: Setup) -> None:
+    """Refuse positions that span an object too large to be meant: lengths in another unit
+    than the stack's (nanometres read as metres)."""
+    _, _, shape = found.windows()
+    if max(shape) > MOST_OBJECT_PIXELS:
+        span = np.ptp(found.positions, axis=0)
+        raise LayoutError(
+            f"The positions span {span[0]:.3g} x {span[1]:.3g} {found.length_unit} (x, y): an "
+            f"object of {shape[0]} x {shape[1]} pixels of {found.pixel_size:.3g} "
+            f"{found.length_unit}, more than {MOST_OBJECT_PIXELS} on a side.",
+            "give the positions in metres (or set length_unit='pixel' for object pixels),"
+            " and check the energy and the detector geometry that give the pixel size.")
 
 
 def _nearfield(attrs: dict[str, Any], focus_sample: float | None) -> NearField | None:
@@ -237,8 +332,9 @@ def _nearfield(attrs: dict[str, Any], focus_sample: float | None) -> NearField |
         raise LayoutError(
             f"A near-field scan needs the detector's pixel pitch and distance; the stack has "
             f"no {' and no '.join(missing)}.",
-            "set them (--attr detector_pixel_size=55e-6 --attr detector_distance=1.12 in "
-            "outcore convert).")
+            "set them, e.g. stack.attrs.update(detector_pixel_size=55e-6, "
+            "detector_distance=1.12), or convert the file with attrs={'detector_pixel_size': "
+            "55e-6, 'detector_distance': 1.12}.")
     pitch = square_attr(attrs["detector_pixel_size"], "detector_pixel_size", "m")
     z2 = positive_attr(attrs["detector_distance"], "detector_distance", "m")
     magnification, pixel, distance = fresnel_scaling(pitch, z1, z2)
@@ -250,25 +346,19 @@ def _nearfield_options(centre: str | tuple[float, float], defocus: float
     """``centre`` and ``defocus`` of a near-field scan: its frames are images, not
     diffraction patterns, so they are not centred and their probe has no defocus."""
     if not isinstance(centre, str):
-        raise OutcoreError("--centre CY CX does not apply to a near-field scan: its frames "
-                           "are images, kept where the detector recorded them.",
-                           "leave --centre out (or crop with --crop).")
+        raise OutcoreError("centre=(row, col) does not apply to a near-field scan: its "
+                           "frames are images, kept where the detector recorded them.",
+                           "leave centre= out (or crop with crop=).")
     if defocus:
-        raise OutcoreError(f"--defocus {defocus} does not apply to a near-field scan: its "
+        raise OutcoreError(f"defocus={defocus} does not apply to a near-field scan: its "
                            "probe guess is the mean image propagated back to the sample.",
-                           "leave --defocus out (and the stack's defocus attr unset).")
+                           "leave defocus= out (and the stack's defocus attr unset).")
     return "none", 0.0
 
 
 #: The attrs that give lengths in metres, which a stack measured in pixels leaves out.
 PHYSICAL_ATTRS = ("wavelength", "energy", "reciprocal_pixel_size", "detector_pixel_size",
                   "detector_distance", "focus_sample_distance")
-#: What ``outcore ptycho preprocess`` says once of a stack measured in pixels.
-PIXEL_NOTE = ("note: the stack's lengths are in pixels (length_unit pixel): its positions "
-              "count object pixels of the reconstruction, the wavelength counts as 1 pixel "
-              "(--defocus and --slice-thickness in pixels), and every result is in pixels; "
-              "--attr energy=EV with reciprocal_pixel_size (or detector_pixel_size and "
-              "detector_distance) and positions in metres give metres")
 
 
 def _optics(attrs: dict[str, Any], crop: int, positions: np.ndarray) -> tuple[float, float]:
@@ -331,13 +421,13 @@ def _crop(crop: int | None, shape: tuple[int, int]) -> int:
         if shape[0] != shape[1]:
             raise OutcoreError(
                 f"The detector is {shape[0]}x{shape[1]} pixels; the reconstruction needs "
-                "square patterns.", f"crop them, e.g. --crop {min(shape)}.")
+                "square patterns.", f"crop them, e.g. crop={min(shape)}.")
         return shape[0]
-    crop = at_least(crop, "--crop", 2)
+    crop = at_least(crop, "crop", 2)
     if crop > min(shape):
         raise OutcoreError(
-            f"--crop {crop} is larger than the detector ({shape[0]}x{shape[1]} pixels).",
-            f"give --crop {min(shape)} or less.")
+            f"crop={crop} is larger than the detector ({shape[0]}x{shape[1]} pixels).",
+            f"give crop={min(shape)} or less.")
     return crop
 
 
@@ -345,14 +435,14 @@ def _centre(centre: str | Sequence[float], shape: tuple[int, int]) -> str | tupl
     if isinstance(centre, str):
         if centre in ("auto", "none"):
             return centre
-        raise OutcoreError(f"--centre {centre!r} is not auto, none or a row and column.",
-                           "give --centre auto, --centre none or --centre CY CX (pixels).")
+        raise OutcoreError(f"centre={centre!r} is not auto, none or a row and column.",
+                           "give centre='auto', centre='none' or centre=(row, col) (pixels).")
     values = tuple(float(v) for v in centre)
     if len(values) != 2 or not all(0 <= v < n for v, n in zip(values, shape, strict=False)):
         raise OutcoreError(
-            f"--centre {' '.join(map(str, centre))} is not a pixel of the "
+            f"centre={tuple(centre)} is not a pixel of the "
             f"{shape[0]}x{shape[1]} detector.",
-            "give the row and column of the zero frequency, e.g. --centre 128 127.5.")
+            "give the row and column of the zero frequency, e.g. centre=(128, 127.5).")
     return values  # type: ignore[return-value]
 
 
@@ -367,7 +457,7 @@ def _probe(probe: np.ndarray | str | PathLike, k: int) -> tuple[np.ndarray, str]
             f"The probe has shape {probe.shape} and dtype {probe.dtype}; the preprocessed "
             f"window is {k}x{k} complex with finite values.",
             f"give a finite ({k}, {k}) complex probe on the output grid (after crop and bin), "
-            "or leave --probe out to start from the mean pattern.")
+            "or leave probe= out to start from the mean pattern.")
     return probe.astype(np.complex64), source
 
 
@@ -377,7 +467,8 @@ def _grid_positions(ds: xr.Dataset) -> np.ndarray:
     if step is None:
         raise LayoutError(
             "A grid scan needs the attr scan_step [m] (a number or [step_y, step_x]).",
-            "set ds.attrs['scan_step'], or --attr scan_step=5e-8 in outcore convert.")
+            "set it, e.g. stack.attrs['scan_step'] = 5e-8, or convert the file with "
+            "attrs={'scan_step': 5e-8}.")
     sy, sx = (step, step) if np.ndim(step) == 0 else (step[0], step[-1])
     sy, sx = positive_attr(sy, "scan_step", "m"), positive_attr(sx, "scan_step", "m")
     ny, nx = ds["data"].shape[:2]

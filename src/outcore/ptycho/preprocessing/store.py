@@ -72,8 +72,8 @@ def open_preprocessed(path: str | PathLike[str], *, check_values: bool = False) 
         raise LayoutError(
             f"{str(path)!r} is not a preprocessed ptychography store (its "
             f"{io.LAYOUT_ATTR} attr is {ds.attrs.get(io.LAYOUT_ATTR)!r}, not {LAYOUT!r}).",
-            "preprocess the diffraction stack first: outcore ptycho preprocess --input "
-            "STACK.zarr --output PRE.zarr.")
+            "preprocess the diffraction stack first (outcore.ptycho.preprocess, or ptycho "
+            "preprocess on the command line).")
     if "amplitudes" in ds.variables:
         stored = zarr.open_array(path / "amplitudes", mode="r").chunks[0]
         ds = ds.chunk({"position": stored})

@@ -1,10 +1,10 @@
-"""Checkpoints of a reconstruction and resuming from them.
+"""Checkpoints of a reconstruction and going on from them.
 
-Checkpoints live in a run's directory ``work/``: ``checkpoint-<iteration>.zarr`` (object,
-probe, positions and the loss so far) and ``latest.json`` naming the newest one, written
-after it. A resumed run starts from that state with the same batches, so it ends
-bit-identical to an uninterrupted run; ``earlier_checkpoint`` refuses to resume a run of
-another input or with other settings.
+Checkpoints live in a folder (a run directory's ``work/``, or ``reconstruct``'s
+``checkpoints=``): ``checkpoint-<iteration>.zarr`` (object, probe, positions and the loss so
+far) and ``latest.json`` naming the newest one, written after it. A run that goes on from
+that state (``reconstruct(..., start=folder)``) takes the same batches, so it ends
+bit-identical to an uninterrupted run with the settings that ``RESUME_KEYS`` names.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from outcore.errors import OutcoreError
 from outcore.io.store import write_new
 from outcore.ptycho.reconstruction.solver import Settings, State
 from outcore.ptycho.reconstruction.start import as_3d
-from outcore.runs import resumed_run
 
 LATEST = "latest.json"
 #: The run directory's folder of checkpoints.
@@ -85,29 +84,6 @@ def load_checkpoint(work: Path) -> tuple[xr.Dataset, int]:
     path = latest_checkpoint(work)
     if path is None or not path.exists():
         raise OutcoreError(f"There is no checkpoint in {work}.",
-                           "resume a run that wrote one (--checkpoint-every), or start anew.")
+                           "go on from a folder a run wrote checkpoints into, or start anew.")
     ds = xr.open_zarr(path, consolidated=False).load()
     return ds, int(ds.attrs["iterations_done"])
-
-
-def earlier_checkpoint(run_dir: str, input_path: str, settings: Settings
-                       ) -> tuple[xr.Dataset, int]:
-    """The newest checkpoint of the run ``run_dir``, checked against this run's input and
-    settings: its state dataset and the iterations it holds."""
-    path, record = resumed_run(run_dir, "ptycho reconstruct")
-    config = record.get("config") or {}
-    if config.get("input") != str(Path(input_path).resolve()):
-        raise OutcoreError(f"{str(path)!r} reconstructed {config.get('input')!r}.",
-                           f"resume it with --input {config.get('input')}.")
-    mine = dataclasses.asdict(settings)
-    for key in RESUME_KEYS:
-        theirs = config.get("settings", {}).get(key, UNRECORDED.get(key))
-        if theirs != mine[key]:
-            flag = "--" + key.replace("_", "-")
-            raise OutcoreError(f"{flag} {mine[key]} differs from the resumed run's {theirs}.",
-                               f"pass {flag} {theirs}.")
-    state, done = load_checkpoint(path / WORK)
-    if settings.iterations is not None and done > settings.iterations:
-        raise OutcoreError(f"The checkpoint holds {done} iterations, more than --iterations "
-                           f"{settings.iterations}.", f"pass --iterations {done} or more.")
-    return state, done

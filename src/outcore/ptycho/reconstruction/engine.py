@@ -233,8 +233,8 @@ def run(client: distributed.Client, store: str | Path, coords: np.ndarray, obj: 
                 actors = None
                 if attempt == ITERATION_RETRIES:
                     raise OutcoreError(f"Iteration {iteration} failed {attempt + 1} times: {err}",
-                                       "check the workers' logs; the run can go on with "
-                                       "--resume from its last checkpoint.") from err
+                                       "check the workers' logs; a run that saved "
+                                       "checkpoints can go on from its last one.") from err
         trajectory.record(host.loss, before, host.coords)
         if on_iteration is not None:
             on_iteration(iteration, host.loss, replace(

@@ -107,6 +107,10 @@ def noise_floor(sample: np.ndarray, n_positions: int, noise: str,
     return float(per_pixel * (counts > 0.5).sum() / len(sample) * n_positions)
 
 
+class ConvergenceWarning(UserWarning):
+    """A reconstruction that has not converged (``convergence_warnings`` says why)."""
+
+
 def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | None,
                          power: float, stopped: str, nearfield: bool = False) -> list[str]:
     """What says the run has not converged, one sentence each (empty when nothing does):
@@ -116,10 +120,10 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
     reached before the relative-loss stop (``stopped``)."""
     notes = []
     final = float(losses[-1]) if len(losses) else float("nan")
-    fix = ("check the probe guess: give ptycho preprocess the --defocus (or a --probe), or "
-           "let ptycho reconstruct search it (--defocus-search on); more iterations may help")
+    fix = ("check the probe guess: preprocess with the defocus= (or a probe=), or let the "
+           "reconstruction search it (defocus_search='on'); more iterations may help")
     if nearfield:
-        fix = "more iterations, --probe-modes or --refine-positions may help"
+        fix = "more iterations, more probe_modes= or refine_positions= may help"
     if not np.isfinite(final):
         notes.append(f"diverged: the loss became {final}, so the object and probe are not "
                      f"usable; {fix}.")
@@ -133,10 +137,10 @@ def convergence_warnings(losses: np.ndarray, probe: np.ndarray, floor: float | N
     if np.isfinite(final) and share > BORDER_ENERGY and not nearfield:
         notes.append(f"the probe has {share:.0%} of its energy at the edge of its window: it "
                      "does not fit there (the far field wraps it); crop less or bin more in "
-                     "ptycho preprocess, or give --probe-support.")
+                     "preprocessing, or give probe_support=.")
     if stopped == "max_iterations":
-        notes.append("stopped at --max-iterations before the loss settled (--tolerance); "
-                     "give more --max-iterations or a larger --tolerance.")
+        notes.append("stopped at max_iterations= before the loss settled (tolerance=); "
+                     "give more max_iterations= or a larger tolerance=.")
     return notes
 
 

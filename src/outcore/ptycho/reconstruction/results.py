@@ -1,10 +1,10 @@
-"""What a reconstruction gives: the result as a Dataset (``result_dataset``), the quick-look
-figures of a run directory (``write_figures``) and the truth store its errors are measured
-against (``open_checked_truth``)."""
+"""What a reconstruction gives: the result as a Dataset (``result_dataset``) and the
+quick-look figures of a run directory (``write_figures``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -13,8 +13,6 @@ import xarray as xr
 
 from outcore import figures
 from outcore.backend import nearest_whole
-from outcore.checks import existing_path
-from outcore.errors import OutcoreError
 from outcore.ptycho.reconstruction import quality
 from outcore.ptycho.reconstruction.engine import Result
 from outcore.ptycho.reconstruction.solver import Settings
@@ -28,14 +26,17 @@ FIGURES = ("object_phase.png", "object_amplitude.png", "probe.png", "probe_phase
 
 
 def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
-                   prepared: Prepared) -> xr.Dataset:
+                   prepared: Prepared, notes: Sequence[str] = ()) -> xr.Dataset:
     """The reconstruction as a Dataset, coordinates in metres (in pixels for a store
-    measured in pixels, attr ``length_unit``): ``object(y, x)`` (or
-    ``object(slice, y, x)``), ``probe(k_y, k_x)`` (or ``probe(mode, k_y, k_x)``), with the
-    object's global phase moved to the probe; ``loss(iteration)``; ``positions(position, xy)``
-    (refined, or as given) and, when refined, ``input_positions``. Attrs: the settings, why
-    the run stopped, the fitted phase ramp of the object (rad per metre, or per pixel,
-    ``[y, x]``, and over the illuminated field) and the global phase removed."""
+    measured in pixels, attr ``length_unit`` and each coordinate's ``units``):
+    ``object(y, x)`` (or ``object(slice, y, x)``, ``slice`` the depth of each slice) on the
+    object's pixels, ``probe(k_y, k_x)`` (or ``probe(mode, k_y, k_x)``) on its window's
+    pixels from its centre, with the object's global phase moved to the probe;
+    ``loss(iteration)``; ``positions(position, xy)`` (refined, or as given) and, when
+    refined, ``input_positions``. Attrs: the settings, why the run stopped, the fitted
+    phase ramp of the object (rad per metre, or per pixel, ``[y, x]``, and over the
+    illuminated field), the global phase removed, the noise floor of integer counts (when
+    there is one) and ``warnings``, the ``notes`` that say it has not converged."""
     pixel = float(ds.attrs["pixel_size"])
     unit = ds.attrs.get("length_unit", "m")
     obj, modes = as_3d(result.obj), as_3d(result.probe)
@@ -52,35 +53,48 @@ def result_dataset(result: Result, ds: xr.Dataset, settings: Settings,
     probe_dims = ("k_y", "k_x") if len(modes) == 1 else ("mode", "k_y", "k_x")
     variables: dict[str, Any] = {
         "object": (object_dims, obj[0] if len(obj) == 1 else obj,
-                   {"long_name": "object transmission"}),
+                   {"long_name": "object", "units": "1",
+                    "description": "complex transmission of each slice"}),
         "probe": (probe_dims, modes[0] if len(modes) == 1 else modes,
-                  {"long_name": "probe modes on their window (real space)"}),
+                  {"long_name": "probe", "description": "probe modes on their window (real "
+                   "space), in the square root of the patterns' intensity unit"}),
         "loss": ("iteration", result.loss,
-                 {"long_name": f"{settings.noise} loss summed over the iteration's batches"}),
+                 {"long_name": f"{settings.noise} loss",
+                  "description": "the loss summed over the iteration's batches"}),
         "positions": (("position", "xy"), positions_of(ds, result.coords),
                       {"units": unit, "long_name": "window centres the reconstruction used"}),
     }
     if settings.refine_positions:
         variables["input_positions"] = (("position", "xy"), ds["positions"].values,
                                         {"units": unit, "long_name": "positions of the input"})
-    return xr.Dataset(
-        variables,
-        coords={
-            "y": ("y", np.arange(ny) * pixel, {"units": unit}),
-            "x": ("x", np.arange(nx) * pixel, {"units": unit}),
-            "k_y": ("k_y", window, {"units": unit}),
-            "k_x": ("k_x", window, {"units": unit}),
-            "iteration": np.arange(len(result.loss)),
-            "xy": ["x", "y"],
-        },
-        attrs={"outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel, "length_unit": unit,
-               "wavelength": float(ds.attrs["wavelength"]),
-               "settings": json.dumps(asdict(settings)), "stopped": result.stopped,
-               "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
-               "phase_ramp_rad_across_field": round(across, 6),
-               "global_phase_removed_rad": phases,
-               "defocus_search": json.dumps(prepared.search)},
-    )
+    coords: dict[str, Any] = {
+        "y": ("y", np.arange(ny) * pixel, {"units": unit, "long_name": "y",
+                                            "description": "object row from its corner"}),
+        "x": ("x", np.arange(nx) * pixel, {"units": unit, "long_name": "x",
+                                            "description": "object column from its corner"}),
+        "k_y": ("k_y", window, {"units": unit, "long_name": "window y",
+                                "description": "probe window row from its centre"}),
+        "k_x": ("k_x", window, {"units": unit, "long_name": "window x",
+                                "description": "probe window column from its centre"}),
+        "iteration": ("iteration", np.arange(len(result.loss)), {"long_name": "iteration"}),
+        "xy": ["x", "y"],
+    }
+    if len(obj) > 1:
+        coords["slice"] = ("slice", np.arange(len(obj)) * float(settings.slice_thickness),
+                           {"units": unit, "long_name": "depth of the slice"})
+    if len(modes) > 1:
+        coords["mode"] = ("mode", np.arange(len(modes)), {"long_name": "probe mode"})
+    attrs: dict[str, Any] = {
+        "outcore_layout": RECONSTRUCTION_LAYOUT, "pixel_size": pixel, "length_unit": unit,
+        "wavelength": float(ds.attrs["wavelength"]),
+        "settings": json.dumps(asdict(settings)), "stopped": result.stopped,
+        "phase_ramp_rad_per_m": [float(g / pixel) for g in ramp],
+        "phase_ramp_rad_across_field": round(across, 6),
+        "global_phase_removed_rad": phases,
+        "defocus_search": json.dumps(prepared.search), "warnings": list(notes)}
+    if prepared.floor is not None:
+        attrs["noise_floor"] = prepared.floor
+    return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
 def write_figures(run: Run, recon: xr.Dataset) -> None:
@@ -98,14 +112,3 @@ def write_figures(run: Run, recon: xr.Dataset) -> None:
     for name, title, caption, image, units in pictures:
         figures.panels(run.add_output(name, verify=check_png), [(caption, image[::-1])], title,
                        float(image.min()), float(image.max()), units)
-
-
-def open_checked_truth(path: str) -> xr.Dataset:
-    """The truth store of ``ptycho simulate`` at ``path`` (``--truth``), lazily, refused when
-    it lacks the object, the probe or the windows' corners."""
-    truth = xr.open_zarr(existing_path(path, "--truth store"), consolidated=False)
-    for name in ("object", "probe", "top_left"):
-        if name not in truth:
-            raise OutcoreError(f"The truth store {path!r} has no {name!r}.",
-                               "give the .truth.zarr written by outcore ptycho simulate.")
-    return truth

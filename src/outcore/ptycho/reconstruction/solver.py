@@ -93,21 +93,23 @@ class Settings:
     probe_support: float | None = None
 
     def validate(self, n_positions: int) -> None:
-        """Refuse settings that cannot run, before any compute."""
-        choice(self.residency, RESIDENCIES, "--residency")
-        choice(self.noise, NOISE_MODELS, "--noise")
-        at_least(self.iterations, "--iterations", what="a positive --iterations, or leave it"
+        """Refuse settings that cannot run, before any compute (messages name the keywords
+        of ``outcore.ptycho.reconstruct``)."""
+        choice(self.residency, RESIDENCIES, "residency")
+        choice(self.noise, NOISE_MODELS, "noise")
+        at_least(self.iterations, "iterations", what="a positive iterations=, or leave it"
                  " out to stop on the loss")
-        at_least(self.max_iterations, "--max-iterations")
-        at_least(self.sub_batch, "--sub-batch", what="a positive --sub-batch")
-        at_least(self.probe_modes, "--probe-modes", what="1 or more probe modes")
-        at_least(self.slices, "--slices", what="1 or more slices")
-        at_least(self.refine_from, "--refine-from", 0)
-        at_least(self.curvature_every, "--curvature-every")
-        at_least(self.probe_start, "--probe-start", 0)
+        at_least(self.max_iterations, "max_iterations")
+        at_least(self.sub_batch, "sub_batch", what="a positive sub_batch=")
+        at_least(self.probe_modes, "probe_modes", what="1 or more probe modes")
+        at_least(self.slices, "slices", what="1 or more slices")
+        at_least(self.refine_from, "refine_from", 0)
+        at_least(self.curvature_every, "curvature_every")
+        at_least(self.probe_start, "probe_start", 0)
         if self.batch_size is not None and not 1 <= self.batch_size <= n_positions:
             raise OutcoreError(
-                f"--batch-size {self.batch_size} is not between 1 and the {n_positions} positions.",
+                f"batch_size={self.batch_size} is not between 1 and the {n_positions} "
+                "positions.",
                 "give a batch size up to the number of positions, or omit it for full batches.")
         if not (self.step_object > 0 and self.step_probe >= 0 and 0 <= self.alpha <= 1):
             raise OutcoreError(
@@ -115,28 +117,28 @@ class Settings:
                 "out of range.", "use a positive object step, a probe step >= 0 and alpha in "
                 "[0, 1].")
         if not self.tolerance > 0:
-            raise OutcoreError(f"--tolerance {self.tolerance} must be positive.",
-                               "give a relative loss change, e.g. --tolerance 1e-3.")
+            raise OutcoreError(f"tolerance={self.tolerance} must be positive.",
+                               "give a relative loss change, e.g. tolerance=1e-3.")
         if not (self.position_step > 0 and self.position_limit > 0 and self.position_bound > 0):
             raise OutcoreError(
                 f"Position step {self.position_step}, limit {self.position_limit} or bound "
                 f"{self.position_bound} is not positive.",
-                "give positive --position-step, --position-limit and --position-bound.")
+                "give positive position_step=, position_limit= and position_bound=.")
         if self.probe_support is not None and not 0 < self.probe_support <= 1.5:
-            raise OutcoreError(f"--probe-support {self.probe_support} is not a fraction of "
-                               "the half window in (0, 1.5].", "give e.g. --probe-support 0.9, "
+            raise OutcoreError(f"probe_support={self.probe_support} is not a fraction of "
+                               "the half window in (0, 1.5].", "give e.g. probe_support=0.9, "
                                "or leave it out.")
         if self.slices == 1 and self.slice_thickness is not None:
-            raise OutcoreError(f"--slice-thickness {self.slice_thickness} was given without "
-                               "--slices.", "add --slices 2 (or more), or drop "
-                               "--slice-thickness.")
+            raise OutcoreError(f"slice_thickness={self.slice_thickness} was given without "
+                               "slices=.", "add slices=2 (or more), or drop "
+                               "slice_thickness=.")
         if self.slices > 1 and not (self.slice_thickness is not None
                                     and math.isfinite(self.slice_thickness)
                                     and self.slice_thickness > 0):
-            raise OutcoreError(f"--slices {self.slices} needs a positive --slice-thickness "
+            raise OutcoreError(f"slices={self.slices} needs a positive slice_thickness= "
                                f"(got {self.slice_thickness}).",
                                "give the distance between slices in metres, e.g. "
-                               "--slice-thickness 2e-9.")
+                               "slice_thickness=2e-9.")
 
     @property
     def stops_on_loss(self) -> bool:

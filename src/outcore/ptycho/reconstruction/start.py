@@ -1,27 +1,37 @@
-"""The start of a reconstruction: the preprocessed store opened and checked
-(``open_input``), the settings refused before any compute when this store cannot run with
-them (``check``), and the state a run starts from (``prepare``): the model (noise, detector
-mask, the propagator between slices) and a flat object with probe modes from the store's
-guess with the data's power (optionally with a searched defocus), or the state of an earlier
-reconstruction or checkpoint. ``coords_of`` and ``positions_of`` convert between the store's
-positions (metres) and window corners (object pixels).
+"""The start of a reconstruction: the preprocessed scan found and checked (``scan_of``: a
+store's path or a Dataset), the settings of ``reconstruct``'s keyword options
+(``settings_of``) refused before any compute when this scan cannot run with them
+(``check``), and the state a run starts from (``prepare``): the model (noise, detector mask,
+the propagator between slices) and a flat object with probe modes from the store's guess
+with the data's power (optionally with a searched defocus), or the state of an earlier
+reconstruction or checkpoint (``run.start_of``). ``coords_of`` and ``positions_of`` convert
+between the store's positions (metres) and window corners (object pixels).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from outcore.arguments import dataset
 from outcore.backend import nearest_whole
 from outcore.checks import choice
-from outcore.errors import LayoutError, OutcoreError
+from outcore.errors import ArgumentError, LayoutError, OutcoreError
+from outcore.ptycho.layouts import LIST
 from outcore.ptycho.optics import fresnel_propagator, nearfield_transfer
-from outcore.ptycho.preprocessing.store import open_preprocessed, read_amplitudes
+from outcore.ptycho.preprocessing.store import (
+    check_preprocessed,
+    open_preprocessed,
+    read_amplitudes,
+)
 from outcore.ptycho.reconstruction import probe, quality, solver
 from outcore.ptycho.reconstruction.model import Model
 from outcore.ptycho.reconstruction.solver import Settings, State
@@ -29,6 +39,10 @@ from outcore.ptycho.reconstruction.solver import Settings, State
 #: Positions read (evenly spread) to measure the data's power and noise before the run.
 SAMPLE_POSITIONS = 256
 DEFOCUS_SEARCH = ("auto", "on", "off")
+#: ``reconstruct``'s keyword options that make its settings, with their defaults (those of
+#: ``Settings``, but the batch and the loss, whose defaults follow the scan).
+OPTIONS: dict[str, Any] = {**{f.name: f.default for f in fields(Settings)},
+                           "batch_size": None, "noise": None, "defocus_search": "auto"}
 
 
 def default_batch(n_positions: int) -> int:
@@ -36,9 +50,40 @@ def default_batch(n_positions: int) -> int:
     return min(n_positions, max(16, min(1024, math.ceil(n_positions / 16))))
 
 
-def open_input(path: str | Path) -> xr.Dataset:
-    """The preprocessed store at ``path``, lazily, checked before any compute."""
-    return open_preprocessed(path)
+def scan_of(value: Any, argument: str = "scan") -> xr.Dataset:
+    """The preprocessed scan ``value`` (a store's path, opened lazily, or a Dataset of
+    ``preprocess``, its arrays found by their dims and transposed back to the layout's
+    order), checked before any compute."""
+    if isinstance(value, str | PathLike):
+        return open_preprocessed(value)
+    ds = dataset(value, argument).transpose(*LIST, "xy", "yx", missing_dims="ignore")
+    check_preprocessed(ds, f"{argument}=")
+    return ds
+
+
+def settings_of(ds: xr.Dataset, options: Mapping[str, Any], caller: str = "reconstruct"
+                ) -> tuple[Settings, str]:
+    """The ``Settings`` of reconstructing the preprocessed ``ds`` with ``reconstruct``'s
+    keyword ``options`` (``OPTIONS``; the others at their defaults: ``batch_size`` a
+    sixteenth of the scan, ``default_batch``; ``noise`` Poisson for a scan of integer
+    counts, else amplitude; a near-field scan keeps its probe where it is,
+    ``settings_for``), checked against ``ds`` (``check``), and the defocus search. An
+    unknown option is an ``ArgumentError`` naming ``caller``'s keyword it may have meant."""
+    unknown = [name for name in options if name not in OPTIONS]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(OPTIONS), n=1)
+        raise ArgumentError(f"{caller}() takes no keyword {unknown[0]}=.",
+                            (f"did you mean {close[0]}=? " if close else "") +
+                            f"see help({caller}) for its keywords.")
+    values = {**OPTIONS, **options}
+    search = values.pop("defocus_search")
+    counts = bool(ds.attrs.get("preprocess", {}).get("counts", False))
+    values["noise"] = values["noise"] or ("poisson" if counts else "amplitude")
+    if values["batch_size"] is None:
+        values["batch_size"] = default_batch(ds.sizes["position"])
+    settings = settings_for(ds, Settings(**values))
+    check(ds, settings, search)
+    return settings, search
 
 
 def position_chunk(ds: xr.Dataset) -> int:
@@ -104,8 +149,8 @@ def check_bounds(coords: np.ndarray, k: int, shape: tuple[int, int], bound: floa
             f"{int(outside.sum())} of {len(coords)} windows could leave the {shape[0]}x"
             f"{shape[1]} object when position refinement moves them by up to {bound:g} "
             f"pixels (e.g. position {first}).",
-            f"preprocess with --object-padding {need} or more, or give a smaller "
-            "--position-bound.")
+            f"preprocess with object_padding={need} or more, or give a smaller "
+            "position_bound=.")
 
 
 @dataclass
@@ -131,11 +176,11 @@ def check(ds: xr.Dataset, settings: Settings, defocus_search: str = "auto") -> N
     with: bad values, a defocus search that is not auto, on or off, positions that
     refinement could move out of the object."""
     settings.validate(ds.sizes["position"])
-    choice(defocus_search, DEFOCUS_SEARCH, "--defocus-search")
+    choice(defocus_search, DEFOCUS_SEARCH, "defocus_search")
     if defocus_search == "on" and nearfield(ds):
-        raise OutcoreError("--defocus-search on does not apply to a near-field scan: its "
+        raise OutcoreError("defocus_search='on' does not apply to a near-field scan: its "
                            "probe guess is the mean image propagated back to the sample.",
-                           "leave --defocus-search out.")
+                           "leave defocus_search= out.")
     if settings.refine_positions:
         check_bounds(coords_of(ds), ds.sizes["k_y"],
                      tuple(int(v) for v in ds.attrs["object_shape"]), settings.position_bound)
@@ -155,7 +200,7 @@ def prepare(path: str | Path, ds: xr.Dataset, settings: Settings,
     power_per_pattern = float((kept.astype(np.float64) ** 2).sum() / len(sample))
     floor = quality.noise_floor(sample, n, settings.noise, model.valid)
     if start is not None:
-        obj, modes, coords = _start_state(start, ds, settings)
+        obj, modes, coords = start_state(start, ds, settings)
         curvature = start["curvature"].values if "curvature" in start else None
         return Prepared(obj, modes, coords, origin, model, power_per_pattern * n, floor,
                         curvature=curvature)
@@ -203,7 +248,7 @@ def _searched(path: str | Path, ds: xr.Dataset, guess: np.ndarray, coords: np.nd
     return probe.defocused(guess, wavelength, pixel, found.change), record
 
 
-def _start_state(start: xr.Dataset, ds: xr.Dataset, settings: Settings
+def start_state(start: xr.Dataset, ds: xr.Dataset, settings: Settings
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Object, probe modes and positions of a reconstruction (or checkpoint) to go on from;
     the store's positions where it holds none."""
@@ -216,7 +261,7 @@ def _start_state(start: xr.Dataset, ds: xr.Dataset, settings: Settings
                           f"{modes.shape}; this run needs {shape} and "
                           f"{(settings.probe_modes, k, k)}.",
                           "start from a reconstruction of the same store with the same "
-                          "--slices and --probe-modes.")
+                          "slices= and probe_modes=.")
     if "coords" in start:
         coords = np.asarray(start["coords"].values, np.float64)
     else:

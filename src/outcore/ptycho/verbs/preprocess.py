@@ -1,7 +1,8 @@
 """``outcore ptycho preprocess``: a ``diffraction`` store in, the ``ptycho-preprocessed``
 store at ``--output`` that reconstructions read out (centred, cropped, binned amplitudes,
-integer window corners, a probe guess; ``outcore.ptycho.preprocessing``). Every option is
-checked before the cluster starts. See docs/operators/ptychography.md.
+integer window corners, a probe guess): ``outcore.ptycho.preprocess`` with the plan the
+runner printed, then ``save_preprocessed``. Every option is checked before the cluster
+starts. See docs/operators/ptychography.md.
 """
 
 from __future__ import annotations
@@ -14,15 +15,15 @@ from typing import Any
 
 import distributed
 
-from outcore import io
 from outcore.checks import existing_path
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.ptycho.memory import preprocess_stages
 from outcore.ptycho.optics import ProbeWindowWarning
-from outcore.ptycho.preprocessing.pipeline import build
-from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, PIXEL_NOTE, setup
+from outcore.ptycho.preprocessing.pipeline import PREPROCESS_FIXES, plan_of, preprocess
+from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS, diffraction_stack, setup
 from outcore.ptycho.preprocessing.store import COMPRESSIONS, open_preprocessed, save_preprocessed
+from outcore.ptycho.verbs import in_flag_words
 from outcore.runs import Run
 from outcore.verbs import Job
 
@@ -77,17 +78,27 @@ def _centre_option(words: list[str]) -> str | tuple[float, float]:
     return values  # type: ignore[return-value]
 
 
+#: What ``outcore ptycho preprocess`` says once of a stack measured in pixels.
+PIXEL_NOTE = ("note: the stack's lengths are in pixels (length_unit pixel): its positions "
+              "count object pixels of the reconstruction, the wavelength counts as 1 pixel "
+              "(--defocus and --slice-thickness in pixels), and every result is in pixels; "
+              "--attr energy=EV with reciprocal_pixel_size (or detector_pixel_size and "
+              "detector_distance) and positions in metres give metres")
+#: The options that ``outcore.ptycho.preprocess`` takes as keywords of the same name.
+KEYWORDS = ("crop", "bin", "probe", "defocus", "mask", "probe_aperture",
+            "focus_sample_distance", "object_padding", "chunk_positions")
+
+
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     """The job of ``ptycho preprocess``: the stack's metadata and the options checked
-    (``preprocessing.scan.setup``), nothing read."""
+    (``preprocessing.scan.setup``), nothing read; its ``execute`` runs
+    ``outcore.ptycho.preprocess`` with the plan the runner printed and writes the store."""
     source = existing_path(args.input, "input store")
     output = refuse_existing(Path(args.output).expanduser().resolve())
-    ds = io.open(source, layout="diffraction")
-    found = setup(ds, crop=args.crop, bin=args.bin, centre=_centre_option(args.centre),
-                  probe=args.probe, defocus=args.defocus, object_padding=args.object_padding,
-                  chunk_positions=args.chunk_positions, mask=args.mask,
-                  probe_aperture=args.probe_aperture,
-                  focus_sample_distance=args.focus_sample_distance)
+    options = {name: getattr(args, name) for name in KEYWORDS}
+    options["centre"] = _centre_option(args.centre)
+    ds = diffraction_stack(source)
+    found = setup(ds, **options)
     if found.length_unit != "m":
         print(PIXEL_NOTE, flush=True)
     config: dict[str, Any] = {
@@ -101,22 +112,17 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         "nearfield": found.nearfield.attrs() if found.nearfield else None,
     }
 
-    stages = preprocess_stages(ds, found)
-
-    def plan(resources: Resources) -> Plan:
-        return Plan.of(stages, resources)
-
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         partial = run.add_output(output, verify=open_preprocessed)
         with run.timing("preprocess"), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ProbeWindowWarning)
-            pre = build(ds, found, source=str(source))
+            pre = preprocess(source, **options, client=client, plan=plan)
             save_preprocessed(pre, partial, compression=args.compression)
         notes = []
         for note in caught:
             if issubclass(note.category, ProbeWindowWarning):
-                notes.append(str(note.message))
-                print(f"warning: {note.message}", file=sys.stderr)
+                notes.extend(in_flag_words([str(note.message)], args))
+                print(f"warning: {notes[-1]}", file=sys.stderr)
             else:
                 warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
         record = pre.attrs["preprocess"]
@@ -126,7 +132,6 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                    probe_border_energy=record["probe_border_energy"],
                    masked_pixels=record.get("masked_pixels", 0), warnings=notes)
 
-    return Job("ptycho preprocess", config, plan, execute, inputs=[source],
-               plan_fixes=["pass a smaller --chunk-positions", "if read-stack is too big, "
-                           "re-chunk the stack: outcore convert STACK.zarr NEW.zarr --chunk "
-                           "position=256"], data_bytes=data_bytes(stages))
+    return Job("ptycho preprocess", config, lambda r: plan_of(ds, found, r), execute,
+               inputs=[source], plan_fixes=PREPROCESS_FIXES,
+               data_bytes=data_bytes(preprocess_stages(ds, found)))

@@ -1,38 +1,51 @@
 """``outcore ptycho reconstruct``: a preprocessed store in, a run directory out.
 
-Writes ``reconstruction.zarr`` (``reconstruct.results.result_dataset``: object, probe modes,
-positions, loss), ``object_phase.png``, ``object_amplitude.png``, ``probe.png`` (the probe's
-amplitude), ``probe_phase.png`` and the checkpoints in ``work/`` (every ``--checkpoint-every``
-iterations). ``--resume --resume-from RUN_DIR`` goes on from that run's newest checkpoint
-with the same settings, ending bit-identical to an uninterrupted run. ``--truth`` (the
-``.truth.zarr`` of ``ptycho simulate``) adds the object's (and positions') error to the
-summary. Warnings that the run has not converged go to the terminal and into the summary's
-``warnings``. This module parses and checks the options; ``outcore.ptycho.reconstruction``
-does the rest (``run.Reconstruction``, ``planning.plan``, ``checkpoints.earlier_checkpoint``).
+Runs ``outcore.ptycho.reconstruct`` (its keywords are the flags' dests) with the plan the
+runner printed, then ``run.record`` writes ``reconstruction.zarr`` (``results.result_dataset``:
+object, probe modes, positions, loss), ``object_phase.png``, ``object_amplitude.png``,
+``probe.png`` (the probe's amplitude), ``probe_phase.png``; the checkpoints go to ``work/``
+(every ``--checkpoint-every`` iterations). ``--resume --resume-from RUN_DIR`` goes on from
+that run's newest checkpoint (``start=``) with the same settings, ending bit-identical to an
+uninterrupted run. ``--truth`` (the ``.truth.zarr`` of ``ptycho simulate``) adds the
+object's (and positions') error to the summary. Warnings that the run has not converged go
+to the terminal and into the summary's ``warnings``. This module parses and checks the
+options and resumes runs; ``outcore.ptycho.reconstruction`` does the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import distributed
 import xarray as xr
 
-from outcore.checks import at_least
+from outcore.checks import at_least, existing_path
 from outcore.errors import OutcoreError
 from outcore.plan import Plan, Resources
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES
-from outcore.ptycho.reconstruction import planning
-from outcore.ptycho.reconstruction.checkpoints import earlier_checkpoint
-from outcore.ptycho.reconstruction.engine import Result
-from outcore.ptycho.reconstruction.results import open_checked_truth
-from outcore.ptycho.reconstruction.run import Reconstruction
+from outcore.ptycho.reconstruction.checkpoints import (
+    RESUME_KEYS,
+    UNRECORDED,
+    WORK,
+    load_checkpoint,
+)
+from outcore.ptycho.reconstruction.quality import ConvergenceWarning
+from outcore.ptycho.reconstruction.run import (
+    plan_reconstruct,
+    reconstruct,
+    record,
+    starting_state,
+)
 from outcore.ptycho.reconstruction.solver import Settings
-from outcore.ptycho.reconstruction.start import check, default_batch, open_input, settings_for
-from outcore.runs import Run
+from outcore.ptycho.reconstruction.start import OPTIONS, scan_of, settings_of
+from outcore.ptycho.verbs import in_flag_words
+from outcore.runs import Run, resumed_run
 from outcore.settings import add_checkpoint_options, check_resume
 from outcore.verbs import Job, Tunable
 
@@ -107,62 +120,106 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=defaults.seed, help="seed of the batch order")
 
 
-def store_settings(args: argparse.Namespace, ds: xr.Dataset, n_positions: int | None = None
-                   ) -> Settings:
-    """The ``Settings`` the options give for the preprocessed store ``ds`` as it runs them
-    (``start.settings_for``: a near-field scan keeps its probe where it is), for
-    ``n_positions`` of its positions (default: all; the default batch follows them); the
-    default loss is Poisson for a store of integer counts."""
-    counts = bool(ds.attrs.get("preprocess", {}).get("counts", False))
-    n = ds.sizes["position"] if n_positions is None else n_positions
-    return settings_for(ds, settings_of(args, n, counts))
+def options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword options of ``outcore.ptycho.reconstruct`` the flags give (each flag's
+    dest is the keyword's name)."""
+    return {name: getattr(args, name) for name in OPTIONS}
 
 
-def settings_of(args: argparse.Namespace, n_positions: int, counts: bool = False
-                ) -> Settings:
-    """The ``Settings`` the options give for a store of ``n_positions``, preprocessed from
-    a stack of integer ``counts`` or not (the default loss: Poisson for counts)."""
-    noise = args.noise or ("poisson" if counts else Settings.noise)
-    return Settings(
-        iterations=args.iterations, tolerance=args.tolerance,
-        max_iterations=args.max_iterations,
-        batch_size=args.batch_size if args.batch_size is not None else default_batch(
-            n_positions),
-        residency=args.residency, sub_batch=args.sub_batch, noise=noise,
-        probe_modes=args.probe_modes, step_object=args.step_object,
-        step_probe=args.step_probe, probe_start=args.probe_start, alpha=args.alpha,
-        seed=args.seed, refine_positions=args.refine_positions, refine_from=args.refine_from,
-        position_step=args.position_step, position_limit=args.position_limit,
-        position_bound=args.position_bound, position_affine=args.position_affine,
-        curvature_every=args.curvature_every,
-        slices=args.slices, slice_thickness=args.slice_thickness,
-        probe_centring=args.probe_centring, probe_support=args.probe_support)
+def open_checked_truth(path: str) -> xr.Dataset:
+    """The truth store of ``ptycho simulate`` at ``path`` (``--truth``), lazily, refused when
+    it lacks the object, the probe or the windows' corners."""
+    truth = xr.open_zarr(existing_path(path, "--truth store"), consolidated=False)
+    for name in ("object", "probe", "top_left"):
+        if name not in truth:
+            raise OutcoreError(f"The truth store {path!r} has no {name!r}.",
+                               "give the .truth.zarr written by outcore ptycho simulate.")
+    return truth
+
+
+def earlier_checkpoint(run_dir: str, input_path: str, settings: Settings
+                       ) -> tuple[xr.Dataset, int]:
+    """The newest checkpoint of the run ``run_dir`` (``--resume-from``), checked against this
+    run's input and settings: its state dataset and the iterations it holds."""
+    path, record = resumed_run(run_dir, "ptycho reconstruct")
+    config = record.get("config") or {}
+    if config.get("input") != str(Path(input_path).resolve()):
+        raise OutcoreError(f"{str(path)!r} reconstructed {config.get('input')!r}.",
+                           f"resume it with --input {config.get('input')}.")
+    mine = dataclasses.asdict(settings)
+    for key in RESUME_KEYS:
+        theirs = config.get("settings", {}).get(key, UNRECORDED.get(key))
+        if theirs != mine[key]:
+            flag = "--" + key.replace("_", "-")
+            raise OutcoreError(f"{flag} {mine[key]} differs from the resumed run's {theirs}.",
+                               f"pass {flag} {theirs}.")
+    state, done = load_checkpoint(path / WORK)
+    if settings.iterations is not None and done > settings.iterations:
+        raise OutcoreError(f"The checkpoint holds {done} iterations, more than --iterations "
+                           f"{settings.iterations}.", f"pass --iterations {done} or more.")
+    return state, done
+
+
+class IterationLines:
+    """A line per iteration on stdout (``prefix``, its number of ``total``, its loss and
+    seconds), and the seconds of each."""
+
+    def __init__(self, total: str | int, prefix: str = "") -> None:
+        self.total, self.prefix = total, prefix
+        self.seconds: list[float] = []
+        self._clock = time.perf_counter()
+
+    def __call__(self, iteration: int, loss: float) -> None:
+        now = time.perf_counter()
+        self.seconds.append(now - self._clock)
+        self._clock = now
+        print(f"{self.prefix}iteration {iteration + 1}/{self.total}: loss {loss:.6g} "
+              f"({self.seconds[-1]:.2f} s)", flush=True)
+
+
+def iteration_lines(settings: Settings, prefix: str = "") -> IterationLines:
+    """The lines of a run with ``settings`` (``N`` or ``<=max`` iterations)."""
+    return IterationLines(settings.iterations or f"<={settings.max_iterations}", prefix)
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
-    """The job of ``ptycho reconstruct``: the store opened and checked with the settings,
-    the checkpoint to resume from and the truth store, nothing computed."""
-    ds = open_input(args.input)
-    settings = store_settings(args, ds)
-    settings.validate(ds.sizes["position"])
+    """The job of ``ptycho reconstruct``: the store opened and checked with the options,
+    the checkpoint to resume from and the truth store, nothing computed; its ``execute``
+    runs ``outcore.ptycho.reconstruct`` with the plan the runner printed (from the
+    checkpoint, saving its own in ``work/``) and writes the run directory."""
+    options = options_of(args)
+    ds = scan_of(args.input)
+    settings, _ = settings_of(ds, options)
     at_least(args.checkpoint_every, "--checkpoint-every",
              what="the iterations between checkpoints")
     check_resume(args)
-    start_state, done = (earlier_checkpoint(args.resume_from, args.input, settings)
-                         if args.resume else (None, 0))
+    start, done = (earlier_checkpoint(args.resume_from, args.input, settings)
+                   if args.resume else (None, 0))
     truth = open_checked_truth(args.truth) if args.truth else None
-    check(ds, settings, args.defocus_search)
-    job = Reconstruction(args.input, ds, settings, resources.backend, args.defocus_search,
-                         start_state, done)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
-        job.record(run, client, args.checkpoint_every, truth)
+        lines = iteration_lines(settings)
+        with run.timing("reconstruct"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # said by record
+            recon = reconstruct(args.input, **options, start=start, checkpoints=run.path / WORK,
+                                checkpoint_every=args.checkpoint_every, on_iteration=lines,
+                                backend=resources.backend, client=client, plan=plan)
+        recon.attrs["warnings"] = in_flag_words(recon.attrs["warnings"], args)
+        record(run, recon, ds, done, lines.seconds, truth)
 
     def rounds(client: distributed.Client, plan: Plan,
-               outputs: Mapping[str, Path]) -> Callable[[], Result]:
-        """The iterations alone, from the starting state, nothing written (``outcore tune``)."""
-        prepared = job.prepare()
-        return lambda: job.iterate(client, prepared)
+               outputs: Mapping[str, Path]) -> Callable[[], xr.Dataset]:
+        """The iterations alone, from the starting state made once, nothing written
+        (``outcore tune``)."""
+        initial = starting_state(args.input, ds, settings, options["defocus_search"])
+
+        def one_round() -> xr.Dataset:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)  # a round is not a run
+                return reconstruct(args.input, **options, start=initial,
+                                   backend=resources.backend, client=client, plan=plan)
+
+        return one_round
 
     return Job(
         command="ptycho reconstruct",
@@ -171,7 +228,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                 "defocus_search": args.defocus_search,
                 "resume_from": str(Path(args.resume_from).resolve()) if args.resume else None,
                 "resumed_at_iteration": done if args.resume else None, "truth": args.truth},
-        plan=lambda resources: planning.plan(ds, settings, resources),
+        plan=lambda resources: plan_reconstruct(args.input, resources=resources, **options),
         execute=execute,
         inputs=[args.input],
         rounds=rounds,
@@ -186,7 +243,7 @@ def _pattern_iterations(args: argparse.Namespace) -> float:
     if args.iterations is None:
         raise OutcoreError("Tuning ptycho reconstruct needs a fixed number of iterations.",
                            "give --iterations N.")
-    return float(open_input(args.input).sizes["position"] * args.iterations)
+    return float(scan_of(args.input).sizes["position"] * args.iterations)
 
 
 TUNABLE = Tunable("sub_batch", "patterns/s", "pattern-iterations", _pattern_iterations)

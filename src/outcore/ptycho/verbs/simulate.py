@@ -1,7 +1,8 @@
 """``outcore ptycho simulate``: a ``diffraction`` store at ``--output`` (a grid scan, or a
 position list with ``--jitter``) and its truth (object, probe, window corners) beside it at
-``<stem>.truth.zarr`` (or ``--truth``), from ``outcore.ptycho.simulate``. Every option is
-checked before the cluster starts. See docs/operators/ptychography.md.
+``<stem>.truth.zarr`` (or ``--truth``): ``outcore.ptycho.simulate`` with the options, its
+``Simulation.save`` with the plan the runner printed. Every option is checked before the
+cluster starts. See docs/operators/ptychography.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from outcore.errors import refuse_existing
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, simulate_stages
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS
-from outcore.ptycho.simulate import beam_stop, open_truth, simulate_stack, truth_path_for
+from outcore.ptycho.simulation import (
+    SIMULATE_FIXES,
+    beam_stop,
+    open_truth,
+    simulate,
+    truth_path_for,
+)
 from outcore.runs import Run
 from outcore.verbs import Job
 
@@ -79,7 +86,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     output = refuse_existing(Path(args.output).expanduser().resolve())
     truth = refuse_existing(Path(args.truth).expanduser().resolve() if args.truth
                             else truth_path_for(output))
-    sim = simulate_stack(
+    sim = simulate(
         tuple(args.scan), step=args.step, jitter=args.jitter, detector=args.detector,
         energy=args.energy, wavelength=args.wavelength, pixel_size=args.pixel_size,
         probe_aperture=args.probe_aperture, defocus=args.defocus, probe=args.probe,
@@ -103,21 +110,16 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         "object_detail": args.object_detail,
     }
 
-    stages = simulate_stages(sim)
-
-    def plan(resources: Resources) -> Plan:
-        return Plan.of(stages, resources, baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
-
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
         stack = run.add_output(output, verify=lambda p: io.open(p, layout="diffraction"))
         with run.timing("simulate"):
-            sim.save(stack, run.add_output(truth, verify=open_truth))
+            sim.save(stack, run.add_output(truth, verify=open_truth), client=client, plan=plan)
         run.metric(positions=int(sim.truth.sizes["position"]),
                    layout="list" if "positions" in sim.stack else "grid",
                    object_shape=list(sim.truth["object"].shape),
                    pattern_shape=list(sim.stack["data"].shape[-2:]),
                    bytes=int(sim.stack["data"].nbytes))
 
-    return Job("ptycho simulate", config, plan, execute,
-               plan_fixes=["pass a smaller --chunk-positions"], data_bytes=data_bytes(stages),
+    return Job("ptycho simulate", config, sim.plan, execute, plan_fixes=SIMULATE_FIXES,
+               data_bytes=data_bytes(simulate_stages(sim)),
                worker_baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import distributed
 import xarray as xr
@@ -24,9 +24,12 @@ from outcore.runs import Run
 from outcore.tomo.center import search
 from outcore.tomo.center.axis import center_rows, with_center
 from outcore.tomo.geometry import Geometry
+from outcore.tomo.reconstruction.gridrec import Gridrec
 from outcore.tomo.reconstruction.projector import Projector
 
 CENTER_JSON = "center.json"
+#: What a reconstruction's centre is found for: its projector, or gridrec's slabs.
+Solver = TypeVar("Solver", Projector, Gridrec)
 
 
 def search_in_run(run: Run, client: distributed.Client, projections: Any, geometry: Geometry,
@@ -46,18 +49,15 @@ def search_in_run(run: Run, client: distributed.Client, projections: Any, geomet
     return found
 
 
-def find_in_run(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Projector,
-                source: Path) -> Projector:
+def find_in_run(run: Run, client: distributed.Client, ds: xr.Dataset, projector: Solver,
+                source: Path) -> Solver:
     """``--center auto``: the centre found on ``ds`` (the projections through the corrections
     that move the axis, ``steps.for_center``) by :func:`search_in_run`, and the projector
-    rebuilt around it, same blocks."""
+    (or gridrec's slabs) rebuilt around it, same blocks."""
     geometry = projector.geometry
     found = search_in_run(run, client, ds["projections"].data, geometry, source,
                           center_rows(geometry))
-    return Projector(with_center(geometry, found.center), projector.volume_shape,
-                     projector.partition, projector.views_per_block, projector.slab,
-                     split_every=projector.split_every, backend=projector.backend,
-                     dtype=projector.dtype)
+    return projector.with_geometry(with_center(geometry, found.center))
 
 
 def center_stages(ds: xr.Dataset, rows: int) -> list[TaskMemory]:

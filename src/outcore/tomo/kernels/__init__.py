@@ -3,7 +3,8 @@ ramp filter's.
 
 ``forward`` (Joseph's ray-driven projector), ``adjoint`` (its exact transpose) and
 ``backproject`` (voxel-driven, weighted, for FBP/FDK) work on one block of views and one
-z-slab; ``filter_rows`` convolves the rows of a block of projections with the ramp filter.
+z-slab; ``filter_rows`` convolves the rows of a block of projections with the ramp filter;
+``gridrec`` reconstructs a slab's planes from their sinograms in Fourier space.
 Each dispatches on the array it gets (``outcore.backend.kernels``): numpy runs
 ``kernels.cpu``, cupy runs ``kernels.gpu``. A slab is the planes ``z0 <= k < z0 + nz``
 of a volume of ``depth`` planes; a projection block holds the detector rows
@@ -83,6 +84,20 @@ def filter_rows(rows: Array, response: np.ndarray, size: int) -> Array:
     return kernels(rows, __name__).filter_rows(rows, response, size)
 
 
+def gridrec(sinograms: Array, pairs: np.ndarray, weights: np.ndarray, factors: np.ndarray,
+            coords: np.ndarray, shape: tuple[int, int], epsilon: float) -> Array:
+    """Gridrec of a slab's planes from their band of sinograms ``(views, rows, nu)`` on its
+    backend: plane ``p`` is ``weights[p, 0] * sinograms[:, pairs[p, 0]] + weights[p, 1] *
+    sinograms[:, pairs[p, 1]]``, its ``rfft`` (on ``2 * (K - 1)`` points) times ``factors
+    (views, K)`` at the polar frequencies ``coords (views, K, 2)`` (``xi_y, xi_x``, radians
+    per voxel) gridded onto ``shape (ny, nx)`` by a type-1 NUFFT of relative accuracy
+    ``epsilon``, real part (``outcore.tomo.reconstruction.gridrec``). Returns ``(planes,
+    ny, nx)`` in the sinograms' dtype (numpy: ducc0; cupy: a gridding kernel of our own)."""
+    return kernels(sinograms, __name__).gridrec(sinograms, np.asarray(pairs),
+                                                np.asarray(weights), factors, coords,
+                                                tuple(shape), epsilon)
+
+
 _WARM: set[tuple[str, str]] = set()
 
 
@@ -124,4 +139,4 @@ def _accumulate(proj: Array, slab_shape: tuple[int, ...], z0: int, depth: int | 
     return acc if out is not None else acc.astype(proj.dtype)
 
 
-__all__ = ["adjoint", "backproject", "filter_rows", "forward", "warm"]
+__all__ = ["adjoint", "backproject", "filter_rows", "forward", "gridrec", "warm"]

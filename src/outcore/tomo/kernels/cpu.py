@@ -1,6 +1,7 @@
 """CPU kernels (numba): Joseph's forward projector, its exact transpose, and a voxel-driven
 weighted backprojector for FBP/FDK. One call works on a block of views and a z-slab. And the
-ramp filter of a block of rows (``filter_rows``, scipy's FFT).
+ramp filter of a block of rows (``filter_rows``, scipy's FFT), and gridrec's planes of a slab
+(``gridrec``: scipy's FFT and ducc0's NUFFT).
 
 Joseph's method walks each ray one voxel at a time along its *driving* axis (``x`` or ``y``,
 whichever the ray is closer to) and, in every plane of that axis, interpolates the volume
@@ -774,3 +775,36 @@ def filter_rows(rows: np.ndarray, response: np.ndarray, size: int) -> np.ndarray
     spectrum *= np.asarray(response, dtype=rows.dtype)
     filtered = scipy.fft.irfft(spectrum, n=size, axis=-1)
     return filtered[..., :rows.shape[-1]].astype(rows.dtype)
+
+
+#: Largest oversampling of ducc0's fine grid for gridrec (its default reaches 2.51), so
+#: that the grid of ``sigma^2 ny nx`` complex values stays within the memory model's count.
+GRIDREC_SIGMA_MAX = 2.0
+
+
+def gridrec(sinograms: np.ndarray, pairs: np.ndarray, weights: np.ndarray,
+            factors: np.ndarray, coords: np.ndarray, shape: tuple[int, int],
+            epsilon: float) -> np.ndarray:
+    """Gridrec of the planes of a slab from their band of sinograms ``(views, rows, nu)``:
+    plane ``p``'s sinogram is ``weights[p] . sinograms[:, pairs[p]]``; its ``rfft`` on
+    ``2 * (factors.shape[1] - 1)`` points times ``factors (views, K)`` are the values at
+    the polar frequencies ``coords (views, K, 2)`` (``xi_y, xi_x``) that ducc0's type-1
+    NUFFT (one thread, relative accuracy ``epsilon``) puts on the image grid ``shape (ny,
+    nx)``; the plane is its real part (``outcore.tomo.reconstruction.gridrec``). A new
+    ``(planes, ny, nx)`` array of the sinograms' dtype."""
+    import ducc0
+
+    size = 2 * (factors.shape[1] - 1)
+    plan = ducc0.nufft.plan(nu2u=True, coord=coords.reshape(-1, 2), grid_shape=shape,
+                            epsilon=epsilon, nthreads=1, sigma_max=GRIDREC_SIGMA_MAX)
+    out = np.empty((pairs.shape[0], *shape), sinograms.dtype)
+    image = np.empty(shape, factors.dtype)
+    for p, ((r0, r1), (w0, w1)) in enumerate(zip(pairs, weights, strict=True)):
+        sinogram = sinograms[:, r0] * sinograms.dtype.type(w0)
+        sinogram += sinograms[:, r1] * sinograms.dtype.type(w1)
+        spectrum = scipy.fft.rfft(sinogram, n=size, axis=-1)
+        del sinogram
+        spectrum *= factors
+        plan.nu2u(points=spectrum.reshape(-1), forward=False, out=image)
+        out[p] = image.real
+    return out

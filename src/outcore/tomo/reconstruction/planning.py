@@ -21,9 +21,10 @@ from outcore.tomo.center.run import center_stages
 from outcore.tomo.corrections import steps
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import method_plan
+from outcore.tomo.reconstruction.gridrec import Gridrec, gridrec_plan, suggest_slab
 from outcore.tomo.reconstruction.projector import Projector, blocks_config, fitting_projector
 
-METHODS: tuple[str, ...] = ("fbp", "sirt", "cgls")
+METHODS: tuple[str, ...] = ("fbp", "gridrec", "sirt", "cgls")
 ITERATIVE: tuple[str, ...] = ("sirt", "cgls")
 STATES: tuple[str, ...] = ("auto", "memory", "disk")
 #: Iterations between checkpoints when ``--checkpoint-every`` is not given: every one when
@@ -36,7 +37,7 @@ class Solve:
     """What a reconstruction's plan chose: the projector (its blocks), and for sirt and cgls
     where the vectors live and the iterations between checkpoints."""
 
-    projector: Projector
+    projector: Projector | Gridrec
     state: str | None = None
     checkpoint_every: int | None = None
 
@@ -69,6 +70,12 @@ def plan(geometry: Geometry, shape: tuple[int, int, int], method: str, resources
     memory (``state`` ``memory``, or ``auto`` when that plan fits) or in zarr (``disk``),
     and a checkpoint every ``checkpoint_every`` iterations (default
     :data:`CHECKPOINT_EVERY`)."""
+    if method == "gridrec":  # z-slabs of whole sinograms, no projector
+        planes = slab or suggest_slab(geometry, shape, resources, stored.dtype,
+                                      stored.data.chunks)
+        chosen = Gridrec(geometry, shape, planes, backend=resources.backend, dtype=stored.dtype)
+        return replace(gridrec_plan(chosen, resources, stored.data.chunks, extra),
+                       choices=Solve(chosen), config={"slab": chosen.slab})
     chunks = store_chunks(stored)
     projector = fitting_projector(geometry, shape, partition, method, resources,
                                   views_per_block, slab, stored.dtype, chunks)

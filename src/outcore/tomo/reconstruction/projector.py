@@ -104,6 +104,12 @@ class Projector:
         _, ny, nx = self.volume_shape
         return (tuple(b - a for a, b in self.blocks.slabs), (ny,), (nx,))
 
+    def with_geometry(self, geometry: Geometry) -> Projector:
+        """The same blocks for another geometry of the same detector (a centre found)."""
+        return Projector(geometry, self.volume_shape, self.partition, self.views_per_block,
+                         self.slab, split_every=self.split_every, backend=self.backend,
+                         dtype=self.dtype)
+
     def project(self, volume: Any) -> da.Array:
         """The projections ``(view, v, u)`` of ``volume (z, y, x)`` (dask, numpy or an xarray
         DataArray), lazily."""

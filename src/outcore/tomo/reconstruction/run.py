@@ -95,6 +95,8 @@ def solve(run: Run, projector: Projector, request: Request, chosen: Solve
     method, iterations, earlier = request.method, request.iterations, request.earlier
     projections = refuse_nonfinite(request.ds["projections"].data, "projections",
                                    "projections", source=str(run.record["config"]["input"]))
+    if method == "gridrec":
+        return projector.reconstruct(projections, request.window), {"projector_passes": 1}
     if method == "fbp":  # filtered in the projector's blocks, not the store's
         projections = projections.rechunk(projector.projection_chunks)
         return fbp(projections, projector, request.window), {"projector_passes": 1}

@@ -38,6 +38,7 @@ from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.raw import options as raw_options
 from outcore.tomo.raw.source import projections_input, scan_source
 from outcore.tomo.reconstruction import planning
+from outcore.tomo.reconstruction.gridrec import check_parallel
 from outcore.tomo.reconstruction.projector import PARTITIONS
 from outcore.tomo.reconstruction.resume import check_corrections, earlier_run, same
 from outcore.tomo.reconstruction.run import Request, fbp_round, reconstruct_in_run
@@ -54,12 +55,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True,
                    help="projections store (.zarr), or a raw HDF5 scan (Data Exchange or "
                         "NXtomo), normalised on the way")
-    p.add_argument("--method", default="fbp", metavar="{fbp,sirt,cgls}",
-                   help="fbp (FDK for cone beam), or an iterative solver")
+    p.add_argument("--method", default="fbp", metavar="{fbp,gridrec,sirt,cgls}",
+                   help="fbp (FDK for cone beam), gridrec (parallel beam, in Fourier space:"
+                        " several times faster), or an iterative solver")
     p.add_argument("--iterations", type=int, default=None,
                    help=f"sirt/cgls: total iterations (default {DEFAULT_ITERATIONS})")
     p.add_argument("--window", default=None, metavar="{ram-lak,shepp-logan,hann}",
-                   help="fbp: window of the ramp filter (default ram-lak)")
+                   help="fbp, gridrec: window of the ramp filter (default ram-lak)")
     p.add_argument("--state", default="auto", metavar="{auto,memory,disk}",
                    help="sirt/cgls: where the solver's vectors live: the workers' memory, or"
                         " zarr in the run's work/ (auto: memory when the plan fits)")
@@ -92,7 +94,8 @@ def _check_options(args: argparse.Namespace) -> tuple[str, str | None, int]:
     check_blocks(args)
     if method in planning.ITERATIVE:
         if args.window is not None:
-            raise OutcoreError(f"--window applies to fbp, not to {method}.", "drop --window.")
+            raise OutcoreError(f"--window applies to fbp and gridrec, not to {method}.",
+                               "drop --window.")
         check_resume(args)
         return method, None, args.iterations or DEFAULT_ITERATIONS
     for flag, given in (("--iterations", args.iterations is not None),
@@ -100,8 +103,15 @@ def _check_options(args: argparse.Namespace) -> tuple[str, str | None, int]:
                         ("--state", args.state != "auto"),
                         ("--checkpoint-every", args.checkpoint_every is not None)):
         if given:
-            raise OutcoreError(f"{flag} applies to sirt and cgls, not to fbp.",
+            raise OutcoreError(f"{flag} applies to sirt and cgls, not to {method}.",
                                f"drop {flag}, or use --method cgls or sirt.")
+    if method == "gridrec":
+        for flag, given in (("--partition", args.partition), ("--views-per-block",
+                                                               args.views_per_block)):
+            if given is not None:
+                raise OutcoreError(f"{flag} does not apply to gridrec: each task takes every "
+                                   "view of its slab's detector rows.",
+                                   f"drop {flag} (--slab sets the planes per task).")
     return method, choice(args.window or "ram-lak", WINDOWS, "--window"), 0
 
 
@@ -131,6 +141,8 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     corrections = steps.configure(args, raw, steps.RECONSTRUCT, resources)
     ds = steps.apply(corrections, raw)
     geometry = Geometry.from_attrs(ds)
+    if method == "gridrec":
+        check_parallel(geometry, "use --method fbp, which runs FDK for a cone-beam scan.")
     center = _wanted_center(args.center, geometry)
     if isinstance(center, float):
         geometry = with_center(geometry, center)

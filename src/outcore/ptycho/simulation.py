@@ -26,20 +26,25 @@ pixel_size`` metres is the position (``xy`` order).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import dask.array as da
+import distributed
 import numpy as np
 import xarray as xr
 
-from outcore import io
+from outcore import io, session
+from outcore.arguments import keywords_checked
 from outcore.backend import nearest_whole
 from outcore.checks import at_least
 from outcore.errors import OutcoreError, refuse_existing
 from outcore.io.store import open_unchecked, write_new
+from outcore.plan import Plan, Resources
+from outcore.ptycho.memory import PTYCHO_WORKER_BASELINE_BYTES, simulate_stages
 from outcore.ptycho.optics import HC_EV_M, fresnel_propagator, pupil_to_probe
 from outcore.ptycho.preprocessing.scan import CHUNK_POSITIONS
 from outcore.ptycho.reconstruction.model import Model, intensities, warm
@@ -177,7 +182,7 @@ def beam_stop(k: int, radius: float) -> np.ndarray:
     """A (k, k) detector mask, True on the disc of ``radius`` pixels around the zero
     frequency ``k // 2`` (a beam stop)."""
     if not (np.isfinite(radius) and 0 < radius < k / 2):
-        raise OutcoreError(f"--beam-stop {radius} is not a radius inside the {k}-pixel "
+        raise OutcoreError(f"beam_stop={radius} is not a radius inside the {k}-pixel "
                            "detector.", f"give pixels between 0 and {k // 2}.")
     q = np.arange(k) - k // 2
     return np.hypot(q[:, None], q[None, :]) <= radius
@@ -254,19 +259,35 @@ class Simulation:
     stack: xr.Dataset
     truth: xr.Dataset
 
-    def save(self, output: str | PathLike[str], truth: str | PathLike[str] | None = None
+    def plan(self, resources: Resources) -> Plan:
+        """The memory plan of writing the scan on ``resources`` (nothing computed)."""
+        return Plan.of(simulate_stages(self), resources,
+                       baseline_bytes=PTYCHO_WORKER_BASELINE_BYTES)
+
+    def save(self, output: str | PathLike[str], truth: str | PathLike[str] | None = None,
+             *, client: distributed.Client | None = None, plan: Plan | None = None
              ) -> tuple[Path, Path]:
         """Write the stack at ``output`` and the truth at ``truth`` (default
-        ``<output stem>.truth.zarr`` beside it), chunk by chunk; never overwrites."""
+        ``<output stem>.truth.zarr`` beside it), chunk by chunk, on ``client``
+        (``outcore.session.client_for``); never overwrites. Its plan (``plan``, else this
+        simulation's for the client's workers) is checked first: a worker memory limit too
+        small is a ``PlanError`` before anything is written."""
         output = Path(output).expanduser()
         truth_path = Path(truth).expanduser() if truth else truth_path_for(output)
         refuse_existing(output)
         refuse_existing(truth_path)
-        io.save(self.stack, output, layout="diffraction")
+        client = session.client_for(client)
+        session.fitted_plan(self.plan, client, plan=plan, fixes=SIMULATE_FIXES)
         for var in self.truth.variables.values():
             var.encoding = {"compressors": None}
-        write_new(self.truth, truth_path)
+        with client.as_current():
+            io.save(self.stack, output, layout="diffraction")
+            write_new(self.truth, truth_path)
         return output, truth_path
+
+
+#: What makes a simulation's tasks smaller, named when its plan does not fit.
+SIMULATE_FIXES = ("simulate with a smaller chunk_positions= (positions per task)",)
 
 
 def truth_path_for(output: str | PathLike[str]) -> Path:
@@ -280,11 +301,13 @@ def open_truth(path: str | PathLike[str]) -> xr.Dataset:
     ds = open_unchecked(path)
     if ds.attrs.get(io.LAYOUT_ATTR) != TRUTH_LAYOUT:
         raise OutcoreError(f"{str(path)!r} is not a simulation truth store.",
-                           "open the .truth.zarr written by outcore ptycho simulate.")
+                           "open the .truth.zarr that Simulation.save (or ptycho simulate)"
+                           " wrote beside the stack.")
     return ds
 
 
-def simulate_stack(
+@keywords_checked
+def simulate(
     scan: tuple[int, int] = (16, 16),
     *,
     step: float | None = None,
@@ -311,7 +334,8 @@ def simulate_stack(
     chunk_positions: int = CHUNK_POSITIONS,
     object_padding: int = 0,
 ) -> Simulation:
-    """A simulated ptychography scan with its truth; nothing is computed yet.
+    """A simulated ptychography scan with its truth; nothing is computed (``save`` writes
+    both, on your cluster; ``.stack`` and ``.truth`` are lazy Datasets).
 
     ``scan`` (NY, NX) positions, ``step`` pixels apart (default ``detector // 8``), with a
     uniform ``jitter`` of up to that many pixels (whole pixels, or fractional with
@@ -331,32 +355,38 @@ def simulate_stack(
     needs). ``dtype`` float32 or uint32 (counts only). ``chunk_positions`` positions per
     task; ``object_padding`` pixels of object around the windows.
     """
-    k = at_least(detector, "--detector", 2)
-    scan = (at_least(scan[0], "--scan", 1), at_least(scan[1], "--scan", 1))
+    k = at_least(detector, "detector", 2)
+    if len(scan) != 2:
+        raise OutcoreError(f"scan={tuple(scan)} is not two sizes.",
+                           "give the positions along y and x, e.g. scan=(16, 16).")
+    if not all(isinstance(n, numbers.Integral) and n >= 1 for n in scan):
+        raise OutcoreError(f"scan={tuple(scan)} is not two whole numbers of 1 or more.",
+                           "give the positions along y and x, e.g. scan=(16, 16).")
+    scan = (int(scan[0]), int(scan[1]))
     step = float(max(1, k // 8) if step is None else step)
-    for value, flag in ((step, "--step"), (pixel_size, "--pixel-size")):
+    for value, name in ((step, "step"), (pixel_size, "pixel_size")):
         if not (np.isfinite(value) and value > 0):
-            raise OutcoreError(f"{flag} {value} must be positive.", f"give a positive {flag}.")
+            raise OutcoreError(f"{name}={value} must be positive.", f"give a positive {name}=.")
     if not (np.isfinite(object_detail) and object_detail >= 1):
-        raise OutcoreError(f"--object-detail {object_detail} must be 1 or more.",
+        raise OutcoreError(f"object_detail={object_detail} must be 1 or more.",
                            "give 1 (the default) to 4.")
-    for value, flag in ((jitter, "--jitter"), (position_error, "--position-error")):
+    for value, name in ((jitter, "jitter"), (position_error, "position_error")):
         if not (np.isfinite(value) and value >= 0):
-            raise OutcoreError(f"{flag} {value} must be 0 or more.", "give pixels, e.g. 1.5.")
-    at_least(probe_modes, "--probe-modes", what="1 or more probe modes")
-    at_least(slices, "--slices", what="1 or more slices")
+            raise OutcoreError(f"{name}={value} must be 0 or more.", "give pixels, e.g. 1.5.")
+    at_least(probe_modes, "probe_modes", what="1 or more probe modes")
+    at_least(slices, "slices", what="1 or more slices")
     if (slices > 1) != (slice_thickness is not None) or (
             slice_thickness is not None and not slice_thickness > 0):
-        raise OutcoreError(f"--slices {slices} with --slice-thickness {slice_thickness}: "
+        raise OutcoreError(f"slices={slices} with slice_thickness={slice_thickness}: "
                            "a thickness goes with 2 or more slices, and they need one.",
-                           "give both (e.g. --slices 2 --slice-thickness 1e-6) or neither.")
+                           "give both (e.g. slices=2 and slice_thickness=1e-6) or neither.")
     lam, radiation = _radiation(energy, wavelength)
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.uint32) or (dtype == np.uint32 and dose is None):
-        raise OutcoreError(f"dtype {dtype} is not float32, or uint32 with a dose.",
-                           "use float32, or uint32 counts together with --dose.")
+        raise OutcoreError(f"dtype={str(dtype)!r} is not float32, or uint32 with a dose.",
+                           "use float32, or uint32 counts together with dose=.")
     if dose is not None and not (np.isfinite(dose) and dose > 0):
-        raise OutcoreError(f"--dose {dose} must be positive.", "give photons per pattern.")
+        raise OutcoreError(f"dose={dose} must be positive.", "give photons per pattern.")
     if mask is not None:
         mask = np.asarray(mask, bool)
         if mask.shape != (k, k):
@@ -368,7 +398,7 @@ def simulate_stack(
     truth_probe = _probe(probe, k, aperture, lam, pixel_size, defocus, dose, probe_modes,
                          mode_power, mode_tilt)
     coords = scan_coords(scan, step, jitter, seed,
-                         at_least(object_padding, "--object-padding", 0), subpixel)
+                         at_least(object_padding, "object_padding", 0), subpixel)
     top_left = nearest_whole(coords)
     shape = tuple(int(n) for n in top_left.max(axis=0) + k + object_padding)
     objects = tuple(synthetic_object(shape, k, seed, layer,  # type: ignore[arg-type]
@@ -379,7 +409,7 @@ def simulate_stack(
     frame_shape = (*scan, k, k) if grid else (len(coords), k, k)
     source = SimulatedFrames(frame_shape, dtype, objects, truth_probe, coords, seed,
                              dose is not None, model, mask)
-    n = at_least(chunk_positions, "--chunk-positions", 1)
+    n = at_least(chunk_positions, "chunk_positions", 1)
     chunks = ((max(1, n // min(n, scan[1])), min(n, scan[1])) if grid else (n,))
     data = da.from_array(source, chunks=(*chunks, k, k),
                          meta=np.empty((0,) * len(frame_shape), dtype))
@@ -416,15 +446,15 @@ def _radiation(energy: float | None, wavelength: float | None) -> tuple[float, d
     """The wavelength [m] and the attr that states it (``energy`` or ``wavelength``)."""
     if energy is not None and wavelength is not None:
         raise OutcoreError("Both an energy and a wavelength were given.",
-                           "give --energy EV or --wavelength M, not both.")
+                           "give energy= (eV) or wavelength= (m), not both.")
     if wavelength is not None:
         if not (np.isfinite(wavelength) and wavelength > 0):
-            raise OutcoreError(f"--wavelength {wavelength} must be positive.",
+            raise OutcoreError(f"wavelength={wavelength} must be positive.",
                                "give metres, e.g. 1.55e-10.")
         return float(wavelength), {"wavelength": float(wavelength)}
     energy = DEFAULT_ENERGY_EV if energy is None else energy
     if not (np.isfinite(energy) and energy > 0):
-        raise OutcoreError(f"--energy {energy} must be positive.", "give eV, e.g. 8000.")
+        raise OutcoreError(f"energy={energy} must be positive.", "give eV, e.g. 8000.")
     return HC_EV_M / energy, {"energy": float(energy)}
 
 
@@ -437,8 +467,8 @@ def _probe(probe: np.ndarray | str | PathLike | None, k: int, aperture: float,
         tilts = [(0.0, 0.0), (tilt, 0.0), (0.0, tilt), (tilt, tilt), (-tilt, 0.0),
                  (0.0, -tilt), (-tilt, -tilt), (tilt, -tilt)]
         if modes > len(tilts):
-            raise OutcoreError(f"--probe-modes {modes} is more than the {len(tilts)} the "
-                               "simulation makes.", f"give at most {len(tilts)}, or a --probe.")
+            raise OutcoreError(f"probe_modes={modes} is more than the {len(tilts)} the "
+                               "simulation makes.", f"give at most {len(tilts)}, or a probe=.")
         out = np.stack([aperture_probe(k, aperture, wavelength, pixel_size, defocus, shift)
                         * np.sqrt(1.0 if m == 0 else mode_power)
                         for m, shift in enumerate(tilts[:modes])])
@@ -448,7 +478,7 @@ def _probe(probe: np.ndarray | str | PathLike | None, k: int, aperture: float,
         if out.shape[-2:] != (k, k) or out.ndim != 3 or not np.isfinite(out).all():
             raise OutcoreError(f"The probe has shape {given.shape}; the detector is {k}x{k}.",
                                f"give a finite ({k}, {k}) (or (modes, {k}, {k})) complex "
-                               f"probe, or --detector {out.shape[-1]}.")
+                               f"probe, or detector={out.shape[-1]}.")
     if dose is not None or probe is None:  # a given probe keeps its power without a dose
         out = out * np.sqrt((dose or 1.0) / (np.abs(out) ** 2).sum())
     return out.astype(np.complex64)
