@@ -918,6 +918,8 @@ TRACKED = ("numpy", "dask", "xarray", "pandas", "zarr", "pyarrow", "distributed"
            "bokeh", "numba", "llvmlite")
 #: Stamps of the no-op job: a run whose work is nothing, so its wall is outcore's fixed cost.
 NOOP_STAMPS = 8
+#: The floor of any command built on the stack: a process that only imports it.
+STACK_IMPORTS = "import numpy, dask.array, xarray, zarr"
 
 
 def import_times(stderr: str) -> dict:
@@ -1008,7 +1010,8 @@ def outcore_module_file() -> str:
 
 def case_startup(args: argparse.Namespace, work: Path) -> list[dict]:
     """``outcore --help``, ``outcore info`` and the no-op job (``fit-dipoles`` on
-    ``NOOP_STAMPS`` stamps, ``auto``'s choice of cluster) as paired processes, the no-op also
+    ``NOOP_STAMPS`` stamps, ``auto``'s choice of cluster) as paired processes with the
+    floor under them (a process importing the stack, ``STACK_IMPORTS``), the no-op also
     as the first run after a fresh installation (with ``make``'s install step, ``outcore
     warm``, and without it), each line split by ``startup_split`` and naming the tracked
     packages its command imports (one ``-X importtime`` run each); then the start and stop
@@ -1024,6 +1027,10 @@ def case_startup(args: argparse.Namespace, work: Path) -> list[dict]:
                                 if words is noop else [])],
                             lambda run, m: {})
                   for label, words in commands.items()]
+    contenders.append(Contender("python", f"python -c '{STACK_IMPORTS}'",
+                                {"command": f"python -c '{STACK_IMPORTS}'", "floor": True},
+                                lambda run: [sys.executable, "-c", STACK_IMPORTS],
+                                lambda run, m: {}))
     installs: dict[str, list[float]] = {}
     for warm in ([True, False] if args.first_run else []):
         label = (f"outcore fit-dipoles, {NOOP_STAMPS} stamps (no-op), first run after"
@@ -1073,7 +1080,8 @@ def case_startup(args: argparse.Namespace, work: Path) -> list[dict]:
         if contender.label in installs and installs[contender.label]:
             extra["install_step_s"] = round(statistics.median(installs[contender.label]), 3)
         records.append(line(
-            "startup", "outcore-startup", {**contender.case, "path": "cli"}, "wall_s",
+            "startup", "python-stack-imports" if contender.tool == "python" else
+            "outcore-startup", {**contender.case, "path": "cli"}, "wall_s",
             statistics.median(walls), walls, path="cli", walls_s=[round(w, 3) for w in walls],
             cpu_s=round(statistics.median(r.cpu_s for r in contender.runs), 3),
             split_s=split, imports=known, **extra, run=RUN, load_avg=load_avg()))
