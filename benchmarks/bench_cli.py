@@ -1120,12 +1120,14 @@ def case_issue38(args: argparse.Namespace, work: Path) -> list[dict]:
     (with the no-op's first run after installing), ``fit-dipoles`` on 3x10^4 17x17 stamps
     against cuPhoton's numpy ``xfit``, FBP at 128^3 against ASTRA, and bench_real.py's DECam
     pair (SFFT), EMMI sources (a bare sep script) and tooth (algotom with ASTRA) from
-    ``--real-data`` (those of ``--real-cases``); then one ``issue38-goals`` line per goal
-    with the measured ratio (the sketch's rows are bench_sketch.py's)."""
+    ``--real-data`` (those of ``--real-cases``; cuPhoton and ASTRA where ``--peers`` names
+    them); then one ``issue38-goals`` line per goal with the measured ratio (the sketch's
+    rows are bench_sketch.py's)."""
     import bench_real
 
     issue = argparse.Namespace(**{**vars(args), "first_run": True, "fit_n": [30_000],
-                                  "fit_inputs": ["npz"], "peers": ["cuphoton", "astra"],
+                                  "fit_inputs": ["npz"],
+                                  "peers": [p for p in ("cuphoton", "astra") if p in args.peers],
                                   "tomo_n": [128], "tomo_methods": ["fbp"],
                                   "outcore_cluster": ["auto"], "cluster_workers": 0})
     records = case_startup(issue, work)
