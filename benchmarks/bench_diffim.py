@@ -63,11 +63,12 @@ def simulate(size: int, seed: int, stars: int | None = None):
 
 
 def outcore_run(manifest: Path, out: Path, name: str, workers: int, limit: str | None,
-                tile: int | None, cluster: str, timeout: float) -> tuple[Measured, dict]:
-    """One ``outcore diffim`` process, measured, and its summary."""
+                tile: int | None, cluster: str, timeout: float, method: str = "auto"
+                ) -> tuple[Measured, dict]:
+    """One ``outcore diffim`` process (subtraction ``method``), measured, and its summary."""
     command = [*outcore_command(), "diffim", "--manifest", str(manifest), "--output-dir",
                str(out), "--name", name, "--cluster", cluster, "--workers", str(workers),
-               "--no-progress"]
+               "--no-progress", "--method", method]
     command += ["--memory-limit", limit] if limit else []
     command += ["--tile", str(tile)] if tile else []
     measured = run_process(command, out / f"{name}-log", timeout)
@@ -94,6 +95,11 @@ def breakdown(measured: Measured, summary: dict) -> dict:
     timings = summary["timings_s"]
     return {**timings, "until_cluster_line": round(started, 3) if started else None,
             "outside_total": round(measured.wall_s - timings["total"], 3)}
+
+
+def chosen(summary: dict) -> list[str]:
+    """The subtraction each item ran (``auto``'s choice)."""
+    return [item.get("method") for item in summary["metrics"]["items"].values()]
 
 
 def agreement(reference: np.ndarray, other: np.ndarray, sim, edge: int) -> dict:
@@ -133,25 +139,29 @@ def bench_pair(args: argparse.Namespace, work: Path) -> None:
     for tool in set(args.peers) - set(peers):
         print(f"# {tool}: no venv at {VENVS[tool]}; run benchmarks/peers/make_diffim_venvs.sh",
               file=sys.stderr)
-    contenders = [f"outcore-{c}" for c in args.clusters] + peers
+    # outcore-CLUSTER runs the default subtraction (auto), outcore-CLUSTER-METHOD the others
+    contenders = [f"outcore-{c}" + ("" if m == "auto" else f"-{m}")
+                  for c in args.clusters for m in args.methods] + peers
     runs: dict[str, list[Measured]] = {c: [] for c in contenders}
     loads: dict[str, list[float]] = {c: [] for c in contenders}
     summaries: dict[str, list[dict]] = {c: [] for c in contenders}
+    methods: dict[str, list[str]] = {}
     for run in range(args.runs):
         order = contenders if run % 2 == 0 else contenders[::-1]
         for contender in order:
             loads[contender].append(_load())
             if contender.startswith("outcore-"):
-                cluster = contender.removeprefix("outcore-")
+                cluster, _, method = contender.removeprefix("outcore-").partition("-")
                 measured, summary = outcore_run(manifest, work / "runs", f"{contender}-{run}",
                                                 args.workers, args.memory_limit, args.tile,
-                                                cluster, args.timeout)
+                                                cluster, args.timeout, method or "auto")
                 summaries[contender].append(breakdown(measured, summary))
+                methods[contender] = chosen(summary)
             else:
                 measured = peer_run(contender, folder, item, work / f"{contender}-{run}.npy",
                                     args.timeout)
             runs[contender].append(measured)
-    first = f"outcore-{args.clusters[0]}"
+    first = contenders[0]
     d = xr.open_zarr(work / "runs" / f"{first}-0" / "difference.zarr")["difference"].sel(
         pair="pair").values
     edge = 64
@@ -162,13 +172,17 @@ def bench_pair(args: argparse.Namespace, work: Path) -> None:
         walls = [r.wall_s for r in runs[contender]]
         extra = {"path": "cli", **_stats(runs[contender]), "load_average": loads[contender]}
         if contender.startswith("outcore-"):
-            cluster = contender.removeprefix("outcore-")
-            line(BENCH, "outcore", case | {"cluster": cluster}, "s_per_pair",
-                 statistics.median(walls), walls, **extra,
+            cluster, _, method = contender.removeprefix("outcore-").partition("-")
+            mine = xr.open_zarr(work / "runs" / f"{contender}-0" / "difference.zarr")[
+                "difference"].sel(pair="pair").values
+            line(BENCH, "outcore", case | {"cluster": cluster, "method": method or "auto"},
+                 "s_per_pair", statistics.median(walls), walls, **extra,
                  breakdown_s={k: round(statistics.median(s[k] for s in summaries[contender]
                                                           if s[k] is not None), 3)
                               for k in summaries[contender][0]},
-                 agreement=agreement(d, d, sim, edge))
+                 agreement=agreement(d, mine, sim, edge),
+                 chosen=methods[contender],
+                 outcore_speedup=round(statistics.median(walls) / reference, 3))
         else:
             other = np.load(work / f"{contender}-0.npy")
             line(BENCH, contender, case | {"workers": 1}, "s_per_pair",
@@ -232,6 +246,10 @@ def main() -> None:
     parser.add_argument("--clusters", nargs="+", default=["auto", "threads"],
                         help="outcore's --cluster values to compare (the many case uses the "
                              "last)")
+    parser.add_argument("--methods", nargs="+", default=["auto"],
+                        choices=["auto", "zogy", "kernel"],
+                        help="outcore's --method values of the pair case (the first cluster's "
+                             "first method is the reference of the ratios)")
     parser.add_argument("--tile", type=int, default=None, help="default: outcore's choice")
     parser.add_argument("--memory-limit", default=None, help="default: outcore's")
     parser.add_argument("--peers", nargs="*", default=["properimage", "sfft"],

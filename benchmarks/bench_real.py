@@ -244,16 +244,19 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
     base = {"data": "astro/decam_i_mini_stacks/4check", "reference": reference.name,
             "target": target.name, "shape": list(shipped.shape)}
 
-    def judge_outcore(run: Path, _: Measured) -> dict:
-        summary_of(run / "out")
+    def judge_outcore(run: Path, _: Measured, tool: str = "outcore") -> dict:
+        summary = summary_of(run / "out")
         pair = xr.open_zarr(run / "out" / "difference.zarr").sel(pair="pair").load()
-        held["outcore"] = pair.difference.values.astype(np.float64)
+        held[tool] = pair.difference.values.astype(np.float64)
         score = pair.score.values.astype(np.float64)
-        held["searched"] = np.isfinite(score)
-        area = sky & held["searched"]
+        searched = np.isfinite(score)
+        if tool == "outcore":  # the default run's searched area is every contender's
+            held["searched"] = searched
+        area = sky & searched
         return {"score_spread_empty_sky": robust_spread(score[area]),
                 "empty_sky_pixels": int(area.sum()),
-                "searched_fraction": round(float(held["searched"].mean()), 4)}
+                "searched_fraction": round(float(searched.mean()), 4),
+                "method": [i.get("method") for i in summary["metrics"]["items"].values()]}
 
     def judge_sfft(run: Path, _: Measured) -> dict:
         held["sfft"] = np.load(run / "difference.npy").astype(np.float64)
@@ -265,6 +268,15 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
                      str(target), *cluster_options(args), "--output-dir", str(run), "--name",
                      "out", "--no-progress"],
         judge_outcore)]
+    for method in ("zogy", "kernel"):  # the default (auto) and each subtraction it chooses from
+        contenders.append(Contender(
+            f"outcore-{method}", f"outcore --method {method}", {**base, "method": method},
+            lambda run, method=method: [
+                *outcore_command(), "diffim", "--reference", str(reference), "--target",
+                str(target), "--method", method, *cluster_options(args), "--output-dir",
+                str(run), "--name", "out", "--no-progress"],
+            lambda run, measured, method=method: judge_outcore(run, measured,
+                                                               f"outcore-{method}")))
     if args.peers:
         python = DIFFIM_VENVS["sfft"] / "bin" / "python"
         note = (None if python.exists() else
@@ -281,7 +293,7 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
         if contender.judged is None or contender.tool not in held:
             continue
         quality = decam_quality(held[contender.tool], shipped, held.get("searched"))
-        if contender.tool == "outcore":
+        if contender.tool.startswith("outcore"):
             quality.update(contender.judged)
         elif "outcore" in held:
             area = np.isfinite(held["sfft"]) & held["searched"]

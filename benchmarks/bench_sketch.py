@@ -76,9 +76,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--memory-limit", default="512MiB", help="per worker of dask-cluster")
     p.add_argument("--outcore-cases", nargs="+", default=["2x512MiB", "1x512MiB", "2xauto"],
-                   help="outcore's workers and memory limit per worker, NxLIMIT")
+                   help="outcore's workers and memory limit per worker, NxLIMIT, or default"
+                        " (no cluster options: the cluster outcore chooses)")
     p.add_argument("--peers", nargs="*", default=list(PEER_NAMES), choices=PEER_NAMES)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--peer-repeats", type=int, default=None,
+                   help="runs of each peer (default --repeats; bench_cli.alternate)")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--peer-memory-limit", type=float, default=None,
                    help="GiB of address space a peer may use (default: unlimited)")
@@ -119,6 +122,9 @@ def outcore_factors(run: Path, _: Measured) -> dict:
     return {"s": components["singular_values"].values,
             "v": components["v"].values.reshape(components.sizes["component"], -1),
             "store_reads": metrics["store_reads"], "read_seconds": metrics["read_seconds"],
+            "decode_seconds": metrics.get("decode_seconds"),
+            "product_seconds": metrics.get("product_seconds"),
+            "cluster": summary["cluster"].get("kind"),
             "read_bytes_per_s": metrics["read_bytes_per_s"], "passes": metrics["passes"],
             "tasks_per_read": metrics["tasks_per_read"]}
 
@@ -135,6 +141,13 @@ def contenders(args: argparse.Namespace, store: Path) -> list[Contender]:
               "--power-iterations", str(args.power_iterations), "--seed", str(args.seed)]
     out = []
     for spec in args.outcore_cases:
+        if spec == "default":  # the command as a user types it: the cluster outcore chooses
+            out.append(Contender(
+                "outcore", "outcore default", {**base, "cluster": "default"},
+                lambda run: [*outcore_command(), "sketch", "svd", "--input", str(store),
+                             *common, "--no-progress", "--output-dir", str(run), "--name",
+                             "out"], outcore_factors))
+            continue
         workers, limit = spec.split("x", 1)
         out.append(Contender(
             "outcore", f"outcore {spec}", {**base, "workers": int(workers),
@@ -190,9 +203,9 @@ def add_scaling(field: list[Contender]) -> None:
     of the same memory limit."""
     walls = {(c.case["workers"], c.case["memory_limit"]): statistics.median(
         r.wall_s for r in c.runs) for c in field if c.tool == "outcore" and c.runs
-        and not c.failure}
+        and not c.failure and "workers" in c.case}
     for c in field:
-        if c.tool != "outcore" or c.judged is None:
+        if c.tool != "outcore" or c.judged is None or "workers" not in c.case:
             continue
         workers, limit = c.case["workers"], c.case["memory_limit"]
         if workers > 1 and (1, limit) in walls and (workers, limit) in walls:

@@ -28,7 +28,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "outcore"
 #: The command line's own modules: they may name flags.
 CLI_PARTS = {"cli.py", "settings.py", "runner.py", "tune.py", "demo.py", "verbs.py", "verbs"}
 #: Families whose modules still name flags while their Python surface is moved (issue 34).
-PENDING: set[str] = {"tomo"}
+PENDING: set[str] = set()
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
 

@@ -92,15 +92,17 @@ def test_the_one_pair_form(tmp_path, manifest):
     assert set(table["item_id"]) == {"solo"} and len(table) >= 5
 
 
-def test_too_few_stars_for_a_psf_is_refused_before_any_tile(tmp_path, capsys):
-    sim = simulate_pair((128, 128), seed=3, stars=2, margin=20.0)
+def test_no_star_and_no_fwhm_for_a_psf_is_refused_before_any_tile(tmp_path, capsys):
+    """An image without a star gives no PSF (one star would: a Moffat fit) unless a FWHM is
+    given: refused after the survey, naming --fwhm and --reference-psf."""
+    sim = simulate_pair((128, 128), seed=3, stars=0, margin=20.0)
     folder = tmp_path / "inputs"
     item = write_pair(sim, folder, "empty", psf=False)
     item["flux_ratio"] = 1.0
     path = write_manifest([item], folder / "pairs.json")
     assert _run(tmp_path, "few", "--manifest", str(path)) == 1
     err = capsys.readouterr().err
-    assert "too few to measure its PSF" in err and "reference_psf" in err
+    assert "no isolated star" in err and "--reference-psf" in err and "--fwhm" in err
     summary = load_summary(tmp_path / "few")
     assert summary["status"] == "failed"
     assert not (tmp_path / "few" / "difference.zarr").exists()

@@ -57,4 +57,5 @@ def test_notebook_runs(path, tmp_path, monkeypatch, real_data):
         noisy, denoised = map(float, re.search(r"noisy ([0-9.]+), denoised ([0-9.]+)",
                                                text).groups())
         assert denoised < noisy / 4  # 1.56 -> 0.18 counts
-        assert float(re.search(r"factors apart by ([0-9.e+-]+)", text).group(1)) < 1e-9
+        # the float32 search rounds on each block: 2.3e-06 here across the two chunkings
+        assert float(re.search(r"factors apart by ([0-9.e+-]+)", text).group(1)) < 1e-5

@@ -388,3 +388,44 @@ def test_a_cutout_catalog_keeps_its_candidates_and_ids():
     np.testing.assert_array_equal(result["candidate"].values, np.arange(300) * 2)
     np.testing.assert_array_equal(result["candidate_id"].values, np.arange(300) + 1000)
     np.testing.assert_allclose(result["singular_values"].values, [9, 5, 2], rtol=1e-10)
+
+
+def test_a_float32_store_gives_numpy_s_values_and_factors_on_any_workers_and_chunking(
+        tmp_path, started):
+    """An exactly rank-6 float32 stack with a large mean (counts on a background of 1000),
+    saved in two chunkings and read from the stores (whole chunks decoded into the blocks,
+    the search multiplied in float32), plain and centred: the singular values within 1e-6 of
+    numpy's SVD of the same float32 values, the same factors on 1 in-process worker
+    streaming the store and on 2 worker processes holding it; the summary's seconds split
+    into decoding (only the first pass of a held stack) and products."""
+    rng = np.random.default_rng(21)
+    a = (_low_rank(rng, 600, 196, np.array([400.0, 150, 60, 25, 9, 4])) + 1000)
+    a = a.astype(np.float32)
+    paths = []
+    for rows in (4, 10):
+        paths.append(tmp_path / f"s{rows}.zarr")
+        outcore.save(_grid(a, (30, 20), (14, 14), chunk_rows=rows), paths[-1])
+    centers = (False, True)
+    options = [dict(oversample=5, power_iterations=1, center=center) for center in centers]
+    ranks = [5 if center else 6 for center in centers]
+    # each cluster once, in turn: the in-process one before the worker processes
+    one = started("threads", 1)
+    streamed = [svd(paths[0], k, client=one, hold=False, **o)
+                for k, o in zip(ranks, options, strict=True)]
+    two = started("local", 2)
+    held = [svd(paths[1], k, client=two, hold=True, **o)
+            for k, o in zip(ranks, options, strict=True)]
+    for center, k, s, h in zip(centers, ranks, streamed, held, strict=True):
+        exact = a.astype(np.float64)
+        if center:
+            exact = exact - exact.mean(axis=0)
+        sigma = np.linalg.svd(exact, compute_uv=False)[:k]
+        for result in (s, h):
+            assert np.max(np.abs(result["singular_values"].values / sigma - 1)) < 1e-6
+            assert (len(result.attrs["decode_seconds"])
+                    == len(result.attrs["product_seconds"]) == 3)
+            assert all(p > 0 for p in result.attrs["product_seconds"])
+        assert _apart(s, h) < 1e-6
+        assert s.attrs["tasks_per_read"] != h.attrs["tasks_per_read"]
+        assert all(d > 0 for d in s.attrs["decode_seconds"])
+        assert h.attrs["decode_seconds"][0] > 0 and h.attrs["decode_seconds"][1:] == [0, 0]

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from outcore.tomo import Geometry, Projector, fbp, ramp_filter, uniform_angles
+from outcore.tomo import Geometry, Projector, ramp_filter, uniform_angles
 from outcore.tomo.memory import padded
-from outcore.tomo.reconstruction.solvers import WINDOWS
+from outcore.tomo.reconstruction.solvers import WINDOWS, fbp
 
 #: Every width from 16 to 4096 and a few beyond (padded lengths 1458, 2916 and 5832, whose
 #: float frequency grid is not integral, are among them: widths 721-729, 1441-1458, 2881-2916).

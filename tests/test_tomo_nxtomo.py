@@ -21,7 +21,7 @@ import outcore
 from outcore.cli import main
 from outcore.tomo import kernels, scan_for, shepp_logan
 from outcore.tomo.raw.nxtomo import SelectedFrames, runs, time_weights
-from outcore.tomo.raw.source import read_beamline_source
+from outcore.tomo.raw.source import read_raw
 
 h5py = pytest.importorskip("h5py")
 
@@ -100,8 +100,8 @@ def _minus_log(raw, flat, dark):
 
 
 def test_linear_mode_gives_back_the_line_integrals_and_its_twin(scan):
-    ds, layout = read_beamline_source(scan["path"], flat_mode="linear", frames_per_chunk=5)
-    assert layout == "projections"
+    ds = read_raw(scan["path"], options={"flat_mode": "linear"}, frames_per_chunk=5)
+    assert "angles" in ds.coords and ds["angles"].dims == ("view",)
     proj = ds["projections"]
     frames = scan["frames"]
     twin = _minus_log(frames[PROJ], _linear(PROJ, FLATS, frames[FLATS[0]], frames[FLATS[1]]),
@@ -125,8 +125,8 @@ def test_mean_mode_equals_the_data_exchange_layout_of_the_same_frames(scan, tmp_
         f["/exchange/data_white"] = frames[np.r_[FLATS]].astype(np.float32)
         f["/exchange/data_dark"] = frames[np.r_[DARKS]].astype(np.float32)
         f["/exchange/theta"] = np.degrees(scan["geometry"].angles)
-    nx_ds, _ = read_beamline_source(scan["path"], frames_per_chunk=7)
-    dx_ds, _ = read_beamline_source(dx, attrs={"detector_pixel_size": "1e-3"})
+    nx_ds = read_raw(scan["path"], frames_per_chunk=7)
+    dx_ds = read_raw(dx, attrs={"detector_pixel_size": "1e-3"})
     twin = _minus_log(frames[PROJ], frames[np.r_[FLATS]].mean(0), frames[np.r_[DARKS]].mean(0))
     np.testing.assert_allclose(nx_ds["projections"].values, dx_ds["projections"].values,
                                rtol=1e-6, atol=1e-7)
@@ -138,7 +138,7 @@ def test_mean_mode_equals_the_data_exchange_layout_of_the_same_frames(scan, tmp_
 
 def test_nearest_mode_takes_the_nearest_group(scan):
     frames = scan["frames"]
-    ds, _ = read_beamline_source(scan["path"], flat_mode="nearest")
+    ds = read_raw(scan["path"], options={"flat_mode": "nearest"})
     later = PROJ > (FLATS[0].mean() + FLATS[1].mean()) / 2
     flat = np.where(later[:, None, None], frames[FLATS[1]].mean(0), frames[FLATS[0]].mean(0))
     later = PROJ > (DARKS[0].mean() + DARKS[1].mean()) / 2
@@ -163,7 +163,7 @@ def test_blocks_read_only_their_projection_frames(scan, monkeypatch):
     original = SelectedFrames.read
     monkeypatch.setattr(SelectedFrames, "read",
                         lambda self, a, b: reads.append((a, b)) or original(self, a, b))
-    ds, _ = read_beamline_source(scan["path"], flat_mode="linear", frames_per_chunk=8)
+    ds = read_raw(scan["path"], options={"flat_mode": "linear"}, frames_per_chunk=8)
     assert reads == []  # making the dataset reads flats and darks only
     np.asarray(ds["projections"].values)  # compute: each block reads its frames
     assert sorted(reads) == [(0, 8), (8, 16), (16, 24)]
@@ -246,7 +246,7 @@ def test_options_that_do_not_apply_are_refused(scan, tmp_path, capsys):
                    "--attr", "detector_pixel_size=1e-3", "--flat-mode", "linear", *runs_dir)
     assert "needs the time of each flat" in err
     store = tmp_path / "store.zarr"
-    ds, _ = read_beamline_source(scan["path"])
+    ds = read_raw(scan["path"])
     outcore.save(ds, store)
     for flag, value in (("--flat-mode", "linear"), ("--attr", "detector_pixel_size=1"),
                         ("--dataset", "/entry/data")):

@@ -31,6 +31,8 @@ from outcore.errors import OutcoreError
 from outcore.plan import Resources
 from outcore.runs import load_summary
 from outcore.tomo.corrections import phase, steps
+from outcore.tomo.scans import corrections_of
+from outcore.tomo.verbs import options as cli_options
 
 ENERGY = 20.0  # keV
 DELTA, BETA = 1e-6, 1e-9
@@ -207,12 +209,14 @@ def _dataset(data, **attrs) -> xr.Dataset:
 RESOURCES = Resources(workers=1, threads_per_worker=1, memory_limit=2**30)
 
 
-def _args(**given) -> argparse.Namespace:
+def _configure(ds: xr.Dataset, **given) -> list:
+    """The corrections the command line's options ``given`` ask of ``ds``, configured as
+    ``reconstruct`` configures them (its messages in keywords)."""
     parser = argparse.ArgumentParser()
-    steps.add_arguments(parser, steps.RECONSTRUCT)
+    cli_options.add_correction_arguments(parser)
     args = parser.parse_args([])
     vars(args).update(given)
-    return args
+    return corrections_of(ds, RESOURCES, **cli_options.corrections_asked(args))
 
 
 def _poisoned(shape=(4, 32, 32)) -> da.Array:
@@ -223,13 +227,13 @@ def _poisoned(shape=(4, 32, 32)) -> da.Array:
 
 
 @pytest.mark.parametrize(("given", "attrs", "word"), [
-    ({"paganin": 1000.0}, {}, "--energy"),
-    ({"paganin": 1000.0, "energy": 20.0}, {}, "--propagation-distance"),
-    ({"paganin": 1000.0}, {"energy_kev": 20.0}, "--propagation-distance"),
+    ({"paganin": 1000.0}, {}, "energy="),
+    ({"paganin": 1000.0, "energy": 20.0}, {}, "propagation_distance="),
+    ({"paganin": 1000.0}, {"energy_kev": 20.0}, "propagation_distance="),
     ({"paganin": 0.0, "energy": 20.0, "propagation_distance": 0.1}, {}, "positive"),
-    ({"paganin": 1000.0, "energy": -20.0, "propagation_distance": 0.1}, {}, "--energy"),
+    ({"paganin": 1000.0, "energy": -20.0, "propagation_distance": 0.1}, {}, "energy="),
     ({"paganin": 1000.0, "energy": 20.0, "propagation_distance": 0.0}, {},
-     "--propagation-distance"),
+     "propagation_distance="),
     ({"paganin": 1000.0}, {"energy_kev": "twenty", "propagation_distance": 0.1},
      "energy_kev"),
     ({"paganin": 1000.0}, {"energy_kev": 20.0, "propagation_distance": math.inf},
@@ -243,16 +247,14 @@ def _poisoned(shape=(4, 32, 32)) -> da.Array:
 ])
 def test_bad_input_is_refused_before_compute(given, attrs, word):
     with pytest.raises(OutcoreError, match=word):
-        steps.configure(_args(**given), _dataset(_poisoned(), **attrs), steps.RECONSTRUCT,
-                        RESOURCES)
+        _configure(_dataset(_poisoned(), **attrs), **given)
 
 
 def test_options_override_the_store_attrs_and_are_recorded():
     ds = _dataset(_poisoned(), energy_kev=30.0, propagation_distance=0.2)
-    (from_attrs,) = steps.configure(_args(paganin=800.0), ds, steps.RECONSTRUCT, RESOURCES)
+    (from_attrs,) = _configure(ds, paganin=800.0)
     assert (from_attrs.energy_kev, from_attrs.distance) == (30.0, 0.2)
-    (given,) = steps.configure(_args(paganin=800.0, energy=20.0), ds, steps.RECONSTRUCT,
-                               RESOURCES)
+    (given,) = _configure(ds, paganin=800.0, energy=20.0)
     assert (given.energy_kev, given.distance, given.pixel) == (20.0, 0.2, (PIXEL, PIXEL))
     record = steps.records([given])["paganin"]
     assert record["delta_beta"] == 800.0 and record["wavelength"] == pytest.approx(LAMBDA)

@@ -36,6 +36,8 @@ from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 from outcore.tomo.phantom import shepp_logan
 from outcore.tomo.reconstruction.projector import Projector
 from outcore.tomo.reconstruction.solvers import fbp
+from outcore.tomo.scans import corrections_of
+from outcore.tomo.verbs import options as cli_options
 
 N, VIEWS = 384, 180
 
@@ -142,8 +144,14 @@ def _dataset(data):
                       attrs={"geometry": "parallel", "detector_pixel_size": 1.0})
 
 
-def _args(**options):
-    return argparse.Namespace(**({dest: None for dest in rings.OPTIONS} | options))
+def _configure(ds: xr.Dataset, resources: Resources | None = None, **given) -> list:
+    """The corrections the command line's options ``given`` (argparse destinations) ask of
+    ``ds``, configured as ``reconstruct`` configures them (its messages in keywords)."""
+    parser = argparse.ArgumentParser()
+    cli_options.add_correction_arguments(parser)
+    args = parser.parse_args([])
+    vars(args).update(given)
+    return corrections_of(ds, resources or _resources(), **cli_options.corrections_asked(args))
 
 
 def _resources(memory_limit: int = 2**30) -> Resources:
@@ -155,8 +163,7 @@ def _resources(memory_limit: int = 2**30) -> Resources:
 def test_result_is_one_whatever_the_chunks_rows_and_workers(method):
     rng = np.random.default_rng(2)
     values = rng.random((64, 6, 48)).astype(np.float32)
-    params = rings.configure(_args(rings=method), _dataset(da.from_array(values)),
-                             _resources()).params
+    params = rings.configure(_dataset(da.from_array(values)), _resources(), method).params
     want = rings.filter_block(values, method, params)
     results = []
     for chunks, rows in (((64, 6, 48), 6), ((8, 6, 48), 1), ((16, 3, 48), 4)):
@@ -202,7 +209,7 @@ def test_the_plan_of_a_scan_larger_than_the_workers_fits_under_a_small_limit():
     limit = 768 * 2**20
     assert data.nbytes > 2 * limit
     for method in rings.METHODS:
-        correction = rings.configure(_args(rings=method), ds, _resources(limit))
+        correction = rings.configure(ds, _resources(limit), method)
         stages = correction.memory(ds)
         plan = Plan(stages, workers=2, memory_limit=limit,
                     baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
@@ -217,44 +224,44 @@ def test_the_plan_of_a_scan_larger_than_the_workers_fits_under_a_small_limit():
         assert not Plan(bigger.memory(ds), workers=2, memory_limit=limit,
                         baseline_bytes=TOMO_WORKER_BASELINE_BYTES).fits
     # a limit that cannot hold a chunk of the scan and its re-slice is refused by the plan
-    tiny = rings.configure(_args(rings="fft"), ds, _resources(540 * 2**20))
+    tiny = rings.configure(ds, _resources(540 * 2**20), "fft")
     with pytest.raises(PlanError):
         Plan(tiny.memory(ds), memory_limit=540 * 2**20,
              baseline_bytes=TOMO_WORKER_BASELINE_BYTES).check()
 
 
 BAD = {
-    "method": ({"rings": "median"}, "--rings 'median'"),
-    "size-for-wavelet": ({"rings": "wavelet", "rings_size": 5}, "--rings-size"),
-    "level-for-sort": ({"rings": "sort", "rings_level": 2}, "--rings-level"),
-    "size-alone": ({"rings_size": 5}, "needs --rings"),
-    "size-zero": ({"rings": "sort", "rings_size": 0}, "--rings-size"),
-    "size-wider": ({"rings": "fft", "rings_size": 500}, "--rings-size"),
-    "sigma": ({"rings": "fft", "rings_sigma": -1.0}, "--rings-sigma"),
-    "level": ({"rings": "wavelet", "rings_level": 12}, "--rings-level"),
+    "method": ({"rings": "median"}, "rings='median' is not one of"),
+    "size-for-wavelet": ({"rings": "wavelet", "size": 5}, "size= does not apply to rings="),
+    "level-for-sort": ({"rings": "sort", "level": 2}, "level= does not apply to rings="),
+    "size-alone": ({"size": 5}, "--rings-size applies to --rings only"),
+    "size-zero": ({"rings": "sort", "size": 0}, "size=0 is not a width"),
+    "size-wider": ({"rings": "fft", "size": 500}, "size=500 is not a width"),
+    "sigma": ({"rings": "fft", "sigma": -1.0}, "sigma=-1.0 must be a positive"),
+    "level": ({"rings": "wavelet", "level": 12}, "level=12 is not 1 to"),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_options_are_refused_before_compute(case):
-    options, word = BAD[case]
+    given, word = BAD[case]
     ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
     with dask.config.set(scheduler=lambda *a, **k: pytest.fail("computed")):
         with pytest.raises(OutcoreError, match=word.replace("'", ".")) as err:
-            rings.configure(_args(**options), ds, _resources())
+            _configure(ds, **given)
     assert err.value.fix
 
 
 def test_the_step_is_wired_into_both_verbs():
     assert rings.STEP in steps.STEPS
-    for verb in (steps.RECONSTRUCT, steps.CONVERT):
-        parser = argparse.ArgumentParser()
-        steps.add_arguments(parser, verb)
-        args = parser.parse_args(["--rings", "sort", "--rings-size", "5"])
-        assert steps.requested(args, verb) == ["--rings", "--rings-size"]
-        ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
-        (correction,) = steps.configure(args, ds, verb, _resources())
-        assert steps.records([correction])["rings"]["size"] == 5
+    parser = argparse.ArgumentParser()
+    cli_options.add_correction_arguments(parser)
+    args = parser.parse_args(["--rings", "sort", "--rings-size", "5"])
+    assert cli_options.corrections_asked(args)["rings"] == {"method": "sort", "size": 5,
+                                                            "sigma": None, "level": None}
+    ds = _dataset(da.zeros((32, 4, 40), dtype=np.float32, chunks=(8, 4, 40)))
+    (correction,) = corrections_of(ds, _resources(), **cli_options.corrections_asked(args))
+    assert steps.records([correction])["rings"]["size"] == 5
 
 
 def test_both_verbs_apply_the_step_as_its_numpy_twin(tmp_path):

@@ -13,19 +13,9 @@ import pytest
 
 from outcore import cluster
 from outcore.errors import RunExistsError
-from outcore.tomo import (
-    Geometry,
-    Projector,
-    ball,
-    cgls,
-    fbp,
-    ramp_filter,
-    shepp_logan,
-    sirt,
-    uniform_angles,
-)
+from outcore.tomo import Geometry, Projector, ball, ramp_filter, shepp_logan, uniform_angles
 from outcore.tomo.memory import filter_row_bytes, padded
-from outcore.tomo.reconstruction.solvers import filter_rows
+from outcore.tomo.reconstruction.solvers import cgls, fbp, filter_rows, sirt
 
 N = 64
 

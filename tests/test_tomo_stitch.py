@@ -17,7 +17,6 @@ without the weights 16 %.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import dask.array as da
@@ -27,10 +26,12 @@ import xarray as xr
 
 from outcore.errors import OutcoreError
 from outcore.plan import Resources
-from outcore.tomo import Geometry, Projector, ball, fbp, scan_for
-from outcore.tomo.corrections import steps, stitch
+from outcore.tomo import Geometry, Projector, ball, scan_for
+from outcore.tomo.corrections import stitch
 from outcore.tomo.corrections.stitch import HalfAcquisition
 from outcore.tomo.reconstruction import solvers
+from outcore.tomo.reconstruction.solvers import fbp
+from outcore.tomo.scans import corrections_of
 
 N, NZ, HALF, NU, SUB = 48, 2, 96, 44, 4
 SHAPE = (NZ, N, N)
@@ -70,8 +71,8 @@ def _offset_axis_scan(join: HalfAcquisition) -> xr.Dataset:
 RESOURCES = Resources(workers=1, threads_per_worker=1, memory_limit=2**30)
 
 
-def _args(half_acquisition: str | None, axis_side: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(half_acquisition=half_acquisition, axis_side=axis_side)
+def _args(half_acquisition: str | None, axis_side: str | None = None) -> dict:
+    return {"half_acquisition": half_acquisition, "axis_side": axis_side}
 
 
 def _fbp(ds: xr.Dataset) -> np.ndarray:
@@ -89,7 +90,7 @@ def _inside(volume: np.ndarray) -> np.ndarray:
 def test_stitched_scan_reconstructs_as_the_full_detector_scan(overlap, side, bound):
     truth = HalfAcquisition(overlap, side)
     ds = _offset_axis_scan(truth)
-    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
+    (correction,) = corrections_of(ds, RESOURCES, **_args("auto"))
     assert correction.join.side == side
     assert correction.join.overlap == pytest.approx(overlap, abs=0.02)
     stitched = correction.apply(ds)
@@ -115,7 +116,7 @@ def test_found_overlap_is_the_true_one_to_a_fraction_of_a_pixel(overlap, side):
     assert score > 0.999
     # told the side, the search stays there; told the overlap, the side is found
     assert stitch.find_overlap(ds["projections"].data, side)[0] == found
-    (given,) = steps.configure(_args(str(overlap)), ds, steps.RECONSTRUCT, RESOURCES)
+    (given,) = corrections_of(ds, RESOURCES, **_args(str(overlap)))
     assert given.join == HalfAcquisition(overlap, side) and not given.found
 
 
@@ -153,23 +154,23 @@ def _unreadable(ds: xr.Dataset) -> xr.Dataset:
 def test_bad_input_is_refused_before_compute():
     angles = np.arange(2 * HALF) * (np.pi / HALF)
     scan = _unreadable(_scan(np.zeros((2 * HALF, NZ, NU), np.float32), angles, -10.0))
-    for args, word in ((_args("abc"), "neither auto"), (_args(str(NU)), "overlap must lie"),
-                       (_args("-1"), "overlap must lie"), (_args(None, "left"), "--axis-side"),
-                       (_args("4", "middle"), "--axis-side")):
+    for args, word in ((_args("abc"), "neither 'auto'"), (_args(str(NU)), "overlap must lie"),
+                       (_args("-1"), "overlap must lie"), (_args(None, "left"), "axis_side="),
+                       (_args("4", "middle"), "axis_side=")):
         with pytest.raises(OutcoreError, match=word):
-            steps.configure(args, scan, steps.RECONSTRUCT, RESOURCES)
+            corrections_of(scan, RESOURCES, **args)
     half_turn = scan.isel(view=slice(0, HALF)).assign(angles=("view", angles[:HALF] / 2))
     odd = scan.isel(view=slice(0, 2 * HALF - 1)).assign(
         angles=("view", np.arange(2 * HALF - 1) * (2 * np.pi / (2 * HALF - 1))))
     uneven = scan.assign(angles=("view", angles ** 1.01))
     for ds in (half_turn, odd, uneven):
         with pytest.raises(OutcoreError, match="needs a 360-degree scan"):
-            steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
+            corrections_of(ds, RESOURCES, **_args("auto"))
     cone = _unreadable(_scan(np.zeros((2 * HALF, NZ, NU), np.float32), angles, 0.0, "cone",
                              source_distance=200.0, detector_distance=100.0))
-    with pytest.raises(OutcoreError, match="not supported for cone-beam"):
-        steps.configure(_args("auto"), cone, steps.RECONSTRUCT, RESOURCES)
-    assert steps.configure(_args(None), scan, steps.RECONSTRUCT, RESOURCES) == []
+    with pytest.raises(OutcoreError, match="not done for cone-beam"):
+        corrections_of(cone, RESOURCES, **_args("auto"))
+    assert corrections_of(scan, RESOURCES, **_args(None)) == []
 
 
 def test_a_full_field_scan_is_not_taken_for_a_half_acquisition():
@@ -177,7 +178,7 @@ def test_a_full_field_scan_is_not_taken_for_a_half_acquisition():
     width = 70  # the whole object on the detector, axis at its centre
     ds = _scan(_project(_phantom(), angles, width, 0.0), angles, 0.0)
     with pytest.raises(OutcoreError, match="full-field 360-degree scan"):
-        steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
+        corrections_of(ds, RESOURCES, **_args("auto"))
 
 
 # --- Parker's weights for cone-beam short scans ------------------------------------------
@@ -265,7 +266,7 @@ def test_tomo_reconstruct_stitches_a_half_acquisition_store(tmp_path, capsys):
                  "--volume-shape", str(NZ), str(N), str(N), *common,
                  "--output-dir", str(tmp_path), "--name", "run"]) == 0
     volume = outcore.open(tmp_path / "run" / "volume.zarr", layout="volume")["volume"].values
-    (correction,) = steps.configure(_args("auto"), ds, steps.RECONSTRUCT, RESOURCES)
+    (correction,) = corrections_of(ds, RESOURCES, **_args("auto"))
     np.testing.assert_allclose(volume, _fbp(correction.apply(ds)), rtol=1e-5, atol=1e-6)
     config = (tmp_path / "run" / "summary.json").read_text()
     assert '"axis_side": "left"' in config and '"found": true' in config

@@ -102,7 +102,7 @@ def test_tomo_center_and_reconstruct_read_the_tiff_frames(scan, tmp_path):
     ({"--angles": "/exchange/theta"}, "'/exchange/theta' is not one"),
     ({"--angles": "short.txt"}, "holds 5 angles but"),
     ({"--flats": "small.tif"}, "The flats 'SMALL' are 3 x 10 frames, the projections 3 x 64"),
-    ({"--dataset": "/exchange/data"}, "--dataset applies to HDF5 scans"),
+    ({"--dataset": "/exchange/data"}, "--dataset applies to NXtomo and Data Exchange scans"),
 ])
 def test_what_a_tiff_scan_lacks_is_named_before_anything_starts(scan, tmp_path, capsys,
                                                                  change, words):

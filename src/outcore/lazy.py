@@ -14,7 +14,7 @@ def lazy_exports(package: str, exports: Mapping[str, Sequence[str]]
     """``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` for ``exports``: module
     (relative to the package) -> the names it exports; a name equal to the module's own
     last part exports the module itself, unless the module's ``__all__`` holds that name
-    (``outcore.tomo.gridrec`` is the function of ``reconstruction/gridrec.py``)."""
+    (a module ``name.py`` whose ``__all__`` holds ``name`` exports that function)."""
     where = {name: module for module, names in exports.items() for name in names}
 
     def __getattr__(name: str) -> Any:

@@ -74,24 +74,28 @@ def __getattr__(name: str) -> Any:
 def follow(futures: list[distributed.Future]) -> None:
     """Show the progress of ``futures`` until they finish: in a notebook a widget where
     ipywidgets is installed (displayed: ``distributed.progress`` only returns it) and dask's
-    text bar where it is not; a bar on a terminal; plain lines elsewhere."""
+    text bar where it is not; a bar on a terminal; plain lines elsewhere. The bar watches
+    the futures' own scheduler (not the default client's, which may be another one: a
+    command run inside ``with Client():``)."""
     import distributed
     from distributed.utils import is_kernel
 
+    held = distributed.client.futures_of(futures)
+    where = {"scheduler": held[0].client.scheduler.address} if held else {}
     if is_kernel():
         try:  # the widget's own imports: a kernel may run without ipywidgets
             import ipywidgets  # noqa: F401
             from IPython.display import display
         except ImportError:
-            distributed.progress(futures, notebook=False, multi=False)
+            distributed.progress(futures, notebook=False, multi=False, **where)
             return
 
-        display(distributed.progress(futures, notebook=True, multi=False))
+        display(distributed.progress(futures, notebook=True, multi=False, **where))
     elif sys.stdout.isatty():
-        distributed.progress(futures, notebook=False, multi=False)
+        distributed.progress(futures, notebook=False, multi=False, **where)
         print(flush=True)
     else:
-        _line_progress()(distributed.client.futures_of(futures))
+        _line_progress()(held, **where)
 
 
 def compute(client: distributed.Client | None, *collections: Any, show: bool | None = None

@@ -36,7 +36,8 @@ from outcore import session
 from outcore.arguments import keywords_checked
 from outcore.checks import at_least, choice, positive
 from outcore.diffim import images, memory, operator
-from outcore.diffim.manifest import ITEM_ID, PSF_KEYS, Pair, read_manifest
+from outcore.diffim.basis import BASES
+from outcore.diffim.manifest import ITEM_ID, PSF_KEYS, SUBTRACTIONS, Pair, read_manifest
 from outcore.diffim.prepare import Options, PairModel
 from outcore.diffim.register import register_pairs
 from outcore.diffim.stack import METHODS as STACKS
@@ -44,11 +45,12 @@ from outcore.errors import ArgumentError, OutcoreError, refuse_existing
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS, follow
 
-__all__ = ["FIT_MODELS", "METHODS", "PLAN_FIXES", "REGISTRATIONS", "Catalog", "Choice",
+__all__ = ["BASES", "FIT_MODELS", "METHODS", "PLAN_FIXES", "REGISTRATIONS", "Catalog", "Choice",
            "catalog", "difference", "options_of", "plan_pairs"]
 
-#: Subtraction methods (issue 37 adds the kernel-fitting ones).
-METHODS = ("zogy",)
+#: Subtraction methods: ZOGY's, a matching kernel fitted to the pair, or the better of the
+#: two on a sample of the pair (``outcore.diffim.choose``).
+METHODS = SUBTRACTIONS
 #: Dipole models of the fits.
 FIT_MODELS = ("psf", "gaussian")
 #: Registrations of a target without WCS.
@@ -75,10 +77,14 @@ class Choice:
     resources: Resources
 
 
+#: Highest degree of a fitted kernel's spatial variation.
+MAX_KERNEL_DEGREE = 4
+
+
 def options_of(*, threshold: float = 5.0, stamp: int = 21, fit_model: str = "psf",
                tile: int | None = None, background_box: int = 64, psf_size: int = 25,
-               star_snr: float | None = None, method: str = "zogy", backend: str = "auto"
-               ) -> Options:
+               star_snr: float | None = None, method: str = "auto", kernel_degree: int = 2,
+               kernel_basis: str = "auto", backend: str = "auto") -> Options:
     """The checked options of a run (``tile`` None: ``memory.TILE_SIDES[0]`` until the plan
     chooses it); each refusal names its keyword."""
     positive(threshold, "threshold", "the detection threshold, e.g. threshold=5")
@@ -88,6 +94,13 @@ def options_of(*, threshold: float = 5.0, stamp: int = 21, fit_model: str = "psf
     _odd(psf_size, "psf_size", 5, 25)
     choice(fit_model, FIT_MODELS, "fit_model")
     choice(method, METHODS, "method")
+    if isinstance(kernel_degree, bool) or not isinstance(kernel_degree, int) \
+            or not 0 <= kernel_degree <= MAX_KERNEL_DEGREE:
+        raise OutcoreError(f"kernel_degree={kernel_degree!r} is not a whole degree from 0 to"
+                           f" {MAX_KERNEL_DEGREE}.",
+                           "give the degree of the kernel's variation over the image, e.g."
+                           " kernel_degree=2 (0: one kernel everywhere).")
+    choice(kernel_basis, BASES, "kernel_basis")
     if tile is not None:
         at_least(tile, "tile", 64, "a tile side of 64 or more, e.g. tile=1024")
     at_least(background_box, "background_box", 8,
@@ -96,7 +109,8 @@ def options_of(*, threshold: float = 5.0, stamp: int = 21, fit_model: str = "psf
     choice(backend, ("auto", "numpy", "cupy"), "backend")
     return Options(threshold=threshold, stamp=stamp, fit_model=fit_model,
                    tile=tile or memory.TILE_SIDES[0], box=background_box, psf_size=psf_size,
-                   star_snr=star_snr, backend=backends.resolve(backend))
+                   star_snr=star_snr, backend=backends.resolve(backend), method=method,
+                   kernel_degree=kernel_degree, kernel_basis=kernel_basis)
 
 
 def _odd(value: int, name: str, least: int, example: int) -> None:
@@ -116,14 +130,17 @@ def plan_pairs(pairs: Sequence[Pair], options: Options, resources: Resources, *,
     ``Choice``."""
     shapes = [p.shape for p in pairs]
     variance = any(p.reference_variance is not None for p in pairs)
-    sides = [options.psf_size] + [max(getattr(p, k).shape) for p in pairs for k in PSF_KEYS
-                                  if getattr(p, k) is not None]
-    bound = memory.halo_bound(sides, options.stamp)
-    side = tile or memory.choose_tile(shapes, options, bound, variance, resources, catalog)
+    sides = [options.psf_size] + [min(max(getattr(p, k).shape), options.psf_size)
+                                  for p in pairs for k in PSF_KEYS if getattr(p, k) is not None]
+    methods = tuple(sorted({options.method_of(p) for p in pairs}))
+    bound = memory.halo_bound(sides, options.stamp, methods, options.kernel_basis)
+    side = tile or memory.choose_tile(shapes, options, bound, variance, resources, catalog,
+                                      methods)
     chosen = replace(options, tile=side)
     return memory.run_plan(shapes, chosen, bound if halo is None else halo, variance,
                            resources, bound=bound, chosen=tile is None,
-                           choices=Choice(chosen, resources), catalog=catalog)
+                           choices=Choice(chosen, resources), catalog=catalog,
+                           methods=methods)
 
 
 @dataclass
@@ -172,7 +189,7 @@ def _pairs(reference: Any, target: Any, pairs: Any, files: dict[str, Any],
     """The checked pairs, the arrays to write for them (None: files only) and whether one
     pair was given as ``reference`` and ``target``."""
     defaults = {"flux_ratio": None, "zeropoint": None, "saturation": None, "aligned": False,
-                "register": None, "stack": "median", "item_id": "pair"}
+                "register": None, "stack": "median", "item_id": "pair", "fwhm": None}
     if pairs is not None:
         given = [k for k, v in {"reference": reference, "target": target, **files, **psfs}.items()
                  if v is not None]
@@ -187,7 +204,8 @@ def _pairs(reference: Any, target: Any, pairs: Any, files: dict[str, Any],
         raise ArgumentError("difference imaging needs reference= and target= (or pairs=).",
                             "give reference= and target= as DataArrays (y, x) or FITS paths.")
     grid = _grid(per_pair)
-    options = {k: per_pair[k] for k in ("flux_ratio", "zeropoint", "saturation", "item_id")}
+    options = {k: per_pair[k] for k in ("flux_ratio", "zeropoint", "saturation", "item_id",
+                                        "fwhm")}
     given = {"reference": reference, "target": target, **files}
     paths = {images.is_path(v) for v in given.values() if v is not None}
     if paths == {True}:
@@ -232,6 +250,14 @@ def _grid(per_pair: dict[str, Any]) -> str:
         if per_pair[name] is not None and not math.isfinite(per_pair[name]):
             raise OutcoreError(f"{name}={per_pair[name]} is not finite.", f"e.g. {name}=1.")
         positive(per_pair[name], name, f"a positive {name}=")
+    fwhm = per_pair["fwhm"]
+    widths = fwhm if isinstance(fwhm, list | tuple) else [fwhm, fwhm]
+    if fwhm is not None and (len(widths) != 2 or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+            for v in widths)):
+        raise ArgumentError(f"fwhm={fwhm!r} is not a positive number of pixels, nor two of"
+                            " them.", "give the PSF's FWHM in pixels, e.g. fwhm=2.5, or"
+                            " fwhm=(2.1, 2.6) for the reference and the target.")
     zeropoint = per_pair["zeropoint"]
     if zeropoint is not None and not math.isfinite(zeropoint):
         raise OutcoreError(f"zeropoint={zeropoint} is not a number.", "e.g. zeropoint=27.5.")
@@ -250,13 +276,16 @@ def difference(reference: Any = None, target: Any = None, *,
                flux_ratio: float | None = None, zeropoint: float | None = None,
                saturation: float | None = None, aligned: bool = False,
                register: str | None = None, stack: str = "median", item_id: str = "pair",
-               method: str = "zogy", tile: int | None = None, background_box: int = 64,
+               fwhm: float | tuple[float, float] | None = None, method: str = "auto",
+               kernel_degree: int = 2, kernel_basis: str = "auto",
+               tile: int | None = None, background_box: int = 64,
                psf_size: int = 25, star_snr: float | None = None, backend: str = "auto",
                workdir: str | PathLike[str] | None = None,
                client: distributed.Client | None = None, plan: Plan | None = None
                ) -> xr.Dataset:
-    """The proper difference of ZOGY (Zackay, Ofek & Gal-Yam 2016) of ``target`` minus
-    ``reference``, lazily: ``difference`` (``D``, in units of its background sigma),
+    """The difference of ``target`` minus ``reference``, lazily, by ZOGY's proper
+    subtraction (Zackay, Ofek & Gal-Yam 2016) or a matching kernel fitted to the pair
+    (``method``): ``difference`` (``D``, in units of its background sigma),
     ``variance`` (``V_D``) and ``score`` (``S_corr``, NaN in the zone not searched), float32
     ``(y, x)`` on the reference's pixel grid (coordinates in pixels, from 0), one dask chunk
     per tile; ``psf_difference`` (``P_D``); attrs ``wcs`` (the reference's WCS as FITS cards:
@@ -273,11 +302,18 @@ def difference(reference: Any = None, target: Any = None, *,
     reference; else measured), ``zeropoint`` (the reference's, mag), ``saturation`` (the
     level, images' units; else a SATURATE keyword), ``aligned=True`` (no WCS, one grid
     already), ``register='stars'`` (the target registered on the stars of both),
-    ``stack`` (how a FITS glob's exposures combine), ``item_id``. Or ``pairs=``: a
+    ``stack`` (how a FITS glob's exposures combine), ``item_id``, ``fwhm`` (the PSF's FWHM
+    in pixels, one for both images or two: the PSF of an image without stars; else an
+    ``FWHM`` card). Or ``pairs=``: a
     manifest's path, or the pairs of ``read_manifest``; the result then has a ``pair``
     dimension, like ``difference.zarr``.
 
-    ``method``: ``"zogy"``. ``tile`` (pixels; default: the plan's choice for the cluster),
+    ``method``: ``"zogy"`` (the PSFs given or measured), ``"kernel"`` (a kernel fitted to
+    the pair's static sources, varying over the image as polynomials of degree
+    ``kernel_degree``, of the basis ``kernel_basis``: ``delta``, ``gaussian`` or ``auto``;
+    its difference decorrelated), or ``"auto"``, the one that subtracts a sample of the pair
+    better (the pair's facts say which and why). ``tile`` (pixels; default: the plan's
+    choice for the cluster),
     ``background_box``, ``psf_size``, ``star_snr``: as ``outcore diffim``'s options.
     ``backend``: ``auto``, ``numpy`` or ``cupy``. ``workdir``: where in-memory images are
     written for the workers to read (default: dask's temporary-directory; on workers of
@@ -290,9 +326,10 @@ def difference(reference: Any = None, target: Any = None, *,
                         {"reference_psf": reference_psf, "target_psf": target_psf},
                         {"flux_ratio": flux_ratio, "zeropoint": zeropoint,
                          "saturation": saturation, "aligned": aligned, "register": register,
-                         "stack": stack, "item_id": item_id},
+                         "stack": stack, "item_id": item_id, "fwhm": fwhm},
                         options_of(tile=tile, background_box=background_box,
                                    psf_size=psf_size, star_snr=star_snr, method=method,
+                                   kernel_degree=kernel_degree, kernel_basis=kernel_basis,
                                    backend=backend),
                         tile, workdir, client, plan, catalog=False)
     images_ = [operator.pair_difference(p, m, prepared.options)
@@ -309,13 +346,15 @@ def catalog(reference: Any = None, target: Any = None, *,
             flux_ratio: float | None = None, zeropoint: float | None = None,
             saturation: float | None = None, aligned: bool = False,
             register: str | None = None, stack: str = "median", item_id: str = "pair",
+            fwhm: float | tuple[float, float] | None = None,
             threshold: float = 5.0, stamp: int = 21, fit_model: str = "psf",
-            method: str = "zogy", tile: int | None = None, background_box: int = 64,
+            method: str = "auto", kernel_degree: int = 2, kernel_basis: str = "auto",
+            tile: int | None = None, background_box: int = 64,
             psf_size: int = 25, star_snr: float | None = None, backend: str = "auto",
             difference_store: str | PathLike[str] | None = None,
             workdir: str | PathLike[str] | None = None,
             client: distributed.Client | None = None, plan: Plan | None = None) -> Catalog:
-    """The transients of ``target`` against ``reference``: every tile subtracted (ZOGY),
+    """The transients of ``target`` against ``reference``: every tile subtracted (``method``),
     searched (``|S_corr| >= threshold``, dipoles merged), cut out (``stamp`` pixels a side),
     measured (PSF photometry; dipole fits with ``fit_model``, ``psf`` or ``gaussian``) and
     scored. The tiles run here (the rows are known only after detection); the result is a
@@ -337,10 +376,11 @@ def catalog(reference: Any = None, target: Any = None, *,
                         {"reference_psf": reference_psf, "target_psf": target_psf},
                         {"flux_ratio": flux_ratio, "zeropoint": zeropoint,
                          "saturation": saturation, "aligned": aligned, "register": register,
-                         "stack": stack, "item_id": item_id},
+                         "stack": stack, "item_id": item_id, "fwhm": fwhm},
                         options_of(threshold=threshold, stamp=stamp, fit_model=fit_model,
                                    tile=tile, background_box=background_box,
                                    psf_size=psf_size, star_snr=star_snr, method=method,
+                                   kernel_degree=kernel_degree, kernel_basis=kernel_basis,
                                    backend=backend),
                         tile, workdir, client, plan, catalog=True)
     store = None if difference_store is None else Path(difference_store).expanduser()

@@ -1,11 +1,12 @@
 """The noise scale of a pair's difference and score, measured on a sample of the pair.
 
-ZOGY normalises ``D`` and ``S`` by variances that hold when each input's noise is
-independent from pixel to pixel. Resampled, stacked or binned images share noise between
-neighbouring pixels: a smoothing kernel averages less of it away, so the score spreads wider
-than 1 (1.55 in the empty sky of sfft's DECam stacks, hundreds of false detections per
-megapixel) and the difference narrower. The image's own autocorrelation cannot tell that
-noise from the faint static sky, which is the same in both images and leaves the difference.
+ZOGY (and the fitted kernel's decorrelation) normalises ``D`` and ``S`` by variances that
+hold when each input's noise is independent from pixel to pixel. Resampled, stacked or
+binned images share noise between neighbouring pixels: a smoothing kernel averages less of
+it away, so the score spreads wider than 1 (1.55 in the empty sky of sfft's DECam stacks,
+hundreds of false detections per megapixel) and the difference narrower. The image's own
+autocorrelation cannot tell that noise from the faint static sky, which is the same in both
+images and leaves the difference.
 
 So the scale is measured where it matters: ``calibrate`` subtracts one window of the pair
 (the middle ``SAMPLE_SIDE`` pixels a side) with the pair's kernels, leaves out the pixels of
@@ -67,7 +68,7 @@ def calibrate(pair: Pair, model: PairModel, options: Options) -> PairModel:
     y0, y1, x0, x1 = sample_window(pair.shape)
     images, variances, bad = read_background_subtracted(pair, model, y0 - half, y1 + half,
                                                         x0 - half, x1 + half)
-    out = subtract(*images, *variances, kernels, options.backend)
+    out = subtract(*images, *variances, kernels, options.backend, (y0 - half, x0 - half))
     sources = np.zeros(bad.shape, dtype=bool)
     for image in images:
         sources |= source_mask(Sky.of(image, bad), bad)

@@ -22,11 +22,11 @@ import distributed
 
 from outcore.checks import at_least, positive
 from outcore.diffim import api, memory, outputs, series
-from outcore.diffim.api import FIT_MODELS, REGISTRATIONS
+from outcore.diffim.api import BASES, FIT_MODELS, METHODS, REGISTRATIONS
 from outcore.diffim.demo import demo_stage
 from outcore.diffim.manifest import PSF_KEYS, read_pairs
 from outcore.diffim.prepare import Options
-from outcore.diffim.stack import METHODS
+from outcore.diffim.stack import METHODS as STACKS
 from outcore.errors import OutcoreError, partial_path
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--saturation", type=float, default=None, metavar="LEVEL",
                    help="pixels at or above LEVEL (the images' units) are saturated and left "
                         "out (default: a SATURATE, SATLEVEL or SATURATN header keyword)")
-    g.add_argument("--stack", default="median", choices=METHODS,
+    g.add_argument("--stack", default="median", choices=STACKS,
                    help="how a group of exposures (a glob as --reference or --target) is "
                         "combined: median, or mean (inverse-variance weighted)")
     g.add_argument("--aligned", action="store_true",
@@ -68,6 +68,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--register", default=None, choices=REGISTRATIONS,
                    help="put a target without WCS onto the reference's grid: 'stars', an "
                         "affine fit to the stars matched in both images")
+    g.add_argument("--fwhm", type=float, nargs="+", default=None, metavar="PX",
+                   help="the PSF's FWHM in pixels (one for both images, or the reference's "
+                        "and the target's): the PSF of an image without stars (default: a "
+                        "FWHM header keyword)")
+    p.add_argument("--method", default="auto", choices=METHODS,
+                   help="the subtraction: zogy (ZOGY with the PSFs given or measured), kernel "
+                        "(a matching kernel fitted to the pair) or auto (the one that "
+                        "subtracts a sample of the pair better; the summary says which and "
+                        "why)")
+    p.add_argument("--kernel-degree", type=int, default=2,
+                   help="degree of the fitted kernel's variation over the image (0: one "
+                        "kernel everywhere; lowered when too few stars)")
+    p.add_argument("--kernel-basis", default="auto", choices=BASES,
+                   help="the fitted kernel's basis: delta functions (sfft's), Gaussians times "
+                        "polynomials (Alard-Lupton's), or auto (delta for undersampled images)")
     p.add_argument("--threshold", type=float, default=5.0, help="detection threshold on "
                    "|S_corr|")
     p.add_argument("--stamp", type=int, default=21, help="cutout side, pixels (odd)")
@@ -119,6 +134,11 @@ def check_options(args: argparse.Namespace, backend: str) -> Options:
              'put "register": "stars" in the manifest item instead.')
     need(not (args.aligned and args.register), "--aligned and --register exclude each other.",
          "give --aligned for images already on one grid, else --register stars.")
+    need(args.fwhm is None or len(args.fwhm) <= 2, "--fwhm takes one or two values.",
+         "give the FWHM in pixels of both images, or of the reference and the target.")
+    if args.manifest:
+        need(args.fwhm is None, "--fwhm applies to the one-pair form only.",
+             'put "fwhm" in the manifest item instead.')
     need(args.zeropoint is None or math.isfinite(args.zeropoint),
          f"--zeropoint {args.zeropoint} is not a number.", "e.g. --zeropoint 27.5.")
     positive(args.flux_ratio, "--flux-ratio", "the target's flux scale, e.g. --flux-ratio 1")
@@ -130,15 +150,19 @@ def check_options(args: argparse.Namespace, backend: str) -> Options:
     return api.options_of(threshold=args.threshold, stamp=args.stamp,
                           fit_model=args.fit_model, tile=args.tile,
                           background_box=args.background_box, psf_size=args.psf_size,
-                          star_snr=args.star_snr, backend=backend)
+                          star_snr=args.star_snr, method=args.method,
+                          kernel_degree=args.kernel_degree, kernel_basis=args.kernel_basis,
+                          backend=backend)
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     options = check_options(args, resources.backend)
     grid = "aligned" if args.aligned else "stars" if args.register else "wcs"
+    fwhm = None if args.fwhm is None else (args.fwhm[0] if len(args.fwhm) == 1
+                                           else tuple(args.fwhm))
     pairs, files = read_pairs(args.manifest, {k: getattr(args, k) for k in ONE_PAIR},
                               args.flux_ratio, args.item_id, args.zeropoint, grid, args.stack,
-                              args.saturation)
+                              args.saturation, fwhm)
     if args.lightcurves:
         series.check_series(pairs)
         times, time_key = series.epoch_times(pairs, args.time_key)
@@ -157,9 +181,10 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
             with run.timing("subtract"):
                 found = api.catalog(
                     pairs=pairs, threshold=args.threshold, stamp=args.stamp,
-                    fit_model=args.fit_model, tile=args.tile,
-                    background_box=args.background_box, psf_size=args.psf_size,
-                    star_snr=args.star_snr, backend=options.backend,
+                    fit_model=args.fit_model, method=args.method,
+                    kernel_degree=args.kernel_degree, kernel_basis=args.kernel_basis,
+                    tile=args.tile, background_box=args.background_box,
+                    psf_size=args.psf_size, star_snr=args.star_snr, backend=options.backend,
                     difference_store=partial, client=client, plan=plan)
             facts = found.sources.attrs["pairs"]
             exact = api.plan_pairs(pairs, options, plan.choices.resources,
@@ -176,14 +201,16 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                                          args.stamp, args.min_detections)
 
     config = {"manifest": args.manifest, "items": len(pairs), "threshold": args.threshold,
-              "stamp": args.stamp, "fit_model": args.fit_model, "tile": args.tile,
+              "stamp": args.stamp, "fit_model": args.fit_model, "method": args.method,
+              "kernel_degree": args.kernel_degree, "kernel_basis": args.kernel_basis,
+              "tile": args.tile,
               "background_box": args.background_box, "psf_size": args.psf_size,
               "star_snr": args.star_snr, "lightcurves": args.lightcurves,
               "time_key": args.time_key, "min_detections": args.min_detections}
     if not args.manifest:
         config.update({k: getattr(args, k) for k in ONE_PAIR} | {
             "flux_ratio": args.flux_ratio, "zeropoint": args.zeropoint, "stack": args.stack,
-            "saturation": args.saturation,
+            "saturation": args.saturation, "fwhm": args.fwhm,
             "item_id": args.item_id, "aligned": args.aligned, "register": args.register})
     return Job(command="diffim", config=config, plan=plan, execute=execute,
                inputs=[args.manifest] if args.manifest else [],
@@ -193,7 +220,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
                worker_baseline_bytes=memory.DIFFIM_WORKER_BASELINE_BYTES)
 
 
-VERBS = [Verb("diffim", "subtract image pairs (ZOGY), detect, cut out, fit and score "
-              "transients", add_arguments, make_job)]
+VERBS = [Verb("diffim", "subtract image pairs (ZOGY or a fitted kernel), detect, cut out, "
+              "fit and score transients", add_arguments, make_job)]
 DEMO = DemoStage("--diffim-size", 256, "side of the simulated image pair subtracted, searched "
                  "and scored at the end (0: none)", demo_stage)

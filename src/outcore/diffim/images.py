@@ -33,6 +33,7 @@ import xarray as xr
 from outcore.arguments import data_array
 from outcore.diffim import wcs
 from outcore.diffim.manifest import (
+    FWHM_KEYS,
     GAIN_KEYS,
     MIN_IMAGE_EDGE,
     SATURATION_KEYS,
@@ -40,6 +41,7 @@ from outcore.diffim.manifest import (
     Pair,
     check_same_grid,
     checked_psf,
+    item_fwhm,
     one_pair,
     read_psf,
 )
@@ -105,12 +107,13 @@ def is_path(value: Any) -> bool:
 
 def file_pair(images: Mapping[str, Any], psfs: Mapping[str, Any], *, flux_ratio: float | None,
               zeropoint: float | None, saturation: float | None, grid: str, stack: str,
-              item_id: str) -> tuple[Pair, list]:
+              item_id: str, fwhm: Any = None) -> tuple[Pair, list]:
     """The pair of FITS paths (``images``; PSFs as paths or arrays), checked as a manifest's
     one-pair form is, and its files (role, path, SHA-256)."""
     files = {k: None if v is None else str(v) for k, v in images.items()}
     files |= {k: str(v) for k, v in psfs.items() if v is not None and is_path(v)}
-    pairs, found = one_pair(files, flux_ratio, item_id, zeropoint, grid, stack, saturation)
+    pairs, found = one_pair(files, flux_ratio, item_id, zeropoint, grid, stack, saturation,
+                            fwhm)
     given = {k: checked_psf(np.asarray(v), f"{k}=") for k, v in psfs.items()
              if v is not None and not is_path(v)}
     return replace(pairs[0], **given), found
@@ -118,11 +121,12 @@ def file_pair(images: Mapping[str, Any], psfs: Mapping[str, Any], *, flux_ratio:
 
 def array_pair(images: Mapping[str, Any], psfs: Mapping[str, Any], *,
                flux_ratio: float | None, zeropoint: float | None, saturation: float | None,
-               grid: str, item_id: str, workdir: str | PathLike[str] | None
+               grid: str, item_id: str, workdir: str | PathLike[str] | None, fwhm: Any = None
                ) -> tuple[Pair, dict[str, xr.DataArray]]:
     """The pair of DataArrays ``images`` (None: not given), checked (the module docstring),
     reading from a scratch store that ``write_arrays`` fills, and the arrays to write there.
-    PSFs are paths (``.npy``, FITS) or 2-D arrays."""
+    PSFs are paths (``.npy``, FITS) or 2-D arrays; ``fwhm`` (pixels: one for both images,
+    or two) else the images' ``FWHM_KEYS`` cards."""
     arrays = {k: _image(v, k) for k, v in images.items() if v is not None}
     reference, target = arrays["reference"], arrays["target"]
     for key, array in arrays.items():
@@ -161,11 +165,14 @@ def array_pair(images: Mapping[str, Any], psfs: Mapping[str, Any], *,
                                   else None, level, scratch)
     zeropoint, source = _zeropoint(zeropoint, reference, target)
     checked = {k: _psf(v, f"{k}=") for k, v in psfs.items() if v is not None}
+    cards = [wcs.card(a.attrs, FWHM_KEYS) for a in (reference, target)]
+    widths = item_fwhm(fwhm, tuple(c if c is not None and c > 0 else None for c in cards),
+                       "fwhm=")
     pair = Pair(item_id, stored["reference"], stored["target"], reference.shape,
                 stored.get("reference_variance"), stored.get("target_variance"),
                 stored.get("mask"), checked.get("reference_psf"), checked.get("target_psf"),
                 flux_ratio, None if ref_wcs is None else wcs.text(ref_wcs), zeropoint, source,
-                grid)
+                grid, fwhm=widths)
     return pair, {k: _on_grid(a, k, grid) for k, a in arrays.items()}
 
 

@@ -9,15 +9,19 @@ A manifest is JSON::
                 "reference_variance": {...}, "target_variance": {...}, "mask": {...},
                 "reference_noise": {...}, "target_noise": {...},
                 "reference_psf": {...}, "target_psf": {...}, "flux_ratio": 1.0,
-                "zeropoint": 27.5, "aligned": false, "register": "stars"}]}
+                "zeropoint": 27.5, "aligned": false, "register": "stars",
+                "method": "auto", "fwhm": [2.1, 2.6]}]}
 
 Paths are relative to the manifest's folder. Images, variances (or noise maps: sigma, read
 as its square) and the mask (nonzero = bad) are FITS image HDUs (``hdu``: index or EXTNAME,
 default the first 2-D image); PSF stamps are FITS or ``.npy``. ``flux_ratio`` is the
 target's flux scale over the reference's (measured from matched stars when absent);
 ``zeropoint`` the reference's (the magnitude of one unit of its flux; else from a header
-keyword, ``ZEROPOINT_KEYS``). A pair is put on one pixel grid by the reference's WCS (a
-target whose WCS differs is refused); a reference without one needs ``"aligned": true``
+keyword, ``ZEROPOINT_KEYS``). ``method`` is the item's subtraction (``SUBTRACTIONS``;
+else the run's); ``fwhm`` the images' PSF FWHM in pixels (one number for both, or the
+reference's and the target's; else a header keyword, ``FWHM_KEYS``), the PSF of an image
+with no star. A pair is put on one pixel grid by the reference's WCS (a target whose WCS
+differs is refused); a reference without one needs ``"aligned": true``
 (the images are already on one grid, taken as they are) or ``"register": "stars"`` (the
 target, its variance or noise map, is resampled onto the reference's grid by an affine fit
 to matched stars, ``outcore.diffim.register``; the mask is the reference's).
@@ -52,7 +56,12 @@ PSF_KEYS = FILE_KEYS[7:]
 #: Noise (sigma) maps, read as their square: the variance of the same image.
 NOISE_KEYS = {"reference_noise": "reference_variance", "target_noise": "target_variance"}
 ITEM_KEYS = ("item_id", *FILE_KEYS, "flux_ratio", "zeropoint", "aligned", "register",
-             "stack", "saturation")
+             "stack", "saturation", "method", "fwhm")
+#: The subtractions: ZOGY's, the fitted kernel's, or the one ``auto`` finds better on a
+#: sample of the pair (``outcore.diffim.choose``).
+SUBTRACTIONS = ("auto", "zogy", "kernel")
+#: Header keywords of an image's PSF FWHM in pixels, the first found.
+FWHM_KEYS = ("FWHM", "PSF_FWHM", "FWHMPIX")
 #: Files that may be groups of exposures, stacked as they are read (``stack``).
 STACK_KEYS = ("reference", "target")
 #: How the target of a pair gets onto the reference's grid: the reference's WCS (checked
@@ -78,7 +87,8 @@ class ImageFile:
     """One 2-D FITS image HDU: where it is and what it holds (picklable; read per tile);
     ``gain`` (electrons per unit of its pixels) from its header's ``GAIN_KEYS``, if any;
     ``saturation`` the level at and above which a pixel is saturated (``SATURATION_KEYS``,
-    or the item's ``saturation``), read as NaN, so every step treats it as bad."""
+    or the item's ``saturation``), read as NaN, so every step treats it as bad; ``fwhm``
+    its PSF's FWHM in pixels from its header (``FWHM_KEYS``), if any."""
 
     path: str
     hdu: int
@@ -87,6 +97,7 @@ class ImageFile:
     squared: bool = False
     gain: float | None = None
     saturation: float | None = None
+    fwhm: float | None = None
 
     def read(self, y0: int, y1: int, x0: int, x1: int) -> np.ndarray:
         """Pixels ``[y0:y1, x0:x1]`` as float64 (``_read``), squared for a noise map given
@@ -125,7 +136,9 @@ class Pair:
     ``zeropoint_source`` (``given``: of the reference; ``REF KEY`` or ``TARGET KEY``: that
     image's header keyword), None when nothing gives one. ``grid`` (one of ``GRIDS``) says
     how the target reaches the reference's grid; a ``stars`` pair's target files are on
-    their own grid until ``register.register_pairs`` resamples them.
+    their own grid until ``register.register_pairs`` resamples them. ``method`` is the
+    item's subtraction (None: the run's), ``fwhm`` the reference's and the target's PSF FWHM
+    in pixels (None where neither the item nor the header gives one).
     """
 
     item_id: str
@@ -142,6 +155,8 @@ class Pair:
     zeropoint: float | None = None
     zeropoint_source: str = ""
     grid: str = "wcs"
+    method: str | None = None
+    fwhm: tuple[float | None, float | None] = (None, None)
 
 
 def _fail(where: str, problem: str, fix: str, cls: type[OutcoreError] = LayoutError) -> None:
@@ -261,12 +276,33 @@ def _read_item(item: Any, index: int, base: Path) -> tuple[Pair, list]:
               "give the target's flux scale over the reference's, e.g. 1.0, or leave it out "
               "to measure it from stars.")
     zeropoint, zeropoint_source = _zeropoint(item.get("zeropoint"), images, where)
+    method = item.get("method")
+    if method is not None and method not in SUBTRACTIONS:
+        _fail(where, f"method {method!r} is not a subtraction.",
+              f'write "method": one of {list(SUBTRACTIONS)}, or leave it out (the run\'s).')
     pair = Pair(item_id, images["reference"], images["target"], shape,
                 images.get("reference_variance"), images.get("target_variance"),
                 images.get("mask"), psfs.get("reference_psf"), psfs.get("target_psf"),
                 None if ratio is None else float(ratio), header, zeropoint, zeropoint_source,
-                grid)
+                grid, method, item_fwhm(item.get("fwhm"),
+                                        (getattr(images["reference"], "fwhm", None),
+                                         getattr(images["target"], "fwhm", None)), where))
     return pair, files
+
+
+def item_fwhm(given: Any, headers: tuple[float | None, float | None], where: str
+              ) -> tuple[float | None, float | None]:
+    """The reference's and the target's PSF FWHM (pixels): ``given`` (one positive number
+    for both, or a pair), else each image's header's (None: unknown)."""
+    if given is None:
+        return headers
+    values = given if isinstance(given, list | tuple) else [given, given]
+    if len(values) != 2 or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                   and math.isfinite(v) and v > 0 for v in values):
+        _fail(where, f"fwhm {given!r} is not a positive number of pixels, nor two of them.",
+              'write "fwhm": the PSF FWHM in pixels, e.g. 2.5, or [2.1, 2.6] for the '
+              "reference and the target.")
+    return float(values[0]), float(values[1])
 
 
 def _stack(entries: Any, method: Any, key: str, where: str, base: Path
@@ -386,7 +422,8 @@ def _image_file(ref: dict[str, Any], where: str) -> ImageFile:
         _fail(where, f"{path!r} cannot be read as FITS ({err}).", "check the file.")
     return ImageFile(path, index, shape, ref["sha256"],  # type: ignore[arg-type]
                      gain=_positive(header, GAIN_KEYS),
-                     saturation=_positive(header, SATURATION_KEYS))
+                     saturation=_positive(header, SATURATION_KEYS),
+                     fwhm=_positive(header, FWHM_KEYS))
 
 
 def _positive(header: Any, keys: tuple[str, ...]) -> float | None:
@@ -458,22 +495,24 @@ def read_psf(path: str | Path, where: str) -> np.ndarray:
 
 def checked_psf(psf: Any, where: str) -> np.ndarray:
     """A PSF stamp checked: 2-D, odd sides of 3 or more, finite, positive sum; returned as
-    float64 of unit sum, centred on its middle pixel."""
+    float64 centred on its middle pixel, normalised exactly: a stamp whose sum is below 1 is
+    a model of unit integral cut to the stamp (as WebbPSF's), kept as it is so that its
+    sum stays the fraction of a source's flux it holds; any other is scaled to unit sum."""
     psf = np.asarray(psf)
     if psf.ndim != 2 or min(psf.shape) < 3 or psf.shape[0] % 2 == 0 or psf.shape[1] % 2 == 0:
         _fail(where, f"the PSF stamp has shape {psf.shape}; it must be 2-D with odd sides of 3 "
               "or more, centred on its middle pixel.", "crop or pad the stamp to odd sides.")
     if psf.dtype.kind not in "fiu" or not np.isfinite(psf).all() or not psf.sum() > 0:
         _fail(where, "the PSF stamp is not finite and real with a positive sum.",
-              "give a PSF stamp of finite values (its sum is normalised to 1).")
+              "give a PSF stamp of finite values (a sum above 1 is normalised to 1).")
     psf = psf.astype(np.float64)
-    return psf / psf.sum()
+    return psf if psf.sum() < 1 else psf / psf.sum()
 
 
 def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
              item_id: str = "pair", zeropoint: float | None = None, grid: str = "wcs",
-             stack: str = "median", saturation: float | None = None
-             ) -> tuple[list[Pair], list]:
+             stack: str = "median", saturation: float | None = None,
+             fwhm: Any = None) -> tuple[list[Pair], list]:
     """The one-pair form (``reference=REF``, ``target=NEW`` ...): ``files`` maps the
     manifest's file keys to paths (None: not given); each file is hashed here and checked as
     in a manifest; ``grid`` is one of ``GRIDS`` (``aligned=True``, ``register='stars'``). A
@@ -505,6 +544,8 @@ def one_pair(files: dict[str, str | None], flux_ratio: float | None = None,
         item["zeropoint"] = zeropoint
     if saturation is not None:
         item["saturation"] = saturation
+    if fwhm is not None:
+        item["fwhm"] = list(fwhm) if isinstance(fwhm, tuple) else fwhm
     pair, found = _read_item(item, 0, Path.cwd())
     return [pair], found
 
@@ -533,9 +574,10 @@ def check_hashes_of(files: list[tuple[str, str, str]]) -> None:
 def read_pairs(manifest: str | None, files: dict[str, str | None],
                flux_ratio: float | None = None, item_id: str = "pair",
                zeropoint: float | None = None, grid: str = "wcs", stack: str = "median",
-               saturation: float | None = None) -> tuple[list[Pair], list]:
+               saturation: float | None = None, fwhm: Any = None
+               ) -> tuple[list[Pair], list]:
     """The checked pairs and their files: those of the ``manifest`` when one is given, else
     the one pair of ``files`` (``one_pair``)."""
     if manifest:
         return read_manifest(manifest)
-    return one_pair(files, flux_ratio, item_id, zeropoint, grid, stack, saturation)
+    return one_pair(files, flux_ratio, item_id, zeropoint, grid, stack, saturation, fwhm)

@@ -4,10 +4,18 @@ Every pair is its own chain of tasks, so the scheduler hands the next ready task
 pair, to whichever worker is idle (no fixed shard of pairs per worker):
 
 1. ``diffim-survey`` tasks, one per survey block of each image, then one ``diffim-model``
-   task per pair (``prepare.build_model``) and one ``diffim-noise`` task that measures its
-   noise scale on a sample window (``calibrate``). The models are small; they come back to the
-   client (``compute_models``), which raises the first pair's error (too few stars, ...)
-   before any tile runs and checks the exact memory plan of the tiles.
+   task per pair (``prepare.build_model``: PSFs, flux ratio, ZOGY's kernels). A pair whose
+   subtraction is ``auto`` gets a ``diffim-choose`` task (``choose``: both methods on a
+   sample window); one whose kernel is fitted (``kernel``, or ``auto`` choosing it) gets
+   its fit's passes over the same blocks (``fitstamps``: ``diffim-fit`` sums each block's
+   normal equations, ``diffim-solve`` adds and solves them, ``diffim-stamps`` measures each
+   block's stamps under that solution, ``diffim-refit`` sums the blocks again without the
+   stamps rejected, ``diffim-kernel`` solves and builds the kernels; a pair of one block
+   fits in one ``diffim-fit`` task; when ``auto`` keeps ZOGY they return at once). Then
+   one ``diffim-noise`` task measures its noise scale on a sample window (``calibrate``).
+   The models are small; they come back to the client (``compute_models``), which raises
+   the first pair's error (no PSF, ...) before any tile runs and checks the exact memory
+   plan of the tiles.
 2. ``diffim-tile`` tasks, one per tile of each pair (``tile.run_tile``: subtract, detect,
    measure). With a ``store`` (``create_store``: ``difference.zarr``) each writes its core
    of ``D``, ``V_D`` and ``S_corr`` there (chunks = tiles, so no two tasks share a chunk)
@@ -26,6 +34,7 @@ detections); ``difference_dataset`` is the layout both it and ``difference.zarr`
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +47,9 @@ import xarray as xr
 from dask.base import tokenize
 from dask.delayed import Delayed
 
-from outcore.diffim import wcs
+from outcore.diffim import fitstamps, wcs
 from outcore.diffim.calibrate import calibrate
+from outcore.diffim.choose import Choice, choose
 from outcore.diffim.manifest import Pair
 from outcore.diffim.memory import TABLE_CHUNK
 from outcore.diffim.prepare import (
@@ -88,7 +98,8 @@ def _key(prefix: str, *args: object) -> str:
 
 
 def model_graph(pairs: Sequence[Pair], options: Options) -> list[Delayed]:
-    """One delayed ``PairModel`` per pair, each after the survey of its two images."""
+    """One delayed ``PairModel`` per pair, each after the survey of its two images (and,
+    for a fitted kernel, after its fit)."""
     models = []
     step = SURVEY_BOXES * options.box
     for pair in pairs:
@@ -103,10 +114,67 @@ def model_graph(pairs: Sequence[Pair], options: Options) -> list[Delayed]:
                   for block in blocks(pair.shape, step)] for which in (0, 1)]
         model = dask.delayed(build_model)(pair, parts[0], parts[1], options,
                                           dask_key_name=_key("diffim-model", pair, options))
+        if options.method_of(pair) != "zogy":
+            model = _fitted(pair, model, options, step)
         models.append(dask.delayed(calibrate)(pair, model, options,
                                               dask_key_name=_key("diffim-noise", pair,
                                                                  options)))
     return models
+
+
+def _when_fitted(choice: Choice | None, function: Any, *args: Any) -> Any:
+    """``function(*args)``, or None when ``auto``'s ``choice`` kept ZOGY."""
+    if choice is not None and choice.method != "kernel":
+        return None
+    return function(*args)
+
+
+def _finish(pair: Pair, model: PairModel, setup: Any, fit: Any, options: Options,
+            choice: Choice | None) -> PairModel:
+    """The pair's model for its tiles: ZOGY's as it is when ``auto`` kept it, else the
+    fitted kernel's (``fitstamps.kernel_model``), with ``auto``'s choice in its facts."""
+    summary = None if choice is None else choice.summary()
+    if choice is not None and choice.method != "kernel":
+        return replace(model, choice=summary)
+    return fitstamps.kernel_model(pair, model, setup, fit, options, summary)
+
+
+def _fitted(pair: Pair, model: Delayed, options: Options, step: int) -> Delayed:
+    """The delayed model of a pair whose kernel is fitted (or may be: ``auto``), over the
+    survey's blocks (module docstring)."""
+    def key(name: str, *args: Any) -> str:
+        return _key(name, pair, options, *args)
+
+    setup = dask.delayed(fitstamps.setup_of)(pair, model, options,
+                                             dask_key_name=key("diffim-setup"))
+    choice = None
+    if options.method_of(pair) == "auto":
+        choice = dask.delayed(choose)(pair, model, setup, options,
+                                      dask_key_name=key("diffim-choose"))
+    parts = blocks(pair.shape, step)
+    if len(parts) == 1:
+        fit = dask.delayed(_when_fitted)(choice, fitstamps.fit_window, pair, model, setup,
+                                         parts[0], dask_key_name=key("diffim-fit"))
+    else:
+        first = [dask.delayed(_when_fitted)(choice, fitstamps.accumulate, pair, model, setup,
+                                            block, dask_key_name=key("diffim-fit", block))
+                 for block in parts]
+        best = dask.delayed(_when_fitted)(choice, fitstamps.solve_parts, setup, first,
+                                          dask_key_name=key("diffim-solve"))
+        sums = [dask.delayed(fitstamps.block_residuals)(pair, model, setup, block, best,
+                                                        dask_key_name=key("diffim-stamps",
+                                                                          block))
+                for block in parts]
+        rejected = dask.delayed(fitstamps.rejected_stamps)(sums,
+                                                           dask_key_name=key("diffim-reject"))
+        second = [dask.delayed(fitstamps.refit_block)(pair, model, setup, block, rejected[k],
+                                                      first[k], best,
+                                                      dask_key_name=key("diffim-refit", block))
+                  for k, block in enumerate(parts)]
+        fit = dask.delayed(fitstamps.final_fit)(setup, second, rejected, best,
+                                                dask_key_name=key("diffim-kernel"))
+    return dask.delayed(_finish)(pair, model, setup, fit, options, choice,
+                                 dask_key_name=key("diffim-finish"))
 
 
 def compute_models(pairs: Sequence[Pair], options: Options,

@@ -1,18 +1,27 @@
 """From a pair's files to its model: the survey of each image, then backgrounds, noise, PSFs,
-flux ratio and ZOGY kernels, before any tile is subtracted.
+flux ratio and ZOGY kernels, before any tile is subtracted (a fitted kernel replaces ZOGY's
+later: ``outcore.diffim.fitstamps``, ``outcore.diffim.choose``).
 
 The survey reads each image in blocks of ``SURVEY_BOXES`` background boxes a side, on a grid
 fixed by the image alone (never by the tile size): each block gives its boxes' background
 and RMS and, when the pair needs them, its isolated bright stars. ``build_model`` gathers the
 blocks of one pair (a few kilobytes each) into a ``PairModel``; a pair that cannot be
-modelled (too few stars for a PSF or a flux ratio) gets ``error`` instead, which the operator
-raises before any tile runs.
+modelled (no star and no FWHM for a PSF, no matched star for ZOGY's flux ratio) gets
+``error`` instead, which the operator raises before any tile runs.
+
+A PSF is the one given, else the Moffat of the image's stars (the brightest
+``PREFERRED_PSF_STARS``; one is enough), else a Gaussian of the FWHM the item or the header
+gives; its FWHM's standard error goes with it. The flux ratio is the one given, else the
+median ratio of the stars matched in both images (one is enough), with its standard error
+(the ratios' scatter, or their photometric errors when fewer than ``MIN_RATIO_STARS``);
+both errors reach the catalog's flux and magnitude errors (``PairModel.flux_systematic``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,9 +30,13 @@ from outcore.diffim.background import BackgroundMesh, Sky, box_statistics, sourc
 from outcore.diffim.manifest import ImageFile, Pair
 from outcore.diffim.zogy import ZogyKernels, pair_kernels
 
+if TYPE_CHECKING:
+    from outcore.diffim.kernelfit import FittedKernels
+
 #: Background boxes along each side of a survey block.
 SURVEY_BOXES = 16
-#: Matched stars the flux ratio needs at least.
+#: Matched stars from which the flux ratio's error is their ratios' scatter; from fewer (one
+#: is enough for a ratio), their photometric errors.
 MIN_RATIO_STARS = 3
 #: Without ``--star-snr``, PSFs and the flux ratio use the stars of S/N ``STAR_SNR`` or more
 #: and, on an image with too few of them (a small image, a short exposure), the brightest
@@ -40,7 +53,9 @@ IMAGES = ("reference", "target")
 
 @dataclass(frozen=True)
 class Options:
-    """The choices of a run that shape every pair's model and tiles (see the CLI)."""
+    """The choices of a run that shape every pair's model and tiles (see the CLI):
+    ``method`` the subtraction (``manifest.SUBTRACTIONS``; an item's own ``method`` wins),
+    ``kernel_degree`` and ``kernel_basis`` the fitted kernel's."""
 
     threshold: float = 5.0
     stamp: int = 21
@@ -50,6 +65,13 @@ class Options:
     psf_size: int = 25
     star_snr: float | None = None
     backend: str = "numpy"
+    method: str = "zogy"
+    kernel_degree: int = 2
+    kernel_basis: str = "auto"
+
+    def method_of(self, pair: Pair) -> str:
+        """The subtraction of ``pair``: its item's, else the run's."""
+        return pair.method or self.method
 
 
 def blocks(shape: tuple[int, int], step: int) -> list[tuple[int, int, int, int]]:
@@ -132,12 +154,16 @@ def survey(pair: Pair, which: int, block: tuple[int, int, int, int], options: Op
 
 @dataclass(frozen=True)
 class PairModel:
-    """What every tile of a pair needs: backgrounds, noise, PSFs, flux ratio, ZOGY kernels
-    and the radii of detection. ``error`` is ``(problem, fix)`` when the pair cannot be
-    modelled (then only ``item_id`` and the counts are meaningful). ``star_offset`` is the
-    median (dy, dx) of the target's matched stars from the reference's (pixels), by which
-    the target's PSF is moved. ``noise_scale`` holds the
-    spreads ``calibrate`` measured (None before it runs)."""
+    """What every tile of a pair needs: backgrounds, noise, PSFs, flux ratio, the kernels of
+    its subtraction (ZOGY's or a fitted kernel's) and the radii of detection. ``error`` is
+    ``(problem, fix)`` when the pair cannot be modelled (then only ``item_id`` and the counts
+    are meaningful); ``zogy_error`` says why ZOGY cannot run when a fitted kernel still can
+    (no flux ratio). ``star_offset`` is the median (dy, dx) of the target's matched stars
+    from the reference's (pixels), by which the target's PSF is moved. ``noise_scale`` holds
+    the spreads ``calibrate`` measured (None before it runs). ``method`` is the subtraction
+    the tiles run, ``choice`` why (``auto``'s measures), ``kernel_fit`` the fitted kernel's
+    facts; ``flux_ratio_error`` and ``psf_fwhm_error`` (pixels) the standard errors of the
+    flux ratio and of each PSF's FWHM."""
 
     item_id: str
     shape: tuple[int, int]
@@ -152,31 +178,65 @@ class PairModel:
     stars: tuple[int, int] = (0, 0)
     matched_stars: int = 0
     star_offset: tuple[float, float] = (0.0, 0.0)
-    kernels: ZogyKernels | None = None
+    kernels: ZogyKernels | FittedKernels | None = None
     fwhm_d: float = math.nan
     peak_radius: int = 2
     dipole_radius: float = math.nan
     margin: int = 0
     error: tuple[str, str] | None = field(default=None)
     noise_scale: dict | None = None
+    method: str = "zogy"
+    choice: dict | None = None
+    kernel_fit: dict | None = None
+    flux_ratio_error: float = math.nan
+    psf_fwhm_error: tuple[float, float] = (math.nan, math.nan)
+    zogy_error: tuple[str, str] | None = None
 
     @property
     def halo(self) -> int:
         """Pixels a tile reads beyond its core: the detection margin plus the kernels'."""
         return self.margin + self.kernels.half_width
 
+    @property
+    def psf_fwhm(self) -> tuple[float, float]:
+        """Each image's PSF FWHM (pixels, ``psf.fwhm``)."""
+        return tuple(psfs.fwhm(p) for p in self.psf) if self.psf else (math.nan, math.nan)
+
+    def flux_systematic(self) -> tuple[float, float]:
+        """The relative errors that every flux (reference units) and every magnitude carry
+        besides their noise: the PSF's (its FWHM's relative error: a PSF too narrow by a
+        fraction measures fluxes low by about as much; the image matched to for a fitted
+        kernel, both for ZOGY) and, for fluxes, the flux ratio's; a magnitude whose
+        zeropoint is the target's does not depend on the ratio."""
+        widths = [e / w for e, w in zip(self.psf_fwhm_error, self.psf_fwhm, strict=True)
+                  if math.isfinite(e) and w > 0]
+        if self.method == "kernel" and self.kernels is not None:
+            matched = 1 if self.kernels.convolved == "reference" else 0
+            e, w = self.psf_fwhm_error[matched], self.psf_fwhm[matched]
+            widths = [e / w] if math.isfinite(e) and w > 0 else []
+        psf = math.sqrt(sum(v * v for v in widths) / len(widths)) if widths else 0.0
+        ratio = (self.flux_ratio_error / self.flux_ratio
+                 if math.isfinite(self.flux_ratio_error) and self.flux_ratio > 0 else 0.0)
+        on_target = self.zeropoint_source.startswith("target")
+        return math.hypot(psf, ratio), psf if on_target else math.hypot(psf, ratio)
+
     def summary(self) -> dict:
         """JSON-ready facts of the model for summary.json and a result's attrs (``f_d`` and
         ``zeropoint`` unrounded: forced photometry and magnitudes read them)."""
-        return {"sigma_reference": round(self.sigma[0], 6),
+        return {"method": self.method, "method_choice": self.choice,
+                "sigma_reference": round(self.sigma[0], 6),
                 "sigma_target": round(self.sigma[1], 6),
                 "flux_ratio": round(self.flux_ratio, 6),
+                "flux_ratio_error": _rounded(self.flux_ratio_error),
                 "flux_ratio_source": self.flux_ratio_source,
                 "zeropoint": None if math.isnan(self.zeropoint) else self.zeropoint,
                 "zeropoint_source": self.zeropoint_source,
                 "psf_source": list(self.psf_source), "psf_stars": list(self.stars),
+                "psf_fwhm": [_rounded(v) for v in self.psf_fwhm],
+                "psf_fwhm_error": [_rounded(v) for v in self.psf_fwhm_error],
                 "matched_stars": self.matched_stars,
                 "star_offset_yx": [round(v, 4) for v in self.star_offset],
+                "kernel_fit": self.kernel_fit,
                 "kernel_half_width": self.kernels.half_width if self.kernels else None,
                 "unsearched_border": self.kernels.reach if self.kernels else None,
                 "noise_spread": self.noise_scale,
@@ -186,12 +246,16 @@ class PairModel:
                 "f_d": self.kernels.f_d if self.kernels else None}
 
 
+def _rounded(value: float) -> float | None:
+    return None if not math.isfinite(value) else round(float(value), 6)
+
+
 def _concat_stars(parts: list[dict]) -> dict[str, np.ndarray]:
     stars = [p["stars"] for p in parts if p["stars"] is not None]
-    keys = ("x", "y", "snr", "stamps")
+    keys = ("x", "y", "snr", "stamps", "isolated")
     if not stars:
         return {"x": np.empty(0), "y": np.empty(0), "snr": np.empty(0),
-                "stamps": np.empty((0, 1, 1))}
+                "stamps": np.empty((0, 1, 1)), "isolated": np.empty(0, dtype=bool)}
     return {key: np.concatenate([s[key] for s in stars]) for key in keys}
 
 
@@ -214,9 +278,53 @@ def needs_stars(pair: Pair) -> tuple[bool, bool]:
     return (ratio or pair.reference_psf is None, ratio or pair.target_psf is None)
 
 
+def _psf(name: str, given: np.ndarray | None, found: dict, fwhm: float | None,
+         options: Options) -> tuple[np.ndarray | None, str, float]:
+    """One image's PSF, where it comes from and its FWHM's standard error (pixels): the
+    stamp given (cut to ``psf_size``), else the Moffat of its stars, else a Gaussian of
+    ``fwhm``; None when it has none of them."""
+    if given is not None:
+        source = ("given" if max(given.shape) <= options.psf_size
+                  else f"given, cut to {options.psf_size} px")
+        return psfs.cut_psf(given, options.psf_size), source, 0.0
+    if found["x"].size:
+        chosen = found if options.star_snr else psfs.brightest(found, STAR_SNR,
+                                                                 psfs.PREFERRED_PSF_STARS)
+        stamp, error = psfs.stack_psf(chosen)
+        count = chosen["x"].size
+        return (stamp, f"measured, {count} star{'s' * (count > 1)} of S/N >= "
+                f"{float(chosen['snr'].min()):.0f}", error)
+    if fwhm is not None:
+        return (psfs.gaussian_psf(fwhm, options.psf_size), f"a Gaussian of FWHM {fwhm:g} px",
+                0.0)
+    return None, "", math.nan
+
+
+def _ratio(ref: dict, new: dict, i: np.ndarray, j: np.ndarray, psf: list[np.ndarray],
+           sigma: list[float], pair: Pair) -> tuple[float, float]:
+    """The flux ratio of the matched stars ``(i, j)`` and its standard error: the median of
+    their ratios, its error their scatter (``1.2533 std / sqrt(n)``, the median's) from
+    ``MIN_RATIO_STARS`` stars, or never less than their photometric errors' weighted mean's
+    (``psf.star_flux``)."""
+    fr, er = psfs.star_flux({k: v[i] for k, v in ref.items()}, psf[0], sigma[0],
+                            pair.reference.gain)
+    fn, en = psfs.star_flux({k: v[j] for k, v in new.items()}, psf[1], sigma[1],
+                            pair.target.gain)
+    ratios = fn / fr
+    errors = np.abs(ratios) * np.hypot(er / fr, en / fn)
+    photometric = 1 / math.sqrt(float((1 / errors**2).sum()))
+    if ratios.size >= MIN_RATIO_STARS:
+        spread = 1.2533 * float(np.std(ratios, ddof=1)) / math.sqrt(ratios.size)
+        return float(np.median(ratios)), max(spread, photometric)
+    weights = 1 / errors**2
+    return float((weights * ratios).sum() / weights.sum()), photometric
+
+
 def build_model(pair: Pair, reference: list[dict], target: list[dict],
                 options: Options) -> PairModel:
-    """The ``PairModel`` of ``pair`` from the survey blocks of its two images."""
+    """The ``PairModel`` of ``pair`` from the survey blocks of its two images, with ZOGY's
+    kernels (``zogy_error`` instead where its flux ratio cannot be measured; a pair whose
+    subtraction is ``zogy`` then gets ``error``)."""
     where = f"item {pair.item_id!r}"
     shape = pair.shape
     meshes = (_mesh(shape, options.box, reference), _mesh(shape, options.box, target))
@@ -229,49 +337,55 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
                 f"{where}: the {name} has no usable background (every box is masked or flat).",
                 "check the image and its mask."))
         sigma.append(value)
-    stars = (_concat_stars(reference), _concat_stars(target))
-    psf, source = [], []
-    for name, given, found in zip(IMAGES, (pair.reference_psf, pair.target_psf), stars,
-                                  strict=True):
-        if given is not None:
-            psf.append(psfs.cut_psf(given, options.psf_size))
-            source.append("given" if max(given.shape) <= options.psf_size
-                          else f"given, cut to {options.psf_size} px")
-            continue
-        count = found["x"].size
-        if count < psfs.MIN_PSF_STARS:
-            return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
-                             error=(f"{where}: only {count} isolated stars with S/N >= "
-                                    f"{least_star_snr(options):g} were found in the {name}, too "
-                                    f"few to measure its PSF (at least {psfs.MIN_PSF_STARS}).",
-                                    f"give {name}_psf= (a stamp; manifest: \"{name}_psf\","
-                                    " a FITS or .npy file), or lower star_snr=."))
-        chosen = found if options.star_snr else psfs.brightest(found, STAR_SNR,
-                                                                 psfs.MIN_PSF_STARS)
-        psf.append(psfs.stack_psf(chosen))
-        source.append(f"measured, {chosen['x'].size} stars of S/N >= "
-                      f"{float(chosen['snr'].min()):.0f}")
-    matched, offset = 0, (0.0, 0.0)
+    stars = (psfs.preferred(_concat_stars(reference)), psfs.preferred(_concat_stars(target)))
+    counts = (stars[0]["x"].size, stars[1]["x"].size)
+    psf, source, fwhm_error = [], [], []
+    for name, given, found, fwhm in zip(IMAGES, (pair.reference_psf, pair.target_psf), stars,
+                                        pair.fwhm, strict=True):
+        stamp, origin, error = _psf(name, given, found, fwhm, options)
+        if stamp is None:
+            return PairModel(pair.item_id, shape, stars=counts, error=(
+                f"{where}: no isolated star with S/N >= {least_star_snr(options):g} was found"
+                f" in the {name}, and no FWHM is given, so nothing gives its PSF.",
+                f"give fwhm= (the PSF's FWHM in pixels; manifest: \"fwhm\"), or {name}_psf="
+                f" (a stamp; manifest: \"{name}_psf\"), or lower star_snr=."))
+        psf.append(stamp)
+        source.append(origin)
+        fwhm_error.append(error)
+    matched, offset, ratio_error, zogy_error = 0, (0.0, 0.0), math.nan, None
     if pair.flux_ratio is not None:
-        ratio, ratio_source = pair.flux_ratio, "given"
+        ratio, ratio_source, ratio_error = pair.flux_ratio, "given", 0.0
     else:
         ref, new, i, j = _ratio_stars(stars, options)
         matched = int(i.size)
-        if matched < MIN_RATIO_STARS:
-            return PairModel(pair.item_id, shape, stars=(stars[0]["x"].size, stars[1]["x"].size),
-                             error=(f"{where}: only {matched} stars with S/N >= "
-                                    f"{least_star_snr(options):g} were found in both images, "
-                                    f"too few to measure the flux ratio (at least "
-                                    f"{MIN_RATIO_STARS}).",
-                                    "give flux_ratio= (manifest: \"flux_ratio\"), or "
-                                    "lower star_snr=."))
-        fr = psfs.star_flux({k: v[i] for k, v in ref.items()}, psf[0])
-        fn = psfs.star_flux({k: v[j] for k, v in new.items()}, psf[1])
-        ratio, ratio_source = float(np.median(fn / fr)), "measured"
-        offset = (float(np.median(new["y"][j] - ref["y"][i])),
-                  float(np.median(new["x"][j] - ref["x"][i])))
-        psf[1] = psfs.shift_psf(psf[1], offset)
-    kernels = pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio)
+        if matched:
+            ratio, ratio_error = _ratio(ref, new, i, j, psf, sigma, pair)
+            ratio_source = f"measured, {matched} star{'s' * (matched > 1)}"
+            offset = (float(np.median(new["y"][j] - ref["y"][i])),
+                      float(np.median(new["x"][j] - ref["x"][i])))
+            psf[1] = psfs.shift_psf(psf[1], offset)
+        else:
+            ratio, ratio_source = math.nan, ""
+            zogy_error = (f"{where}: no star with S/N >= {least_star_snr(options):g} was found "
+                          "in both images, so nothing measures the flux ratio ZOGY needs.",
+                          "give flux_ratio= (manifest: \"flux_ratio\"), or method='kernel' "
+                          "(the fitted kernel's sum is the ratio), or lower star_snr=.")
+    zeropoint = reference_zeropoint(pair, ratio) if math.isfinite(ratio) else math.nan
+    model = PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
+                      zeropoint, pair.zeropoint_source if math.isfinite(zeropoint) else "",
+                      (psf[0], psf[1]), (source[0], source[1]), counts, matched, offset,
+                      flux_ratio_error=ratio_error,
+                      psf_fwhm_error=(fwhm_error[0], fwhm_error[1]), zogy_error=zogy_error)
+    if zogy_error is not None:
+        return model if options.method_of(pair) != "zogy" else replace(model, error=zogy_error)
+    return with_kernels(model, pair_kernels(psf[0], psf[1], sigma[0], sigma[1], 1.0, ratio),
+                        options)
+
+
+def with_kernels(model: PairModel, kernels: ZogyKernels | FittedKernels,
+                 options: Options, **changes: object) -> PairModel:
+    """``model`` with ``kernels`` and the radii of detection that follow from their PSF of
+    ``D`` (and ``changes``)."""
     fwhm_d = psfs.fwhm(kernels.psf_d)
     peak_radius = min(max(2, math.ceil(0.5 * fwhm_d)), MAX_PEAK_RADIUS)
     dipole_radius = min(DIPOLE_RADIUS_FWHM * fwhm_d, MAX_DIPOLE_RADIUS)
@@ -279,12 +393,8 @@ def build_model(pair: Pair, reference: list[dict], target: list[dict],
     # whole cutout around a dipole's midpoint (within a radius of its owner peak)
     margin = max(math.ceil(2 * dipole_radius) + peak_radius,
                  math.ceil(dipole_radius) + options.stamp // 2) + 1
-    zeropoint = reference_zeropoint(pair, ratio)
-    return PairModel(pair.item_id, shape, meshes, (sigma[0], sigma[1]), ratio, ratio_source,
-                     zeropoint, pair.zeropoint_source if math.isfinite(zeropoint) else "",
-                     (psf[0], psf[1]), (source[0], source[1]),
-                     (stars[0]["x"].size, stars[1]["x"].size), matched, offset, kernels, fwhm_d,
-                     peak_radius, dipole_radius, margin)
+    return replace(model, kernels=kernels, fwhm_d=fwhm_d, peak_radius=peak_radius,
+                   dipole_radius=dipole_radius, margin=margin, **changes)
 
 
 def reference_zeropoint(pair: Pair, flux_ratio: float) -> float:

@@ -113,6 +113,11 @@ class PairSimulator:
     (pixels) and ``flux`` (reference units): ``stars`` in both images, ``transients`` in the
     target only, ``moved`` at ``(x, y)`` in the reference and ``(x_new, y_new)`` in the
     target. ``mask`` marks bad pixels (True), which hold ``BAD_VALUE`` in both images.
+    ``galaxies`` (``x``, ``y``, ``flux``, ``scale``: exponential disks of that scale length
+    in pixels) are in both images, each convolved with its image's PSF. ``gradient`` makes
+    the target's PSF vary across the image, so the kernel matching the reference to it
+    varies too: its FWHM is ``psf[1].fwhm (1 + gradient (x / (nx - 1) - 1/2))`` at column
+    ``x``.
     """
 
     shape: tuple[int, int]
@@ -126,8 +131,18 @@ class PairSimulator:
     transients: dict[str, np.ndarray] = field(hash=False)
     moved: dict[str, np.ndarray] = field(hash=False)
     mask_boxes: tuple[tuple[int, int, int, int], ...] = ()
+    galaxies: dict[str, np.ndarray] = field(default_factory=dict, hash=False)
+    gradient: float = 0.0
 
     BAD_VALUE = 1.0e6
+
+    def psf_at(self, image: int, x: float) -> PsfShape:
+        """The PSF of ``image`` (0 reference, 1 target) at column ``x``."""
+        psf = self.psf[image]
+        if image == 0 or self.gradient == 0:
+            return psf
+        scale = 1 + self.gradient * (x / max(self.shape[1] - 1, 1) - 0.5)
+        return PsfShape(psf.kind, psf.fwhm * scale, psf.beta, psf.radius)
 
     def _sources(self, image: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """x, y and flux (image units) of every source of ``image`` (0 reference, 1 target)."""
@@ -159,9 +174,37 @@ class PairSimulator:
             if rows.size == 0 or cols.size == 0:
                 continue
             r2 = (cols[None, :] - xs) ** 2 + (rows[:, None] - ys) ** 2
+            local = self.psf_at(image, xs)
             out[rows[0] - y0: rows[-1] + 1 - y0, cols[0]: cols[-1] + 1] += (
-                fs * psf.profile(r2) / psf.norm)
+                fs * local.profile(r2) / local.norm)
+        for k in range(len(self.galaxies.get("x", ()))):
+            self._add_galaxy(out, image, k, y0, y1)
         return out
+
+    def _add_galaxy(self, out: np.ndarray, image: int, k: int, y0: int, y1: int) -> None:
+        """Add galaxy ``k`` to rows ``y0:y1`` (``out``): its disk sampled at the pixels'
+        centres, of unit sum times its flux, convolved with the image's PSF stamp."""
+        from scipy.signal import fftconvolve
+
+        gx, gy = self.galaxies["x"][k], self.galaxies["y"][k]
+        psf = self.psf_at(image, gx)
+        half = int(math.ceil(10 * self.galaxies["scale"][k])) + psf.radius
+        cy, cx = int(round(gy)), int(round(gx))
+        if cy + half < y0 or cy - half >= y1:
+            return
+        offsets = np.arange(-half, half + 1)
+        disk = np.exp(-np.hypot(offsets[None, :] + cx - gx, offsets[:, None] + cy - gy)
+                      / self.galaxies["scale"][k])
+        scale = (1.0, self.flux_ratio)[image]
+        box = fftconvolve(disk / disk.sum(), psf.stamp(), mode="same")
+        box *= scale * self.galaxies["flux"][k]
+        ny, nx = self.shape
+        rows = np.arange(max(cy - half, y0, 0), min(cy + half + 1, y1, ny))
+        cols = np.arange(max(cx - half, 0), min(cx + half + 1, nx))
+        if rows.size and cols.size:
+            out[rows[0] - y0: rows[-1] + 1 - y0, cols[0]: cols[-1] + 1] += box[
+                rows[0] - cy + half: rows[-1] - cy + half + 1,
+                cols[0] - cx + half: cols[-1] - cx + half + 1]
 
     def mask_rows(self, y0: int, y1: int) -> np.ndarray:
         """Rows ``y0:y1`` of the bad-pixel mask (True = bad)."""
@@ -250,6 +293,7 @@ def simulate_pair(
     moved_shift: tuple[float, float] = (3.0, 5.0),
     mask_boxes: int = 0,
     margin: float = 40.0,
+    psf_gradient: float = 0.0,
 ) -> PairSimulator:
     """A pair of ``shape`` with its truth (see ``PairSimulator``).
 
@@ -259,6 +303,8 @@ def simulate_pair(
     from ``moved_shift`` pixels in a random direction. Transients and moved stars lie at
     least ``margin`` pixels from the edges and from the mask boxes, and at least ``6 fwhm``
     from every other source. ``mask_boxes`` random 12 x 12 bad boxes are added.
+    ``psf_gradient`` makes the target's PSF vary across the image (``PairSimulator``); a
+    transient's flux then gives its S/N with the target's PSF where it lies.
     """
     if noise not in ("gaussian", "poisson"):
         raise ValueError(f"noise must be 'gaussian' or 'poisson', not {noise!r}.")
@@ -284,16 +330,21 @@ def simulate_pair(
     angle = rng.uniform(0, 2 * math.pi, moved)
     shift = rng.uniform(*moved_shift, moved)
     moved_flux = rng.uniform(*moved_snr, moved) / per_snr
+    gradient = PairSimulator(shape, seed, psf, sky, sigma, flux_ratio, noise, {}, {}, {},
+                             gradient=psf_gradient)
+    local = np.array([expected_snr(1.0, psf[0], gradient.psf_at(1, x), sim.background_sigma(0),
+                                   sim.background_sigma(1), flux_ratio)
+                      for x in transient_xy[:, 0]]) if psf_gradient else per_snr
     return PairSimulator(
         shape, seed, psf, sky, sigma, flux_ratio, noise,
         stars={"x": star_xy[:, 0], "y": star_xy[:, 1], "flux": star_flux},
-        transients={"x": transient_xy[:, 0], "y": transient_xy[:, 1], "flux": snr / per_snr,
+        transients={"x": transient_xy[:, 0], "y": transient_xy[:, 1], "flux": snr / local,
                     "snr": snr},
         moved={"x": moved_xy[:, 0], "y": moved_xy[:, 1],
                "x_new": moved_xy[:, 0] + shift * np.cos(angle),
                "y_new": moved_xy[:, 1] + shift * np.sin(angle), "flux": moved_flux,
                "snr": moved_flux * per_snr},
-        mask_boxes=tuple(boxes),
+        mask_boxes=tuple(boxes), gradient=psf_gradient,
     )
 
 

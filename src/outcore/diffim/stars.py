@@ -59,14 +59,15 @@ def image_sources(data: np.ndarray, bad: np.ndarray | None = None, *,
 
 def image_psf(data: np.ndarray, bad: np.ndarray | None = None, *, size: int = 25,
               min_snr: float = 20.0) -> tuple[np.ndarray | None, int]:
-    """The PSF of ``data`` (a ``size x size`` stamp of unit sum: the Moffat fitted to the
-    median of its isolated stars, ``psf.stack_psf``) and the number of stars it comes from;
-    None when fewer than ``psf.MIN_PSF_STARS`` stars are found."""
+    """The PSF of ``data`` (a ``size x size`` stamp: the Moffat fitted to the median of its
+    isolated stars, ``psf.stack_psf``, holding the fraction of a star's flux on the stamp)
+    and the number of stars it comes from; None when no star is found."""
     bad = np.zeros(data.shape, bool) if bad is None else np.asarray(bad, bool)
     sky = Sky.of(np.asarray(data, np.float64), bad)
     ny, nx = data.shape
-    stars = psfs.find_stars(sky, bad, (0, 0), (0, ny, 0, nx), (ny, nx), size, min_snr)
+    stars = psfs.preferred(psfs.find_stars(sky, bad, (0, 0), (0, ny, 0, nx), (ny, nx), size,
+                                           min_snr))
     count = int(stars["x"].size)
     if count < psfs.MIN_PSF_STARS:
         return None, count
-    return psfs.stack_psf(stars), count
+    return psfs.stack_psf(stars)[0], count

@@ -1,9 +1,10 @@
-"""One tile of one pair, start to end: read, subtract the background, ZOGY, detect, cut out,
-measure, score.
+"""One tile of one pair, start to end: read, subtract the background, subtract the images
+(ZOGY or the fitted kernel), detect, cut out, measure, score.
 
 A tile is a core of the image's tile grid. It reads its core plus a halo of
-``margin + H`` pixels (H the kernels' half width), so ZOGY (``kernels.subtract``, on the
-run's backend) gives ``D``, ``V_D`` and ``S_corr`` on the core plus ``margin``: the region
+``margin + H`` pixels (H the kernels' half width), so the subtraction
+(``kernels.subtract``, on the run's backend) gives ``D``, ``V_D`` and ``S_corr`` on the
+core plus ``margin``: the region
 in which ``detect`` decides which candidates the core owns, and from which their cutouts
 are cut. The result holds the core's
 images (written into ``difference.zarr`` by the task, or kept for the caller), the packed
@@ -94,8 +95,9 @@ def _cut(array: np.ndarray, cy: int, cx: int, half: int, fill: float) -> np.ndar
 def _subtracted(pair: Pair, model: PairModel, core: tuple[int, int, int, int],
                 options: Options) -> tuple[dict[str, np.ndarray], np.ndarray,
                                            tuple[int, int], tuple[int, int, int, int]]:
-    """ZOGY's outputs on the region of the tile ``core`` (core plus margin, inside the image),
-    its excluded zone, the region's origin ``(y, x)`` and the core within the region."""
+    """The subtraction's outputs on the region of the tile ``core`` (core plus margin, inside
+    the image), its excluded zone, the region's origin ``(y, x)`` and the core within the
+    region."""
     kernels = model.kernels
     half, margin = kernels.half_width, model.margin
     ny, nx = pair.shape
@@ -105,7 +107,7 @@ def _subtracted(pair: Pair, model: PairModel, core: tuple[int, int, int, int],
     rx0, rx1 = max(cx0 - margin, 0), min(cx1 + margin, nx)
     images, variances, bad = read_background_subtracted(pair, model, ry0 - half, ry1 + half,
                                                         rx0 - half, rx1 + half)
-    out = subtract(*images, *variances, kernels, options.backend)
+    out = subtract(*images, *variances, kernels, options.backend, (ry0 - half, rx0 - half))
     del images, variances
     excluded = detect.excluded_zone(bad, kernels.reach)[half:-half or None, half:-half or None]
     return out, excluded, (ry0, rx0), (cy0 - ry0, cy1 - ry0, cx0 - rx0, cx1 - rx0)
@@ -224,8 +226,10 @@ def _measure(found: dict[str, np.ndarray], out: dict[str, np.ndarray], excluded:
     col["center_x"][:] = centre_x + ox
     col["center_y"][:] = centre_y + oy
     col["ra"], col["dec"] = _sky(pair.wcs_header, col["x"], col["y"])
-    col["mag"], col["mag_err"] = measure.magnitudes(col["flux"], col["flux_err"],
-                                                    model.zeropoint)
+    flux_part, mag_part = model.flux_systematic()
+    col["mag"], col["mag_err"] = measure.magnitudes(
+        col["flux"], np.hypot(col["flux_err"], mag_part * col["flux"]), model.zeropoint)
+    col["flux_err"] = np.hypot(col["flux_err"], flux_part * col["flux"])
     converged = np.isin(col["fit_status"], [STATUS["converged_f_tol"], STATUS["converged_x_tol"],
                                             STATUS["converged_g_tol"]])
     with np.errstate(all="ignore"):

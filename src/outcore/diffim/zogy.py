@@ -52,7 +52,8 @@ REACH_TAIL = 1e-3
 class ZogyKernels:
     """The real-space kernels of one pair, each ``(2 H + 1, 2 H + 1)`` float64 centred on its
     middle pixel: ``dn``, ``dr`` (D from N and R), ``sn``, ``sr`` (S from N and R),
-    ``psf_d`` (unit sum), and the zero point ``f_d``; ``reach`` (pixels, at most ``H``) the
+    ``psf_d`` (of unit sum for PSFs of unit sum; the fraction they hold for PSFs cut
+    from wider ones), and the zero point ``f_d``; ``reach`` (pixels, at most ``H``) the
     half width holding all but ``REACH_TAIL`` of the score kernels; ``noise`` the factors
     of ``V_D`` and ``V_S`` for noise that is not white (1, 1 for white noise; see
     ``calibrate``)."""
@@ -87,7 +88,7 @@ class ZogyKernels:
         return self.f_d**2 * float((self.psf_d**2).sum())
 
 
-def _centred(psf: np.ndarray, grid: int) -> np.ndarray:
+def centred(psf: np.ndarray, grid: int) -> np.ndarray:
     """``psf`` (odd sides) on a ``grid x grid`` periodic grid with its middle pixel at 0."""
     py, px = psf.shape
     out = np.zeros((grid, grid))
@@ -95,14 +96,14 @@ def _centred(psf: np.ndarray, grid: int) -> np.ndarray:
     return np.roll(out, (-(py // 2), -(px // 2)), axis=(0, 1))
 
 
-def _crop(kernel: np.ndarray, half: int) -> np.ndarray:
+def crop_periodic(kernel: np.ndarray, half: int) -> np.ndarray:
     """The ``(2 half + 1)^2`` middle of a periodic kernel whose centre is at index 0."""
     shifted = np.fft.fftshift(kernel)
     c = kernel.shape[0] // 2
     return shifted[c - half: c + half + 1, c - half: c + half + 1].copy()
 
 
-def _half_width(kernels: list[np.ndarray], tail: float = TRUNCATION) -> int:
+def half_width_of(kernels: list[np.ndarray], tail: float = TRUNCATION) -> int:
     """The smallest half width whose crop keeps all but ``tail`` of every kernel's absolute
     sum."""
     grid = kernels[0].shape[0]
@@ -122,8 +123,8 @@ def pair_kernels(psf_r: np.ndarray, psf_n: np.ndarray, sigma_r: float, sigma_n: 
     """The ZOGY kernels of a pair (see the module docstring), from unit-sum PSF stamps of
     odd sides, background noise ``sigma_*`` and zero points ``f_*`` (image units)."""
     grid = scipy.fft.next_fast_len(max(64, 4 * max(*psf_r.shape, *psf_n.shape)))
-    pr = np.fft.fft2(_centred(psf_r, grid))
-    pn = np.fft.fft2(_centred(psf_n, grid))
+    pr = np.fft.fft2(centred(psf_r, grid))
+    pn = np.fft.fft2(centred(psf_n, grid))
     den = sigma_n**2 * f_r**2 * np.abs(pr) ** 2 + sigma_r**2 * f_n**2 * np.abs(pn) ** 2
     root = np.sqrt(np.maximum(den, np.finfo(float).tiny))
     f_d = f_r * f_n / math.sqrt(sigma_n**2 * f_r**2 + sigma_r**2 * f_n**2)
@@ -132,7 +133,7 @@ def pair_kernels(psf_r: np.ndarray, psf_n: np.ndarray, sigma_r: float, sigma_n: 
     matched = f_d * np.conj(psf_d_hat)
     spaces = [np.fft.ifft2(k).real for k in
               (dn_hat, dr_hat, matched * dn_hat, matched * dr_hat, psf_d_hat)]
-    half = min(_half_width(spaces[:4]), grid // 2 - 1)
-    reach = min(_half_width(spaces[2:4], REACH_TAIL), half)
-    dn, dr, sn, sr, psf_d = (_crop(k, half) for k in spaces)
-    return ZogyKernels(dn, dr, sn, sr, psf_d / psf_d.sum(), f_d, reach)
+    half = min(half_width_of(spaces[:4]), grid // 2 - 1)
+    reach = min(half_width_of(spaces[2:4], REACH_TAIL), half)
+    dn, dr, sn, sr, psf_d = (crop_periodic(k, half) for k in spaces)
+    return ZogyKernels(dn, dr, sn, sr, psf_d, f_d, reach)

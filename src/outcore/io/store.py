@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import shutil
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING
 import dask
 import dask.array as da
 import dask.threaded
+import numcodecs
 import numpy as np
 import xarray as xr
 import zarr
@@ -35,7 +38,8 @@ from dask.array.core import getter
 from dask.base import get_scheduler
 from dask.delayed import Delayed
 from dask.system import CPU_COUNT
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, BytesCodec
+from zarr.storage import LocalStore
 
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, partial_path, reading, refuse_existing, unreadable
@@ -52,10 +56,15 @@ STRING = np.dtypes.StringDType()
 _RESTORE = ("restore the store from a good copy, or write it again from its source (e.g."
             " outcore convert).")
 
-#: The codec of numeric arrays: Blosc's zstd at level 1 on bit-shuffled bytes. Decodes at
-#: about the speed of an uncompressed zarr read and packs detector counts 5-6x (measured on
-#: Poisson frames; see benchmarks/bench_read.py), where zarr's default zstd reads at half that.
-COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle")
+#: The codec of numeric arrays, recorded in each array's zarr.json: Blosc's zstd at level 1
+#: on bit-shuffled bytes, in blocks of 2 MiB. Chosen by ``benchmarks/bench_read.py --codecs``
+#: (32 MiB chunks decoded on one core, its CPU time; docs/performance.md has the table): it
+#: packs detector counts tighter than Blosc's default blocks did (Poisson counts of mean 5
+#: as float32 7.0x against 6.2x, as uint16 4.4x against 4.1x; sparse 4D-STEM counts 24x
+#: against 21x) and decodes them 1.2-1.3x faster (1.4 and 1.55 GB/s a core against 1.05 and
+#: 1.3); Blosc's lz4 decodes at 2.1 GB/s but packs those counts 5.0x, 3.9x and 8.8x, below
+#: the old codec, and no candidate that zarr reads packs them as tight and decodes faster.
+COMPRESSOR = BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle", blocksize=2 * 2**20)
 
 
 def frames_per_block(frame_shape: tuple[int, ...], itemsize: int,
@@ -139,12 +148,107 @@ def _chunk_of(array: object, key: tuple) -> str:
     return words
 
 
+class WholeChunks:
+    """The variable ``name`` of the zarr v3 store at ``path`` as an array whose blocks of
+    whole chunks are decoded straight from their files into the block, for ``read_array``.
+
+    zarr's own read decodes each chunk into a buffer of its own and copies it into the
+    block, two more sweeps over the bytes than the decode (measured on a 32 MiB chunk of
+    float32 counts: 0.064 CPU s through zarr against 0.033 for the decode alone). Where the
+    array is stored as outcore writes it (zarr's ``bytes`` codec in this machine's byte
+    order, then Blosc, no sharding, on a local disk) and a block is whole chunks (its
+    slices start on the chunk grid and end on it or at the array's end), each chunk is
+    decoded by numcodecs' Blosc into its place in the block (an edge chunk, stored padded,
+    through a buffer); any other block, and any other array, is read by zarr.
+    """
+
+    def __init__(self, path: str | PathLike[str], name: str) -> None:
+        self.path = Path(path)
+        self.name = name
+        self.array = zarr.open_array(self.path / name, mode="r")
+        self.shape = self.array.shape
+        self.dtype = self.array.dtype
+        self.ndim = self.array.ndim
+        self.chunks = self.array.chunks
+        codecs = self.array.metadata.codecs if self.array.metadata.zarr_format == 3 else ()
+        native = np.dtype(self.dtype).isnative and np.dtype(self.dtype).kind in "biuf"
+        self.direct = (native and isinstance(self.array.store, LocalStore)
+                       and len(codecs) == 2 and isinstance(codecs[0], BytesCodec)
+                       and (codecs[0].endian is None
+                            or codecs[0].endian.value == sys.byteorder)
+                       and isinstance(codecs[1], BloscCodec))
+
+    def __getitem__(self, key: tuple) -> np.ndarray:
+        grid = self._grid(key)
+        if grid is None:
+            return self.array[key]
+        out = np.empty(tuple(s.stop - s.start for s in key), self.dtype)
+        for coords in itertools.product(*grid):
+            self._decode(coords, key, out)
+        return out
+
+    def _grid(self, key: tuple) -> list[range] | None:
+        """The chunk coordinates ``key`` covers, by dim, where it is whole chunks that can
+        be decoded directly; else None."""
+        if not self.direct or not isinstance(key, tuple) or len(key) != self.ndim:
+            return None
+        grid = []
+        for s, n, c in zip(key, self.shape, self.chunks, strict=True):
+            if (not isinstance(s, slice) or s.step not in (None, 1) or s.start is None
+                    or s.stop is None or s.start % c or not (s.stop % c == 0 or s.stop == n)
+                    or not 0 <= s.start < s.stop <= n):
+                return None
+            grid.append(range(s.start // c, -(-s.stop // c)))
+        return grid
+
+    def _decode(self, coords: tuple[int, ...], key: tuple, out: np.ndarray) -> None:
+        """Chunk ``coords`` into its place in ``out``, the block ``key``."""
+        starts = [i * c for i, c in zip(coords, self.chunks, strict=True)]
+        stops = [min(a + c, n) for a, c, n in zip(starts, self.chunks, self.shape, strict=True)]
+        place = out[tuple(slice(a - s.start, b - s.start)
+                          for a, b, s in zip(starts, stops, key, strict=True))]
+        file = self.path / self.name / self.array.metadata.encode_chunk_key(coords)
+        try:
+            raw = file.read_bytes()
+        except FileNotFoundError:  # never written: zarr's fill value
+            place[...] = self.array.fill_value
+            return
+        try:
+            edge = place.shape != tuple(self.chunks)
+            if edge or not place.flags.c_contiguous:
+                whole = np.empty(self.chunks, self.dtype)
+                _BLOSC.decode(raw, out=whole)
+                place[...] = whole[tuple(slice(0, n) for n in place.shape)]
+            else:
+                _BLOSC.decode(raw, out=place)
+        except MemoryError:
+            raise
+        except Exception as err:
+            raise unreadable(f"chunk {coords} of variable {self.name!r} (file"
+                             f" {self.name}/{self.array.metadata.encode_chunk_key(coords)}) of"
+                             f" the store {str(self.path)!r}", err, _RESTORE) from err
+
+
+#: Any Blosc buffer's decoder (its header holds the codec, the shuffle and the type size).
+_BLOSC = numcodecs.Blosc()
+
+
+def read_array(path: str | PathLike[str], name: str, chunks: tuple[int, ...]) -> da.Array:
+    """The variable ``name`` of the store at ``path`` as a dask array of blocks ``chunks``
+    (a size per dim), each read task decoding its whole chunks straight into its block
+    (``WholeChunks``)."""
+    source = WholeChunks(path, name)
+    return da.from_array(source, chunks=chunks, inline_array=True,
+                         name=f"read-{name}-{dask.base.tokenize(str(source.path), name, chunks)}")
+
+
 def save(
     ds: xr.Dataset,
     path: str | PathLike[str],
     *,
     layout: str | None = None,
     chunks: Mapping[str, int] | None = None,
+    compute: Callable[[Delayed], object] | None = None,
 ) -> Path:
     """Validate ``ds`` and write it as a new zarr v3 store at ``path``; return the path.
 
@@ -153,12 +257,13 @@ def save(
     size) or else from the largest variable: its dask chunks, or ~64 MiB blocks along its
     first dim. Zarr chunks equal the dask chunks. A NaN/Inf where the layout refuses them
     fails the write at its block and leaves nothing at ``path``; an existing ``path`` is
-    refused with RunExistsError.
+    refused with RunExistsError. ``compute(write)`` runs the write on a distributed client
+    where given (a command's, showing its progress).
     """
     path = Path(path).expanduser()
     refuse_existing(path)
     layout = validate(ds, layout)
-    return write_new(_prepare(ds, layout, chunks or {}), path)
+    return write_new(_prepare(ds, layout, chunks or {}), path, compute)
 
 
 def write_new(ds: xr.Dataset, path: str | PathLike[str],

@@ -58,12 +58,14 @@ def _product_scratch(rows: int, pixels: int, width: int, slab_bytes: int) -> int
 
 
 def memory_model(stack: Stack, item_chunk: tuple[int, ...], width: int, rank: int,
-                 power_iterations: int, *, denoise: bool = False, backend: str = "numpy"
-                 ) -> list[TaskMemory]:
+                 power_iterations: int, *, denoise: bool = False, backend: str = "numpy",
+                 held: bool = False) -> list[TaskMemory]:
     """The stages of a sketch of ``stack`` read in blocks of ``item_chunk`` items: width
     ``l`` = ``width``, ``rank`` components kept, ``power_iterations`` reads of ``A^T A``
     after the first, the last read and, with ``denoise``, the rank-``k`` store. Bytes per
-    task (see the module's docstring)."""
+    task (see the module's docstring). ``held``: the blocks stay in the workers' memory
+    after the first read, so only its tasks read the store (the later passes' tasks are
+    the ``-held`` stages, the same bytes without the read)."""
     rows, m = math.prod(item_chunk), stack.pixels
     tasks = stack.tasks(item_chunk)
     chunk = rows * m * stack.dtype.itemsize
@@ -74,19 +76,26 @@ def memory_model(stack: Stack, item_chunk: tuple[int, ...], width: int, rank: in
     read = zarr_read_bytes(chunk)
     left = F64 * rows * width
 
-    def reading(name: str, count: int, output: int) -> TaskMemory:
+    def reading(name: str, count: int, output: int, reads: bool = True) -> TaskMemory:
+        read_bytes = chunk if reads else 0
         if on_device:
-            return TaskMemory(name, count, chunk + panel, output, read, read_bytes=chunk,
+            return TaskMemory(name, count, chunk + panel, output, read, read_bytes=read_bytes,
                               device_bytes=chunk + panel + output + scratch)
         return TaskMemory(name, count, chunk + panel, output, max(read, scratch),
-                          read_bytes=chunk)
+                          read_bytes=read_bytes)
 
     term = panel + F64 * (m + 1)
     combines = max(1, math.ceil((tasks - 1) / (FAN_IN - 1)))
+    multiplies = [reading("read-and-multiply", tasks * (power_iterations + 1), term)]
+    if held:
+        multiplies = [reading("read-and-multiply", tasks, term)]
+        if power_iterations:
+            multiplies.append(reading("multiply-held", tasks * power_iterations, term, False))
     stages = [
-        reading("read-and-multiply", tasks * (power_iterations + 1), term),
+        *multiplies,
         TaskMemory("add-terms", combines * (power_iterations + 1), FAN_IN * term, term),
-        reading("read-and-project", tasks, left + F64 * width * width),
+        reading("project-held" if held else "read-and-project", tasks,
+                left + F64 * width * width, not held),
         TaskMemory("add-r-factors", combines, FAN_IN * F64 * width * width,
                    F64 * width * width, FAN_IN * F64 * width * width),
     ]
@@ -148,7 +157,7 @@ def plan_sketch(stack: Stack, resources: Resources, width: int, rank: int,
 
     def plan_for(chunk: tuple[int, ...], held: bool = False) -> Plan:
         stages = memory_model(stack, chunk, width, rank, power_iterations, denoise=denoise,
-                              backend=resources.backend)
+                              backend=resources.backend, held=held)
         passes = power_iterations + 2
         reads = (f"the stack read once and held in the workers' memory for {passes} passes"
                  if held else f"{passes} reads of the stack")

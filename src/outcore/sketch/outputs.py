@@ -55,15 +55,20 @@ def write_denoised(run: Run, result: xr.Dataset, ds: xr.Dataset, layout: str | N
 
 def metrics(result: xr.Dataset, stack_bytes: int) -> dict[str, Any]:
     """What ``summary.json`` records of a sketch: the passes over the stack and the reads of
-    the store (one when the stack was held in the workers' memory), each pass's seconds and
-    the rate of stack bytes a second over the passes, the tasks of a pass, the leading
-    singular values and the share of the sum of squares they explain."""
+    the store (one when the stack was held in the workers' memory), each pass's seconds
+    (``read_seconds``, wall) and, split from them, the seconds the workers' threads spent
+    reading and decoding the store (``decode_seconds``) and multiplying (``product_seconds``)
+    in each pass (added over the threads), the rate of stack bytes a second over the passes,
+    the tasks of a pass, the leading singular values and the share of the sum of squares
+    they explain."""
     a = result.attrs
     seconds = float(sum(a["read_seconds"]))
     return {
         "passes": a["passes"],
         "store_reads": a["store_reads"],
         "read_seconds": a["read_seconds"],
+        "decode_seconds": a["decode_seconds"],
+        "product_seconds": a["product_seconds"],
         "sketch_seconds": round(seconds, 6),
         "read_bytes_per_s": round(a["passes"] * stack_bytes / seconds) if seconds else None,
         "tasks_per_read": a["tasks_per_read"],

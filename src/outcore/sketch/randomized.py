@@ -25,16 +25,18 @@ docs/operators/sketch.md.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask
 import dask.array as da
+import distributed
 import numpy as np
 import xarray as xr
 from dask.delayed import Delayed
@@ -44,14 +46,12 @@ from outcore import progress, session
 from outcore.arguments import dataset, keywords_checked
 from outcore.errors import ArgumentError, LayoutError, OutcoreError
 from outcore.io.layouts import LAYOUT_ATTR
+from outcore.io.store import read_array
 from outcore.plan import Plan, Resources
 from outcore.sketch import kernels
 from outcore.sketch.draws import omega
 from outcore.sketch.memory import FAN_IN, denoised_dtype, plan_fixes, plan_sketch
 from outcore.sketch.stack import Stack, check_options, describe, open_stack, ordered
-
-if TYPE_CHECKING:
-    import distributed
 
 __all__ = ["plan_svd", "reconstruct", "svd"]
 
@@ -76,60 +76,51 @@ def _matrix(block: np.ndarray, split: int, backend: str) -> Any:
     return backends.to_backend(np.ascontiguousarray(block).reshape(rows, -1), backend)
 
 
-def _first_term(block: np.ndarray, v: np.ndarray, split: int, backend: str
-                ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """The first read's term of a block: ``A^T (A V)``, column sums, rows, squared
-    deviations from the block's column means."""
+def _first_term(block: np.ndarray, v: np.ndarray, split: int, backend: str, last: bool
+                ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The first read's term of a block: ``A^T (A V)``, column sums, rows (in float64 when
+    it is the search's ``last`` pass)."""
     a = _matrix(block, split, backend)
-    w, sums, squares = kernels.first_pass(a, v)
-    return (backends.to_host(w), backends.to_host(sums), a.shape[0],
-            float(backends.to_host(squares)))
+    w, sums = kernels.first_pass(a, v, last)
+    return backends.to_host(w), backends.to_host(sums), a.shape[0]
 
 
-def _join_moments(*terms: tuple[np.ndarray, np.ndarray, int, float]
-                  ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """First-read terms added left to right; the squared deviations joined by Chan, Golub
-    and LeVeque's update (each part's deviations are from its own mean)."""
-    w, sums, count, squares = terms[0]
-    w, sums = w.copy(), sums.copy()
-    for w_b, sums_b, count_b, squares_b in terms[1:]:
-        gap = sums / count - sums_b / count_b
-        squares = squares + squares_b + float(gap @ gap) * count * count_b / (count + count_b)
-        w += w_b
-        sums += sums_b
-        count += count_b
-    return w, sums, count, squares
-
-
-def _term(block: np.ndarray, v: np.ndarray, mean: np.ndarray | None, split: int,
-          backend: str) -> np.ndarray:
-    """A power read's term of a block: ``A_c^T (A_c V)``."""
-    offset = None if mean is None else mean @ v
-    return backends.to_host(kernels.normal_product(_matrix(block, split, backend), v, mean,
-                                                   offset))
-
-
-def _add(*terms: np.ndarray) -> np.ndarray:
-    """``terms`` added left to right."""
-    total = terms[0].copy()
+def _add(*terms: Any) -> Any:
+    """``terms`` (arrays, numbers, or tuples of them, added item by item) added left to
+    right."""
+    if isinstance(terms[0], tuple):
+        return tuple(_add(*parts) for parts in zip(*terms, strict=True))
+    total = terms[0]
     for term in terms[1:]:
-        total += term
+        total = total + term
     return total
 
 
-def _project(block: np.ndarray, v: np.ndarray, mean: np.ndarray | None, split: int,
-             backend: str) -> np.ndarray:
-    """The last read's panel of a block: ``A_c V``, ``(r, l)``."""
+def _term(block: np.ndarray, v: np.ndarray, mean: np.ndarray | None, split: int,
+          backend: str, last: bool) -> np.ndarray:
+    """A power read's term of a block: ``A_c^T (A_c V)`` (in float64 when it is the
+    search's ``last`` pass)."""
     offset = None if mean is None else mean @ v
-    return backends.to_host(kernels.project(_matrix(block, split, backend), v, offset))
+    return backends.to_host(kernels.normal_product(_matrix(block, split, backend), v, mean,
+                                                   offset, last))
 
 
-def _r_factor(b: np.ndarray) -> np.ndarray:
-    return np.linalg.qr(b, mode="r")
+def _final_term(block: np.ndarray, v: np.ndarray, mean: np.ndarray, center: bool, split: int,
+                backend: str) -> tuple[np.ndarray, tuple[np.ndarray, float]]:
+    """The last read's terms of a block: its panel ``A_c V`` ``(r, l)``, and the panel's R
+    factor with the squared deviations of the block's values from the stack's mean
+    pattern."""
+    panel, squares = kernels.final_pass(_matrix(block, split, backend), v, mean,
+                                        mean @ v if center else None)
+    panel = backends.to_host(panel)
+    return panel, (np.linalg.qr(panel, mode="r"), float(backends.to_host(squares)))
 
 
-def _stacked_r(*factors: np.ndarray) -> np.ndarray:
-    return np.linalg.qr(np.concatenate(factors, axis=0), mode="r")
+def _stack_r(*terms: tuple[np.ndarray, float]) -> tuple[np.ndarray, float]:
+    """The R factor of the panels whose R factors ``terms`` hold, stacked in order, and
+    their squared deviations added left to right."""
+    r = np.linalg.qr(np.concatenate([t[0] for t in terms], axis=0), mode="r")
+    return r, _add(*(t[1] for t in terms))
 
 
 def _expand(u: np.ndarray, f: np.ndarray, mean: np.ndarray | None, dtype: np.dtype,
@@ -141,6 +132,34 @@ def _expand(u: np.ndarray, f: np.ndarray, mean: np.ndarray | None, dtype: np.dty
 
 
 # --- the graph --------------------------------------------------------------------------------
+
+
+class _Passes:
+    """Each pass's seconds: ``seconds`` its wall time; ``decode`` and ``products`` the
+    seconds the workers' threads spent in its tasks that read and decode blocks of the
+    stack (the dask array's tasks, whose keys are tuples) and in its products and sums (the
+    delayed tasks), added over the threads (on 2 busy threads they add up to twice the
+    wall time), from the scheduler's task stream."""
+
+    def __init__(self, client: distributed.Client) -> None:
+        self.client = client
+        self.seconds: list[float] = []
+        self.decode: list[float] = []
+        self.products: list[float] = []
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        with distributed.get_task_stream(self.client) as stream:
+            yield
+        self.seconds.append(round(time.perf_counter() - t0, 6))
+        spent = {True: 0.0, False: 0.0}
+        for task in stream.data:
+            computed = sum(s["stop"] - s["start"] for s in task.get("startstops", ())
+                           if s.get("action") == "compute")
+            spent[not isinstance(task["key"], tuple)] += computed
+        self.decode.append(round(spent[False], 6))
+        self.products.append(round(spent[True], 6))
 
 
 def _tree(parts: Sequence[Delayed], combine: Callable[..., Any]) -> Delayed:
@@ -208,12 +227,17 @@ class _Sketch:
                            hold=self.hold)
 
     def blocks(self, item_chunk: tuple[int, ...]) -> xr.Dataset:
-        """The dataset with its stack in blocks of ``item_chunk`` items: a store opened with
-        those chunks (each read task reads its block), data in hand rechunked."""
+        """The dataset with its stack in blocks of ``item_chunk`` items: a store's stack read
+        in those blocks (each read task decodes its whole chunks into its block,
+        ``io.store.read_array``), data in hand rechunked."""
         chunks = self.stack.chunks(item_chunk)
-        if self.source is not None:
-            return ordered(open_stack(self.source, chunks)[0], self.stack.var)
-        return self.ds
+        if self.source is None:
+            return self.ds
+        ds = open_stack(self.source, chunks)[0]
+        stored = ds[self.stack.var]  # in the store's dim order, which ordered() reorders
+        data = read_array(self.source, self.stack.var, tuple(chunks[str(d)]
+                                                             for d in stored.dims))
+        return ordered(ds.assign({self.stack.var: stored.copy(data=data)}), self.stack.var)
 
 
 def _sketch_of(data: Data, rank: int, var: str | None, oversample: int,
@@ -344,46 +368,43 @@ def _decompose(ds: xr.Dataset, stack: Stack, array: da.Array, client: distribute
                center: bool, hold: bool, backend: str) -> xr.Dataset:
     """The sketch of ``array`` (``ds``'s stack in its blocks) on ``client``: the reads, then
     the small SVD on the client (see the module's docstring)."""
-    started = time.perf_counter()
-    if hold:  # read in the first pass, held until the last
-        array = client.persist(array)
-    held_s = time.perf_counter() - started
-    blocks = list(array.to_delayed(optimize_graph=True).ravel())
-    split = len(stack.item_dims)
-    n, m = stack.items, stack.pixels
-    seconds: list[float] = []
-
-    def read(*objs: Any) -> list[Any]:
-        t0 = time.perf_counter()
-        out = progress.compute(client, *objs)
-        seconds.append(round(time.perf_counter() - t0 + (0 if seconds else held_s), 6))
-        return out
-
-    v = _orth(omega(seed, m, width))
-    v_d = dask.delayed(v)
-    first = _tree([dask.delayed(_first_term, pure=True)(b, v_d, split, backend)
-                   for b in blocks], _join_moments)
-    w, sums, _, squares = read(first)[0]
-    if not (np.isfinite(squares) and np.all(np.isfinite(w))):
+    passes = _Passes(client)
+    with passes.timed():  # the first pass: the store read (and held), A^T A V_0, the sums
+        if hold:  # read in the first pass, held until the last
+            array = client.persist(array)
+        blocks = list(array.to_delayed(optimize_graph=True).ravel())
+        split = len(stack.item_dims)
+        n, m = stack.items, stack.pixels
+        v = _orth(omega(seed, m, width))
+        v_d = dask.delayed(v)
+        w, sums, _ = progress.compute(client, _tree(
+            [dask.delayed(_first_term, pure=True)(b, v_d, split, backend, power_iterations == 0)
+             for b in blocks],
+            _add))[0]
+    if not (np.all(np.isfinite(sums)) and np.all(np.isfinite(w))):
         raise LayoutError(f"The variable {stack.var!r} holds NaN or Inf values: a sketch needs"
                           " finite values throughout.",
                           "replace them (e.g. ds[var].fillna(0)) and save the stack again.")
     mean = sums / n
-    total = squares if center else squares + n * float(mean @ mean)
     if center:
         w = w - n * np.outer(mean, mean @ v)
     centre = dask.delayed(mean) if center else None
-    for _ in range(power_iterations):
+    for i in range(power_iterations):
         v = _orth(w)
         v_d = dask.delayed(v)
-        w = read(_tree([dask.delayed(_term, pure=True)(b, v_d, centre, split, backend)
-                        for b in blocks], _add))[0]
+        last = i == power_iterations - 1
+        with passes.timed():
+            w = progress.compute(client, _tree(
+                [dask.delayed(_term, pure=True)(b, v_d, centre, split, backend, last)
+                 for b in blocks], _add))[0]
     v = _orth(w)
     v_d = dask.delayed(v)
-    panels = [dask.delayed(_project, pure=True)(b, v_d, centre, split, backend)
-              for b in blocks]
-    r, *parts = read(_tree([dask.delayed(_r_factor, pure=True)(b) for b in panels],
-                           _stacked_r), *panels)
+    finals = [dask.delayed(_final_term, pure=True, nout=2)(b, v_d, dask.delayed(mean), center,
+                                                           split, backend) for b in blocks]
+    with passes.timed():
+        (r, squares), *parts = progress.compute(
+            client, _tree([f[1] for f in finals], _stack_r), *(f[0] for f in finals))
+    total = squares if center else squares + n * float(mean @ mean)
     _, s, wt = np.linalg.svd(r)
     turn = wt.T[:, :rank]
     right = v @ turn
@@ -398,7 +419,8 @@ def _decompose(ds: xr.Dataset, stack: Stack, array: da.Array, client: distribute
         "passes": power_iterations + 2, "store_reads": 1 if hold else power_iterations + 2,
         "tasks_per_read": len(blocks),
         "block_items": [int(max(c)) for c in array.chunks[:split]],
-        "read_seconds": seconds, "total_sum_of_squares": float(total),
+        "read_seconds": passes.seconds, "decode_seconds": passes.decode,
+        "product_seconds": passes.products, "total_sum_of_squares": float(total),
         "residual_fraction": float(max(0.0, 1 - float(s @ s) / total)) if total > 0 else 0.0,
         "item_dims": list(stack.item_dims), "pixel_dims": list(stack.pixel_dims),
     })

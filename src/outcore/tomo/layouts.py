@@ -48,20 +48,42 @@ PROJECTIONS = register(Layout(
 ))
 
 
+#: Attrs of the ``angles`` coordinate.
+ANGLE_ATTRS = {"units": "rad", "long_name": "rotation angle of each view"}
+
+
 def projections_dataset(projections: Any, geometry: Geometry, shape: tuple[int, int, int],
                         phantom: str) -> xr.Dataset:
-    """The ``projections`` layout of a simulated scan (dask data, geometry in attrs)."""
+    """The ``projections`` layout of a simulated scan (dask data, geometry in attrs, the
+    angles a coordinate of ``view`` in radians)."""
     attrs = {**geometry.to_attrs(), "volume_shape": list(shape), "phantom": phantom}
-    return xr.Dataset({"projections": (("view", "v", "u"), projections),
-                       "angles": ("view", np.asarray(geometry.angles))}, attrs=attrs)
+    return xr.Dataset({"projections": (("view", "v", "u"), projections)},
+                      coords={"angles": ("view", np.asarray(geometry.angles), ANGLE_ATTRS)},
+                      attrs=attrs)
 
 
-def volume_dataset(volume: Any, voxel_size: float, **attrs: Any) -> xr.Dataset:
-    """The ``volume`` layout of a reconstruction (dask data, voxel edge in metres); ``attrs``
-    that are None are left out."""
+def centres(n: int, spacing: float) -> np.ndarray:
+    """The centres of ``n`` cells of ``spacing`` about 0: ``(i - (n - 1) / 2) * spacing``
+    (the geometry's convention for voxels and detector pixels)."""
+    return (np.arange(n) - (n - 1) / 2) * spacing
+
+
+def volume_dataset(volume: Any, voxel_size: float, length_unit: str | None = None,
+                   **attrs: Any) -> xr.Dataset:
+    """The ``volume`` layout of a reconstruction: ``volume (z, y, x)`` (dask data, in
+    attenuation per ``length_unit``) with the coordinates of the voxel centres (the rotation
+    axis at x = y = 0) in ``length_unit`` (``m``, or ``pixel`` for a scan measured in
+    pixels); ``voxel_size`` in the same unit (``voxel_size_unit``). ``attrs`` that are None
+    are left out."""
+    unit = length_unit or "m"
+    coords = {dim: (dim, centres(n, voxel_size), {"units": unit, "long_name": f"{dim} of the"
+                                                  " voxel centre"})
+              for dim, n in zip(("z", "y", "x"), volume.shape, strict=True)}
     kept = {key: value for key, value in attrs.items() if value is not None}
-    return xr.Dataset({"volume": (("z", "y", "x"), volume)},
-                      attrs={"voxel_size": voxel_size, **kept})
+    values = {"units": f"1/{unit}", "long_name": "linear attenuation coefficient"}
+    return xr.Dataset({"volume": (("z", "y", "x"), volume, values)}, coords=coords,
+                      attrs={"voxel_size": voxel_size, "voxel_size_unit": unit,
+                             "length_unit": unit, **kept})
 
 
 def default_volume_shape(ds: xr.Dataset, geometry: Geometry) -> tuple[int, ...]:

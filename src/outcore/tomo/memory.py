@@ -1,6 +1,8 @@
-"""Memory model of ``Projector`` for ``outcore.plan``: bytes held by each task, and block sizes.
+"""Memory model of a reconstruction for ``outcore.plan``: the bytes each task holds.
 
-A projection task holds one z-slab (``slab * ny * nx`` values) and writes one partial block
+A :class:`Cut` says how a reconstruction cuts its work (the blocks of views, the z-slabs and the
+detector rows each covers); ``Projector`` runs it and the stage functions here count it. A
+projection task holds one z-slab (``slab * ny * nx`` values) and writes one partial block
 of projections (``views_per_block * band * nu`` values, ``band`` the rows it covers: all of
 them for the ``views`` partition, the slab's band for ``space``). A backprojection task holds
 the row chunks of one view block that reach its slab, a float64 accumulator of the slab, the
@@ -16,26 +18,22 @@ the model is the CPU's, an upper bound for both.
 
 Every plan of the projector counts ``TOMO_WORKER_BASELINE_BYTES`` per worker in place of
 ``outcore.plan.WORKER_BASELINE_BYTES``: a worker that runs these kernels also holds numba,
-llvmlite and the kernels' machine code.
+llvmlite and the kernels' machine code. Which blocks a reconstruction uses is decided in one
+place, ``outcore.tomo.reconstruction.planning``, from these counts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from outcore.plan import F64, Plan, Resources, TaskMemory
+from outcore.plan import F64, Resources, TaskMemory
+from outcore.tomo.center.search import memory as search_memory
+from outcore.tomo.corrections import reslice
 from outcore.tomo.geometry import Geometry
-
-if TYPE_CHECKING:
-    from outcore.tomo.reconstruction.projector import Projector
-
-#: Memory per worker the blocks are chosen for when the cluster sets no limit, bytes.
-DEFAULT_LIMIT = 2 * 2**30
 
 #: Resident memory of a worker process that has run the projector's CPU kernels, bytes:
 #: 285-297 MiB measured with VmHWM on this machine (numba 0.68, Python 3.11), against 164 MiB
@@ -178,6 +176,73 @@ def blocks(geometry: Geometry, volume_shape: tuple[int, int, int], partition: st
     return Blocks(views, slabs, bands, rows)
 
 
+#: The ways a reconstruction splits its tasks (see ``outcore.tomo.reconstruction.projector``).
+PARTITIONS: tuple[str, ...] = ("views", "space")
+
+
+@dataclass(frozen=True, eq=False)
+class Cut:
+    """How a reconstruction cuts its work: ``geometry`` onto a volume of ``volume_shape
+    (z, y, x)``, split by ``partition`` (``views`` or ``space``) into tasks of
+    ``views_per_block`` views and ``slab`` planes (both capped at what there is), in values of
+    ``dtype``, ``split_every`` partial results summed a task, on ``backend``. ``Projector``
+    runs a cut; the plan counts it (``memory``, the stage functions below)."""
+
+    geometry: Geometry
+    volume_shape: tuple[int, int, int]
+    partition: str = "views"
+    views_per_block: int = 1
+    slab: int = 1
+    dtype: Any = np.float32
+    split_every: int = 4
+    backend: str = "numpy"
+    blocks: Blocks = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.partition not in PARTITIONS:
+            raise ValueError(f"partition must be 'views' or 'space', not {self.partition!r}.")
+        shape = tuple(int(n) for n in self.volume_shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"volume_shape must be (z, y, x) >= 1, not {self.volume_shape}.")
+        set_ = object.__setattr__
+        set_(self, "volume_shape", shape)
+        set_(self, "views_per_block", max(1, min(int(self.views_per_block),
+                                                 self.geometry.n_views)))
+        set_(self, "slab", max(1, min(int(self.slab), shape[0])))
+        set_(self, "dtype", np.dtype(self.dtype))
+        set_(self, "split_every", max(2, int(self.split_every)))
+        set_(self, "blocks", blocks(self.geometry, shape, self.partition,
+                                    self.views_per_block, self.slab))
+
+    def with_blocks(self, views_per_block: int, slab: int) -> Cut:
+        """The same work cut into other blocks."""
+        return replace(self, views_per_block=views_per_block, slab=slab)
+
+    @property
+    def projection_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of the projections ``(view, v, u)`` the tasks read and write."""
+        nu = self.geometry.detector_shape[1]
+        return (tuple(b - a for a, b in self.blocks.view_blocks),
+                tuple(b - a for a, b in self.blocks.row_chunks), (nu,))
+
+    @property
+    def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of the volume ``(z, y, x)``: one slab a chunk."""
+        _, ny, nx = self.volume_shape
+        return (tuple(b - a for a, b in self.blocks.slabs), (ny,), (nx,))
+
+    def memory(self) -> list[TaskMemory]:
+        """The stages of a projection and a backprojection with these blocks."""
+        return memory_model(self.geometry, self.volume_shape, self.partition,
+                            self.views_per_block, self.slab, dtype=self.dtype,
+                            split_every=self.split_every, backend=self.backend)
+
+    def config(self) -> dict[str, Any]:
+        """The effective-config entries of the blocks."""
+        return {"partition": self.partition, "views_per_block": self.views_per_block,
+                "slab": self.slab}
+
+
 def on_device(stage: TaskMemory) -> TaskMemory:
     """``stage`` run on the GPU: the task moves its host inputs there, computes there and
     returns a host array, so it holds its bytes on both sides."""
@@ -236,58 +301,7 @@ def memory_model(geometry: Geometry, volume_shape: tuple[int, int, int], partiti
     ]
 
 
-def _halvings(n: int) -> list[int]:
-    """``n``, ``ceil(n / 2)``, ``ceil(n / 4)``, ... down to 1."""
-    out = [n]
-    while out[-1] > 1:
-        out.append(math.ceil(out[-1] / 2))
-    return out
-
-
-def suggest_blocks(geometry: Geometry, volume_shape: tuple[int, int, int],
-                   memory_limit: int | str, *, partition: str = "views", workers: int = 1,
-                   threads_per_worker: int = 1, dtype: Any = np.float32,
-                   split_every: int = 4) -> tuple[int, int]:
-    """``(views_per_block, slab)`` that fit ``memory_limit`` per worker, least traffic first.
-
-    Among the block sizes (halvings of the view count and of ``nz``) whose plan fits, picks
-    the one that writes the fewest bytes of partial results (the partial projections of every
-    slab plus the partial slabs of every view block), preferring enough tasks to keep
-    ``workers * threads_per_worker`` busy. Raises ``PlanError`` when even one view on one
-    plane does not fit.
-    """
-    item = np.dtype(dtype).itemsize
-    nz, ny, nx = volume_shape
-    nu = geometry.detector_shape[1]
-    busy = workers * threads_per_worker
-    best: tuple[tuple, tuple[int, int]] | None = None
-    for slab in _halvings(nz):
-        bands = blocks(geometry, volume_shape, partition, 1, slab).bands
-        for views in _halvings(geometry.n_views):
-            plan = Plan(memory_model(geometry, volume_shape, partition, views, slab,
-                                     dtype=dtype, split_every=split_every),
-                        workers=workers, threads_per_worker=threads_per_worker,
-                        memory_limit=memory_limit, baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
-            if not plan.fits:
-                continue
-            n_blocks = math.ceil(geometry.n_views / views)
-            tasks = n_blocks * len(bands)
-            traffic = item * (geometry.n_views * nu * sum(b - a for a, b in bands)
-                            + n_blocks * nz * ny * nx)
-            score = (tasks < busy, traffic, tasks)
-            if best is None or score < best[0]:
-                best = (score, (views, slab))
-    if best is None:
-        Plan(memory_model(geometry, volume_shape, partition, 1, 1, dtype=dtype,
-                          split_every=split_every), workers=workers,
-             threads_per_worker=threads_per_worker, memory_limit=memory_limit,
-             baseline_bytes=TOMO_WORKER_BASELINE_BYTES).check(
-            ["use a smaller volume or detector"])
-        raise AssertionError("unreachable: the smallest blocks fit after all")
-    return best[1]
-
-
-# --- the stages of the verbs ------------------------------------------------------------------
+# --- the stages of the methods ---------------------------------------------------------------
 
 
 def padded(n: int) -> int:
@@ -309,85 +323,92 @@ def filter_row_bytes(nu: int, cone: bool, itemsize: int = 4) -> int:
     return itemsize * size + 2 * itemsize * (size // 2 + 1) + (itemsize * nu if cone else 0)
 
 
-def read_stages(store_chunks: tuple[int, int]) -> list[TaskMemory]:
-    """The reads of the input store (``store_chunks``: how many chunks, bytes of one)."""
-    count, size = store_chunks
-    return [TaskMemory("read-projections", count, size, size, read_bytes=size)] if count else []
+#: Dask chunks of an array, per dim.
+Chunks = tuple[tuple[int, ...], ...]
 
 
-def method_stages(projector: Projector, method: str,
-                  store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
-    """Tasks of ``method`` besides the projector's own: phantom blocks (``simulate``), the
-    ramp filter (``fbp``) or the zarr vector updates (``sirt``, ``cgls``), and the reads of
-    the input store (``store_chunks``: how many chunks, bytes of one), bytes per task."""
-    nz, ny, nx = projector.volume_shape
-    item = projector.dtype.itemsize
-    slab = projector.slab * ny * nx
-    views, rows, nu = (max(c) for c in projector.projection_chunks)
-    chunk = views * rows * nu
-    n_slabs = len(projector.volume_chunks[0])
-    n_chunks = len(projector.projection_chunks[0]) * len(projector.projection_chunks[1])
-    if method == "simulate":  # float64 sums and broadcast temporaries of one phantom slab
-        return [TaskMemory("phantom", n_slabs, 0, slab * item, transient_bytes=4 * F64 * slab),
-                TaskMemory("write-projections", n_chunks, chunk * item, chunk * item,
-                           write_bytes=chunk * item)]
-    reads = read_stages(store_chunks)
-    if method == "fbp":
-        return reads + [TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
-                                   transient_bytes=views * rows * filter_row_bytes(
-                                       nu, projector.geometry.kind == "cone", item))]
-    # a vector update reads up to three vectors (SIRT's x, C and A^T w; b, A x and R) and
-    # writes one, through one temporary; its norm sums in place (``solvers._norm2``)
-    return reads + [
-        TaskMemory("update-volume", n_slabs, 3 * slab * item, slab * item,
-                   transient_bytes=slab * item, read_bytes=3 * slab * item,
-                   write_bytes=slab * item),
-        TaskMemory("update-projections", n_chunks, 3 * chunk * item, chunk * item,
-                   transient_bytes=chunk * item, read_bytes=3 * chunk * item,
-                   write_bytes=chunk * item),
-    ]
+def store_reads(cut: Cut, stored: Chunks | None) -> list[TaskMemory]:
+    """Reading the input, stored in the chunks ``stored`` (None: nothing read), in values
+    of ``cut``'s dtype."""
+    if not stored:
+        return []
+    size = math.prod(max(c) for c in stored) * cut.dtype.itemsize
+    return [TaskMemory("read-projections", math.prod(len(c) for c in stored), size, size,
+                       read_bytes=size)]
 
 
-def stages(projector: Projector, method: str,
-           store_chunks: tuple[int, int] = (0, 0)) -> list[TaskMemory]:
-    """Every stage of ``method`` (``simulate`` projects only; the others back and forth)."""
-    own = projector.memory()
-    if method in ("simulate", "fbp"):  # fbp backprojects, never projects
-        keep = "forward" if method == "simulate" else "backproject"
-        own = [s for s in own if s.name.startswith(keep)]
-    return own + method_stages(projector, method, store_chunks)
+def _largest(cut: Cut) -> tuple[int, int, int, int]:
+    """Values of a slab and of a projection chunk, and how many of each there are."""
+    nz, ny, nx = cut.volume_shape
+    views, rows, nu = (max(c) for c in cut.projection_chunks)
+    return (cut.slab * ny * nx, views * rows * nu, len(cut.volume_chunks[0]),
+            len(cut.projection_chunks[0]) * len(cut.projection_chunks[1]))
 
 
-#: Vectors an iterative solver holds at once, in volumes and projections: CGLS ``x, p``
-#: and the new ``x, s`` (or, in its first pass, ``x, s``, the old ``p`` and the new);
-#: ``r`` of two iterations and ``q``. SIRT ``x`` of two iterations and the column weights;
-#: the row weights and ``w``.
-SOLVER_VECTORS = {"cgls": (4, 3), "sirt": (3, 2)}
+def _own(cut: Cut, keep: str) -> list[TaskMemory]:
+    return [s for s in cut.memory() if s.name.startswith(keep)]
 
 
-def state_bytes(projector: Projector, method: str, workers: int) -> int:
+def simulate_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """A simulated scan: the phantom's slabs (float64 sums and broadcast temporaries of one
+    slab), their projection and the write of the projections."""
+    item = cut.dtype.itemsize
+    slab, chunk, n_slabs, n_chunks = _largest(cut)
+    return [*_own(cut, "forward"),
+            TaskMemory("phantom", n_slabs, 0, slab * item, transient_bytes=4 * F64 * slab),
+            TaskMemory("write-projections", n_chunks, chunk * item, chunk * item,
+                       write_bytes=chunk * item)]
+
+
+def fbp_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """FBP/FDK: the reads of the input (stored in chunks ``stored``), the ramp filter of
+    each projection chunk and the weighted backprojection (it never projects)."""
+    item = cut.dtype.itemsize
+    _, chunk, _, n_chunks = _largest(cut)
+    views, rows, nu = (max(c) for c in cut.projection_chunks)
+    return [*_own(cut, "backproject"), *store_reads(cut, stored),
+            TaskMemory("ramp-filter", n_chunks, chunk * item, chunk * item,
+                       transient_bytes=views * rows * filter_row_bytes(
+                           nu, cut.geometry.kind == "cone", item))]
+
+
+def iterative_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """SIRT and CGLS: projections and backprojections, the reads of the input and the zarr
+    vector updates. An update reads up to three vectors (SIRT's x, C and A^T w; b, A x and R)
+    and writes one, through one temporary; its norm sums in place (``solvers._norm2``)."""
+    item = cut.dtype.itemsize
+    slab, chunk, n_slabs, n_chunks = _largest(cut)
+    return [*cut.memory(), *store_reads(cut, stored),
+            TaskMemory("update-volume", n_slabs, 3 * slab * item, slab * item,
+                       transient_bytes=slab * item, read_bytes=3 * slab * item,
+                       write_bytes=slab * item),
+            TaskMemory("update-projections", n_chunks, 3 * chunk * item, chunk * item,
+                       transient_bytes=chunk * item, read_bytes=3 * chunk * item,
+                       write_bytes=chunk * item)]
+
+
+def state_bytes(cut: Cut, vectors: tuple[int, int], workers: int) -> int:
     """Bytes one worker holds of an iterative solver's vectors kept in memory: its share of
-    the chunks of every vector held at once (``SOLVER_VECTORS``), rounded up by chunks."""
-    volumes, projections = SOLVER_VECTORS[method]
-    item = projector.dtype.itemsize
+    the chunks of ``vectors`` (volumes, projections held at once), rounded up by chunks."""
+    item = cut.dtype.itemsize
     total = 0
-    for count, chunks in ((volumes, projector.volume_chunks),
-                          (projections, projector.projection_chunks)):
+    for count, chunks in zip(vectors, (cut.volume_chunks, cut.projection_chunks), strict=True):
         n_chunks = math.prod(len(c) for c in chunks)
         total += math.ceil(count * n_chunks / max(workers, 1)) * math.prod(
             max(c) for c in chunks) * item
     return total
 
 
-def method_plan(projector: Projector, method: str, resources: Resources,
-                store_chunks: tuple[int, int] = (0, 0), state: str = "disk",
-                extra: Sequence[TaskMemory] = ()) -> Plan:
-    """The plan of ``method`` with ``projector``'s blocks on ``resources``, plus the
-    ``extra`` stages before it (corrections of the projections); with ``state="memory"``
-    each worker also holds its share of the solver's vectors."""
-    held = state_bytes(projector, method, resources.workers) if state == "memory" else 0
-    return Plan.of([*extra, *stages(projector, method, store_chunks)], resources,
-                   baseline_bytes=TOMO_WORKER_BASELINE_BYTES, resident_bytes=held)
+def center_stages(stored: Any, rows: int) -> list[TaskMemory]:
+    """The stages of a centre search on the projections ``stored`` (an xarray or dask
+    array, as read): reading the chunks that hold the sampled rows (each once, for all the
+    rows it holds), and one search task per row (``center.search.memory``)."""
+    n_views, _, nu = stored.shape
+    chunk = math.prod(max(c) for c in stored.chunks) * stored.dtype.itemsize
+    tasks = len(stored.chunks[0]) * min(rows, len(stored.chunks[1]))
+    read = TaskMemory("read-center-rows", tasks, input_bytes=0, output_bytes=chunk,
+                      read_bytes=chunk)
+    return [read, search_memory(n_views, nu, rows)]
 
 
 # --- gridrec ------------------------------------------------------------------------------------
@@ -400,12 +421,24 @@ GRIDREC_PLAN_BYTES = 16
 GRIDREC_SIGMA = {"numpy": 2.0, "cupy": 2.0}
 #: Views per block in which ``gridrec.polar_samples`` builds its factors and coordinates.
 POLAR_BLOCK_VIEWS = 64
+#: Views per block of the projections re-sliced for gridrec when the store is not what is
+#: reconstructed (corrections such as stitching come between).
+RESLICE_BLOCK_VIEWS = 16
 
 
-def gridrec_stages(geometry: Geometry, volume_shape: tuple[int, int, int], cut: Blocks, *,
-                   dtype: Any = np.float32, backend: str = "numpy") -> list[TaskMemory]:
-    """The slab stage of gridrec (``outcore.tomo.reconstruction.gridrec``) with the slabs,
-    bands and row chunks ``cut`` (bytes per task, at the largest slab).
+def sinogram_chunks(cut: Cut) -> Chunks:
+    """Chunks of the projections re-sliced for gridrec: every view, ``cut``'s row chunks
+    (cut at the images of the slab boundaries), every column."""
+    return ((cut.geometry.n_views,), tuple(b - a for a, b in cut.blocks.row_chunks),
+            (cut.geometry.detector_shape[1],))
+
+
+def gridrec_stages(cut: Cut, stored: Chunks | None = None) -> list[TaskMemory]:
+    """Gridrec (``outcore.tomo.reconstruction.gridrec``) in ``cut``'s slabs of whole
+    sinograms: the reads of the input (stored in chunks ``stored``; None: nothing read),
+    its re-slice into sinogram chunks (from the stored chunks, or from blocks of
+    ``RESLICE_BLOCK_VIEWS`` views when corrections change the stored shape) and the slab
+    stage (bytes per task, at the largest slab).
 
     A slab task holds the sinogram chunks that meet its band (input) and its planes
     (output); its scratch: the band copied out, the polar ``factors`` (complex) and
@@ -416,26 +449,29 @@ def gridrec_stages(geometry: Geometry, volume_shape: tuple[int, int, int], cut: 
     (``sigma^2`` times the image, complex; float64 on a GPU, with its single-precision copy
     and transform). On cupy the task holds its arrays on the device as well.
     """
-    item = np.dtype(dtype).itemsize
-    n_views, nu = geometry.n_views, geometry.detector_shape[1]
-    _, ny, nx = volume_shape
+    geometry, item = cut.geometry, cut.dtype.itemsize
+    n_views, nv, nu = geometry.projection_shape
+    _, ny, nx = cut.volume_shape
+    chunks = stored
+    if not chunks or tuple(sum(c) for c in chunks) != geometry.projection_shape:
+        chunks = (tuple(b - a for a, b in _ranges(n_views, RESLICE_BLOCK_VIEWS)), (nv,), (nu,))
     size = padded(nu)
     samples = n_views * (size // 2 + 1)
-    slab = max(b - a for a, b in cut.slabs)
-    band = max(b - a for a, b in cut.bands)
-    rows = max(sum(cut.row_chunks[r][1] - cut.row_chunks[r][0] for r in cut.pieces(s))
-               for s in range(len(cut.slabs)))
+    b = cut.blocks
+    slab = max(z1 - z0 for z0, z1 in b.slabs)
+    band = max(r1 - r0 for r0, r1 in b.bands)
+    rows = max(sum(b.row_chunks[r][1] - b.row_chunks[r][0] for r in b.pieces(s))
+               for s in range(len(b.slabs)))
     row = n_views * nu * item
     polar = samples * 4 * item + min(n_views, POLAR_BLOCK_VIEWS) * (size // 2 + 1) * 6 * F64
-    sigma = GRIDREC_SIGMA[backend]
+    sigma = GRIDREC_SIGMA[cut.backend]
     fine = math.ceil(sigma * ny) * math.ceil(sigma * nx)
-    if backend == "cupy":
-        grid = fine * (2 * F64 + 2 * 2 * item)
-    else:
-        grid = fine * 2 * item
+    grid = fine * (2 * F64 + 2 * 2 * item) if cut.backend == "cupy" else fine * 2 * item
     plane = row + n_views * size * item + samples * 2 * item + ny * nx * 2 * item + grid
     transient = band * row + polar + samples * GRIDREC_PLAN_BYTES + plane
-    stage = TaskMemory("gridrec", len(cut.slabs), input_bytes=rows * row,
+    stage = TaskMemory("gridrec", len(b.slabs), input_bytes=rows * row,
                        output_bytes=slab * ny * nx * item, transient_bytes=transient,
                        write_bytes=slab * ny * nx * item)
-    return [on_device(stage) if backend == "cupy" else stage]
+    return [*store_reads(cut, stored),
+            *reslice.stages(chunks, sinogram_chunks(cut), item, "gridrec-reslice"),
+            on_device(stage) if cut.backend == "cupy" else stage]

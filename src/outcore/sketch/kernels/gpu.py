@@ -24,21 +24,23 @@ def _device(x: Array | None) -> Array | None:
     return None if x is None else cupy.asarray(x, dtype=cupy.float64)
 
 
-def project(a: Array, v: Array, offset: Array | None = None) -> Array:
-    """``(A - 1 mean^T) V`` of an ``(r, m)`` cupy block, ``(r, l)`` float64 on the device."""
-    return arrays.project(a, _device(v), _device(offset), SLAB_BYTES)
-
-
 def normal_product(a: Array, v: Array, mean: Array | None = None,
-                   offset: Array | None = None) -> Array:
+                   offset: Array | None = None, float64: bool = False) -> Array:
     """``A_c^T (A_c V)`` of an ``(r, m)`` cupy block, ``(m, l)`` float64 on the device."""
-    return arrays.normal_product(a, _device(v), _device(mean), _device(offset), SLAB_BYTES)
+    return arrays.normal_product(a, _device(v), _device(mean), _device(offset), SLAB_BYTES,
+                                 float64)
 
 
-def first_pass(a: Array, v: Array) -> tuple[Array, Array, Array]:
-    """``A^T (A V)``, the column sums and the squared deviations of an ``(r, m)`` cupy
-    block, on the device."""
-    return arrays.first_pass(a, _device(v), SLAB_BYTES)
+def first_pass(a: Array, v: Array, float64: bool = False) -> tuple[Array, Array]:
+    """``A^T (A V)`` and the column sums of an ``(r, m)`` cupy block, on the device."""
+    return arrays.first_pass(a, _device(v), SLAB_BYTES, float64)
+
+
+def final_pass(a: Array, v: Array, mean: Array, offset: Array | None = None
+               ) -> tuple[Array, Array]:
+    """``(A - 1 mean^T) V`` and the squared deviations from ``mean`` of an ``(r, m)`` cupy
+    block, float64 on the device."""
+    return arrays.final_pass(a, _device(v), _device(mean), _device(offset), SLAB_BYTES)
 
 
 def expand(x: Array, f: Array, mean: Array | None = None, dtype: Any = "float32") -> Array:

@@ -19,8 +19,8 @@ def refuse_cone(geometry: Geometry) -> None:
     """The centre search handles parallel-beam scans only."""
     if geometry.kind != "parallel":
         raise OutcoreError("the centre search works on parallel-beam scans; this one is "
-                           f"{geometry.kind}-beam.", "pass --center VALUE, or set the store's "
-                           "detector_offset attr.")
+                           f"{geometry.kind}-beam.", "pass center=VALUE, the axis column in pixels,"
+                           " or set the scan's detector_offset attr.")
 
 
 def with_center(geometry: Geometry, column: float) -> Geometry:
@@ -38,5 +38,5 @@ def axis_column(geometry: Geometry) -> float:
 
 
 def center_rows(geometry: Geometry) -> list[int]:
-    """The rows ``--center auto`` searches."""
+    """The rows a search of the centre in a reconstruction uses."""
     return search.sample_rows(geometry.detector_shape[0])

@@ -24,7 +24,7 @@ Two methods, chosen by the scan's angular span:
 :func:`find_center` runs one task per sampled row on the cluster (each takes one sinogram,
 ``(view, u)``, never the stack; the file's blocks are read once for all rows), fits a tilt
 (centre linear in the row) and refuses a scan whose centre cannot be found with a one-line
-error that names the fix (``--center VALUE``).
+error that names the fix (``center=VALUE``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import dask
+import dask.array as da
 import numpy as np
 from scipy import fft as sfft
 
@@ -77,12 +78,14 @@ TILT_PIXELS = 0.25
 #: showed one: a row of quality 0.62 eighteen pixels off, fitted as a "significant" tilt,
 #: turned the volume against the truth (r -0.46).
 OUTLIER_PIXELS = 1.0
-FIX = "pass the centre yourself: --center VALUE (the axis column in pixels)"
+FIX = "pass the centre yourself: center=VALUE, the axis column in pixels"
 #: The mirror check: views looked at either side of where the stored angles put the mirror
 #: of the first view, and the difference (in views) between that place and the projections'
 #: own that makes a warning (the APS tooth's stored theta is off by one view at the end).
 MIRROR_VIEWS = 3
 MIRROR_WARN_VIEWS = 0.5
+#: How the warning names the option that reads the angles from a file.
+ANGLES_FILE = "angles='FILE'"
 
 
 # --- conventions ------------------------------------------------------------------------------
@@ -98,12 +101,12 @@ def center_of(offset_u: float, nu: int, du: float) -> float:
     return (nu - 1) / 2 - offset_u / du
 
 
-def check_center(center: float, nu: int, flag: str = "--center") -> float:
+def check_center(center: float, nu: int, keyword: str = "center") -> float:
     """Refuse a centre outside the detector's columns ``[0, nu - 1]``."""
     if not math.isfinite(center) or not 0 <= center <= nu - 1:
-        raise OutcoreError(f"{flag} {center} is outside the detector (columns 0 to {nu - 1}).",
-                           f"give the axis column in pixels, 0 <= {flag} <= {nu - 1}, or "
-                           f"{flag} auto to find it.")
+        raise OutcoreError(f"{keyword}={center} is outside the detector (columns 0 to"
+                           f" {nu - 1}).", f"give the axis column in pixels, from 0 to"
+                           f" {nu - 1}, or {keyword}='auto' to find it.")
     return float(center)
 
 
@@ -291,7 +294,8 @@ def angles_warning(mirrors: list[tuple[float, float]], angles: np.ndarray) -> st
     return (f"the stored angles put the mirror of the first view at view {predicted:.2f}, the"
             f" projections at view {found:.2f}: the scan looks like {180 / found:.4f}-degree"
             f" steps, the file says {stored:.4f}. If the projections are right, give their"
-            " angles with --angles FILE (a text or .npy file, one angle a view)")
+            f" angles in a file (text or .npy, one angle a view) and read the scan with it:"
+            f" {ANGLES_FILE}")
 
 
 # --- registration of opposite projections (full turn) -----------------------------------------
@@ -480,19 +484,20 @@ def _ranges(rows: list[int], nv: int) -> list[tuple[int, int]]:
 def find_center(projections: Any, angles: np.ndarray, client: Any = None,
                 rows: list[int] | None = None, method: str = "auto",
                 radius: float | None = None) -> Center:
-    """The rotation centre of ``projections (view, v, u)`` (a dask array; only the sampled
-    rows are read, one sinogram per task) over ``angles`` (radians).
+    """The rotation centre of ``projections (view, v, u)`` (a dask, numpy or xarray array;
+    only the sampled rows are read, one sinogram per task) over ``angles`` (radians).
 
     ``client``: a ``distributed.Client`` to compute on (None: dask's current scheduler).
     ``rows``: detector rows to use (default :func:`sample_rows`). ``method``: ``auto``
     (``opposite`` for a full turn, else ``vo``), ``vo`` or ``opposite``. Raises OutcoreError
-    naming ``--center VALUE`` when no row gives a clear centre.
+    naming ``center=`` when no row gives a clear centre.
     """
+    projections = da.asarray(getattr(projections, "data", projections))
     nview, nv, nu = projections.shape
     chosen: Method = scan_method(angles) if method == "auto" else method  # type: ignore
     if chosen == "opposite" and opposite_pairs(angles)[0].size == 0:
-        raise OutcoreError("--center-method opposite needs views half a turn apart; the scan "
-                           "has none.", "use the vo method, or " + FIX + ".")
+        raise OutcoreError("method='opposite' needs views half a turn apart; the scan "
+                           "has none.", "use method='vo', or " + FIX + ".")
     rows = sample_rows(nv) if rows is None else sorted(set(rows))
     angles = np.asarray(angles, np.float64)
     # the sampled rows in one slice, one chunk per row, and their tasks from one graph: a

@@ -7,18 +7,13 @@ module, which imports none of them, so that ``steps`` can list them without an i
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import xarray as xr
 
 from outcore.plan import Resources, TaskMemory
-
-#: The verbs that apply corrections (a step names those it serves).
-RECONSTRUCT = "tomo reconstruct"
-CONVERT = "tomo convert"
 
 
 class Correction(Protocol):
@@ -44,13 +39,10 @@ class Correction(Protocol):
 
 @dataclass(frozen=True)
 class Step:
-    """A correction as the verbs see it: its options and the check that configures it."""
+    """A correction as the callers ask for it: ``name`` (the keyword of ``reconstruct`` that
+    asks for it, and its record's key) and ``configure(ds, resources, asked)``: the
+    correction ``asked`` (its keywords, checked against ``ds`` before any compute, with any
+    blocks it chooses sized for ``resources``)."""
 
     name: str
-    add_arguments: Callable[[argparse._ArgumentGroup], None]
-    configure: Callable[[argparse.Namespace, xr.Dataset, Resources], Correction | None]
-    """``configure(args, ds, resources)``: the correction the options ask for, checked
-    against ``ds``, with any blocks it chooses sized for ``resources``; or None."""
-    options: tuple[str, ...]
-    """The ``argparse`` destinations of its options (each defaults to None)."""
-    verbs: frozenset[str] = frozenset({RECONSTRUCT, CONVERT})
+    configure: Callable[[xr.Dataset, Resources, Mapping[str, Any]], Correction]

@@ -30,7 +30,6 @@ would need the defocus ``z / M`` and the pixel at the sample; that is not done a
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from types import ModuleType
@@ -255,70 +254,58 @@ class Paganin:
                 "pad": list(self.pad), "pad_mode": self.pad_mode}
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--paganin", type=float, default=None, metavar="DELTA_BETA",
-                       help="Paganin phase retrieval of each projection, for a homogeneous "
-                            "material of this delta/beta (parallel beam)")
-    group.add_argument("--energy", type=float, default=None, metavar="KEV",
-                       help="--paganin: photon energy in keV (default: the store's "
-                            "energy_kev attr)")
-    group.add_argument("--propagation-distance", type=float, default=None, metavar="M",
-                       help="--paganin: sample to detector distance in metres (default: the "
-                            "store's propagation_distance attr)")
-
-
-def _value(given: float | None, ds: xr.Dataset, attr: str, flag: str, example: str) -> float:
-    """``given``, else the store's ``attr``: a positive, finite number."""
+def _value(given: float | None, ds: xr.Dataset, attr: str, keyword: str, example: str
+           ) -> float:
+    """``given``, else the scan's ``attr``: a positive, finite number."""
     value: Any = given if given is not None else ds.attrs.get(attr)
-    where = flag if given is not None else f"the store's {attr} attr"
+    where = f"{keyword}={value!r}" if given is not None else f"the scan's {attr} attr {value!r}"
     if value is None:
-        raise OutcoreError(f"--paganin needs {flag}, which is not given and the store has no "
-                           f"{attr} attr.", f"pass {flag} {example}.")
+        raise OutcoreError(f"Paganin's filter needs {keyword}=, which is not given and the"
+                           f" scan has no {attr} attr.", f"pass {keyword}={example}.")
     if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-        raise OutcoreError(f"{where} {value!r} is not a number.", f"pass {flag} {example}.")
+        raise OutcoreError(f"{where} is not a number.", f"pass {keyword}={example}.")
     if not (math.isfinite(value) and value > 0):
-        raise OutcoreError(f"{where} {value} must be positive and finite.",
-                           f"pass {flag} {example}.")
+        raise OutcoreError(f"{where} must be positive and finite.",
+                           f"pass {keyword}={example}.")
     return float(value)
 
 
-def configure(args: argparse.Namespace, ds: xr.Dataset, resources: Resources) -> Paganin | None:
-    """The :class:`Paganin` correction ``args`` ask for, checked against ``ds``, or None."""
-    delta_beta = getattr(args, "paganin", None)
-    if delta_beta is None:
-        for dest in ("energy", "propagation_distance"):
-            if getattr(args, dest, None) is not None:
-                flag = "--" + dest.replace("_", "-")
-                raise OutcoreError(f"{flag} applies to --paganin only.",
-                                   f"add --paganin DELTA_BETA, or drop {flag}.")
-        return None
-    if not (math.isfinite(delta_beta) and delta_beta > 0):
-        raise OutcoreError(f"--paganin {delta_beta} must be a positive delta/beta.",
-                           "pass the material's delta/beta at the energy, e.g. --paganin 1000.")
+def configure(ds: xr.Dataset, resources: Resources, delta_beta: float, *,
+              energy: float | None = None, propagation_distance: float | None = None,
+              pad_mode: str = "edge", keyword: str = "delta_beta") -> Paganin:
+    """The :class:`Paganin` correction of ``ds`` for ``delta_beta`` (named ``keyword`` in
+    messages), ``energy`` (keV) and ``propagation_distance`` (m; each default: the scan's
+    ``energy_kev`` and ``propagation_distance`` attrs), checked before any compute."""
+    if isinstance(delta_beta, bool) or not isinstance(delta_beta, int | float | np.number) \
+            or not (math.isfinite(delta_beta) and delta_beta > 0):
+        raise OutcoreError(f"{keyword}={delta_beta!r} must be a positive delta/beta.",
+                           f"pass the material's delta/beta at the energy, e.g. {keyword}=1000.")
+    if pad_mode not in PAD_MODES:
+        raise OutcoreError(f"pad_mode={pad_mode!r} is not one of {', '.join(PAD_MODES)}.",
+                           "pass pad_mode='edge' (the frame's edge values) or 'symmetric'.")
     if "paganin_delta_beta" in ds.attrs:
         raise OutcoreError("the projections are already phase-retrieved (attr "
                            f"paganin_delta_beta={ds.attrs['paganin_delta_beta']}).",
-                           "drop --paganin.")
+                           f"drop {keyword}=.")
     if ds.attrs.get("geometry") == "cone":
         raise OutcoreError(
-            "--paganin is done for parallel-beam scans only; in a cone beam the sample is "
-            "magnified, so the filter needs the defocus z/M and the pixel at the sample "
-            "(not done).", "drop --paganin, or reconstruct a parallel-beam scan.")
-    energy = _value(args.energy, ds, "energy_kev", "--energy", "KEV, e.g. --energy 20")
-    distance = _value(args.propagation_distance, ds, "propagation_distance",
-                      "--propagation-distance", "M, e.g. --propagation-distance 0.1")
+            "Paganin's phase retrieval is done for parallel-beam scans only; in a cone beam the"
+            " sample is magnified, so the filter needs the defocus z/M and the pixel at the"
+            " sample (not done).", f"drop {keyword}=, or reconstruct a parallel-beam scan.")
+    energy = _value(energy, ds, "energy_kev", "energy", "20 (keV)")
+    distance = _value(propagation_distance, ds, "propagation_distance", "propagation_distance",
+                      "0.1 (m)")
     from outcore.tomo.geometry import Geometry
     from outcore.tomo.layouts import PIXEL_UNIT
 
     if ds.attrs.get("length_unit") == PIXEL_UNIT:
         raise OutcoreError(
-            "--paganin needs the pixel size in metres (its filter is a length), which the scan"
-            " does not give.", "pass --attr detector_pixel_size=M, the pixel at the sample in"
-            " metres (e.g. 6.5e-7).")
+            "Paganin's filter needs the pixel size in metres (it is a length), which the scan"
+            " does not give.", "give the pixel at the sample in metres when the scan is read:"
+            " attrs={'detector_pixel_size': 6.5e-7}.")
 
     pixel = Geometry.from_attrs(ds).detector_pixel_size
-    return Paganin(float(delta_beta), energy, distance, pixel)
+    return Paganin(float(delta_beta), energy, distance, pixel, pad_mode)
 
 
-STEP = Step("paganin", add_arguments, configure,
-                  options=("paganin", "energy", "propagation_distance"))
+STEP = Step("paganin", lambda ds, resources, asked: configure(ds, resources, **asked))

@@ -29,7 +29,6 @@ docs/operators/tomography-rings.md compares them on smooth and sharp-edged objec
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -44,9 +43,9 @@ from outcore.tomo.corrections import reslice
 from outcore.tomo.corrections.correction import Step
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
 
-#: The filters ``--rings`` names.
+#: The stripe filters.
 METHODS: tuple[str, ...] = ("sort", "fft", "wavelet")
-#: Each filter's parameters (``--rings-PARAM``) and their defaults.
+#: Each filter's parameters and their defaults.
 DEFAULTS: dict[str, dict[str, float]] = {
     "sort": {"size": 21},
     "fft": {"size": 31, "sigma": 1.0},
@@ -193,79 +192,54 @@ class RingRemoval:
 # --- the step ---------------------------------------------------------------------------------
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--rings", default=None, metavar="{" + ",".join(METHODS) + "}",
-                       help="remove ring artefacts: filter the stripes of each sinogram "
-                            "(sort: Vo's sorting-based, fft: Fourier damping, wavelet: "
-                            "Münch's wavelet-Fourier)")
-    group.add_argument("--rings-size", type=int, default=None, metavar="PIXELS",
-                       help="sort, fft: width of the stripe filter across the detector "
-                            f"(default sort {DEFAULTS['sort']['size']}, "
-                            f"fft {DEFAULTS['fft']['size']})")
-    group.add_argument("--rings-sigma", type=float, default=None,
-                       help="fft, wavelet: Gaussian width of the damped view frequencies "
-                            f"(default fft {DEFAULTS['fft']['sigma']}, "
-                            f"wavelet {DEFAULTS['wavelet']['sigma']})")
-    group.add_argument("--rings-level", type=int, default=None,
-                       help=f"wavelet: decomposition levels (default "
-                            f"{DEFAULTS['wavelet']['level']})")
-
-
-OPTIONS = ("rings", "rings_size", "rings_sigma", "rings_level")
-
-
-def _params(args: argparse.Namespace, method: str, shape: tuple[int, ...]) -> dict[str, float]:
-    """The filter's parameters from ``args`` (defaults for those not given), checked."""
+def _params(method: str, given: dict[str, float | None], shape: tuple[int, ...],
+            keyword: str) -> dict[str, float]:
+    """The filter's parameters: ``given`` (None: the default), checked against the scan."""
     n_views, _, nu = shape
     params = dict(DEFAULTS[method])
-    for dest in OPTIONS[1:]:
-        value = getattr(args, dest, None)
+    for key, value in given.items():
         if value is None:
             continue
-        key, flag = dest.removeprefix("rings_"), "--" + dest.replace("_", "-")
         if key not in params:
-            raise OutcoreError(f"{flag} does not apply to --rings {method}.",
-                               f"drop {flag}, or use a --rings method that takes it "
-                               f"({', '.join(m for m in METHODS if key in DEFAULTS[m])}).")
+            takers = ", ".join(repr(m) for m in METHODS if key in DEFAULTS[m])
+            raise OutcoreError(f"{key}= does not apply to {keyword}={method!r}.",
+                               f"drop {key}=, or use a method that takes it ({takers}).")
         params[key] = value
-    if "size" in params and getattr(args, "rings_size", None) is None:
+    if "size" in params and given.get("size") is None:
         params["size"] = max(3, min(params["size"], (nu // NARROWEST_STRIPE_FRACTION) | 1))
     if "size" in params and not 1 <= params["size"] <= nu:
-        raise OutcoreError(f"--rings-size {params['size']} is not a width within the "
-                           f"detector's {nu} columns.", f"give --rings-size 1 to {nu}.")
+        raise OutcoreError(f"size={params['size']} is not a width within the detector's {nu}"
+                           " columns.", f"give size= from 1 to {nu}.")
     if "sigma" in params and not (math.isfinite(params["sigma"]) and params["sigma"] > 0):
-        raise OutcoreError(f"--rings-sigma {params['sigma']} must be a positive number.",
-                           "give --rings-sigma such as 2.")
+        raise OutcoreError(f"sigma={params['sigma']} must be a positive number.",
+                           "give sigma= such as 2.")
     if "level" in params:
         import pywt
 
         most = pywt.dwtn_max_level((n_views, nu), WAVELET)
-        if getattr(args, "rings_level", None) is None:  # the default: as deep as it allows
+        if given.get("level") is None:  # the default: as deep as it allows
             params["level"] = max(1, min(params["level"], most))
         elif not 1 <= params["level"] <= most:
-            raise OutcoreError(f"--rings-level {params['level']} is not 1 to {most}, the "
-                               f"levels a {n_views} x {nu} sinogram has for {WAVELET}.",
-                               f"give --rings-level 1 to {max(most, 1)}.")
+            raise OutcoreError(f"level={params['level']} is not 1 to {most}, the levels a"
+                               f" {n_views} x {nu} sinogram has for {WAVELET}.",
+                               f"give level= from 1 to {max(most, 1)}.")
     return params
 
 
-def configure(args: argparse.Namespace, ds: xr.Dataset,
-              resources: Resources) -> RingRemoval | None:
-    """The ``rings`` correction ``args`` ask for, checked against ``ds``, its sinogram rows
-    sized for ``resources``; or None."""
-    method = getattr(args, "rings", None)
-    if method is None:
-        for dest in OPTIONS[1:]:
-            if getattr(args, dest, None) is not None:
-                flag = "--" + dest.replace("_", "-")
-                raise OutcoreError(f"{flag} needs --rings.",
-                                   f"add --rings {{{','.join(METHODS)}}}, or drop {flag}.")
-        return None
+def configure(ds: xr.Dataset, resources: Resources, method: str = "fft", *,
+              size: int | None = None, sigma: float | None = None, level: int | None = None,
+              keyword: str = "method") -> RingRemoval:
+    """The ``rings`` correction of ``ds``: the filter ``method`` (named ``keyword`` in
+    messages) with its parameters (None: :data:`DEFAULTS`, the width capped for a narrow
+    detector, the wavelet's levels for the sinogram), checked, its sinogram rows sized for
+    ``resources``."""
     if method not in METHODS:
-        raise OutcoreError(f"--rings {method!r} is not one of {', '.join(METHODS)}.",
-                           f"use --rings {METHODS[0]} (or {', '.join(METHODS[1:])}).")
+        raise OutcoreError(f"{keyword}={method!r} is not one of {', '.join(METHODS)}.",
+                           f"use {keyword}='{METHODS[1]}' (or "
+                           f"{', '.join(repr(m) for m in METHODS if m != METHODS[1])}).")
     data = ds["projections"].data
-    params = _params(args, method, data.shape)
+    params = _params(method, {"size": size, "sigma": sigma, "level": level}, data.shape,
+                     keyword)
     probe = RingRemoval(method, params, 1)
     rows = reslice.sinogram_rows(
         data.chunks, data.shape, data.dtype.itemsize, resources.memory_limit,
@@ -275,4 +249,4 @@ def configure(args: argparse.Namespace, ds: xr.Dataset,
     return RingRemoval(method, params, rows)
 
 
-STEP = Step("rings", add_arguments, configure, options=OPTIONS)
+STEP = Step("rings", lambda ds, resources, asked: configure(ds, resources, **asked))

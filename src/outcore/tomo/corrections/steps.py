@@ -1,68 +1,51 @@
-"""Corrections on the way from a raw scan to a volume: their order and options, in one place.
+"""Corrections on the way from a raw scan to a volume: their order, in one place.
 
 A *correction* turns a lazy ``projections`` dataset into another, streaming, chunk by chunk:
 phase retrieval filters each projection, half-acquisition stitching joins the opposite views
 of a 360-degree scan, ring removal filters each sinogram. Each correction's module declares a
-:class:`Step`: the command-line options it adds and ``configure``, which checks those options
-against the dataset before any compute (raising a one-line ``OutcoreError`` that names the
-fix) and returns the configured :class:`Correction`, or None when the options do not ask for
-it. :data:`STEPS` holds the steps in the order they are applied, the physical one; both
-``outcore tomo reconstruct`` and ``outcore tomo convert`` go through
-:func:`add_arguments`, :func:`configure` and :func:`apply`, so a correction behaves the same
-in either and its options are checked once.
+:class:`Step`: its name and ``configure``, which checks the keywords that ask for it against
+the dataset before any compute (raising a one-line ``OutcoreError`` that names the keyword
+to fix) and returns the configured :class:`Correction`. :data:`STEPS` holds the steps in the
+order they are applied, the physical one; ``outcore.tomo.reconstruct``, ``remove_rings``,
+``paganin``, ``outcore tomo reconstruct`` and ``outcore tomo convert`` all go through
+:func:`configure` and :func:`apply`, so a correction behaves the same in each and its
+options are checked once.
 """
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import xarray as xr
 
 from outcore.plan import Resources, TaskMemory
 from outcore.tomo.corrections import phase, rings, stitch
-from outcore.tomo.corrections.correction import CONVERT, RECONSTRUCT, Correction, Step
+from outcore.tomo.corrections.correction import Correction, Step
 
-__all__ = ["CONVERT", "RECONSTRUCT", "STEPS", "Correction", "Step", "add_arguments",
-           "apply", "configure", "for_center", "memory", "records", "requested"]
+__all__ = ["STEPS", "Correction", "Step", "apply", "configure", "for_center", "memory",
+           "records"]
 
 #: The steps in the order they are applied.
 STEPS: tuple[Step, ...] = (phase.STEP, stitch.STEP, rings.STEP)
 
 
-def add_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
-    """Add the options of every step that serves ``verb`` in one group of ``parser``."""
-    chosen = [step for step in STEPS if verb in step.verbs]
-    if chosen:
-        group = parser.add_argument_group("corrections of the projections (applied in order: "
-                                          + ", ".join(step.name for step in chosen) + ")")
-        for step in chosen:
-            step.add_arguments(group)
-
-
-def requested(args: argparse.Namespace, verb: str) -> list[str]:
-    """The options of ``verb``'s steps given in ``args``, as flags (``--rings``)."""
-    return ["--" + dest.replace("_", "-") for step in STEPS if verb in step.verbs
-            for dest in step.options if getattr(args, dest, None) is not None]
-
-
-def configure(args: argparse.Namespace, ds: xr.Dataset, verb: str,
-              resources: Resources) -> list[Correction]:
-    """The corrections ``args`` ask for, checked against ``ds`` before any compute, in order
-    (blocks they choose sized for ``resources``, what the run's options describe).
+def configure(ds: xr.Dataset, resources: Resources,
+              asked: Mapping[str, Mapping[str, Any] | None]) -> list[Correction]:
+    """The corrections ``asked`` (step name -> its keywords; None or absent: not asked),
+    checked against ``ds`` before any compute, in order (blocks they choose sized for
+    ``resources``).
 
     Each step configures against the dataset the earlier ones give (lazily), so a step sees
     the shape and attrs it will be applied to.
     """
     corrections: list[Correction] = []
     for step in STEPS:
-        if verb not in step.verbs:
+        if asked.get(step.name) is None:
             continue
-        correction = step.configure(args, ds, resources)
-        if correction is not None:
-            corrections.append(correction)
-            ds = correction.apply(ds)
+        correction = step.configure(ds, resources, asked[step.name])
+        corrections.append(correction)
+        ds = correction.apply(ds)
     return corrections
 
 

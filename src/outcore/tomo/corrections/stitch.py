@@ -35,7 +35,6 @@ stitched block. Cone beam is refused: opposite cone-beam views are not mirror im
 
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,9 +125,10 @@ def check_scan(ds: xr.Dataset) -> Geometry:
     a full turn of evenly spaced views in an even number)."""
     geometry = Geometry.from_attrs(ds)
     if geometry.kind == "cone":
-        raise OutcoreError("--half-acquisition is not supported for cone-beam scans (opposite "
-                           "cone-beam views are not mirror images, so they cannot be stitched).",
-                           "reconstruct the cone-beam scan without --half-acquisition.")
+        raise OutcoreError("half-acquisition stitching is not done for cone-beam scans"
+                           " (opposite cone-beam views are not mirror images, so they cannot"
+                           " be stitched).",
+                           "reconstruct the cone-beam scan without half_acquisition=.")
     angles = geometry.angles
     n = angles.size
     step = 2 * math.pi / n
@@ -137,10 +137,10 @@ def check_scan(ds: xr.Dataset) -> Geometry:
                                    atol=1e-3 * step):
         span = math.degrees(angles[-1] - angles[0] + (angles[-1] - angles[0]) / max(n - 1, 1))
         raise OutcoreError(
-            f"--half-acquisition needs a 360-degree scan: an even number of views evenly over "
+            f"half_acquisition= needs a 360-degree scan: an even number of views evenly over "
             f"[0, 360) degrees, so that each view has its opposite; this scan has {n} views "
             f"over about {span:.1f} degrees.",
-            "drop --half-acquisition (a 180-degree scan needs no stitching), or give the "
+            "drop half_acquisition= (a 180-degree scan needs no stitching), or give the "
             "full-turn scan with its angles in increasing order.")
     return geometry
 
@@ -231,12 +231,12 @@ def register(direct: np.ndarray, opposite: np.ndarray, side: str | None = None
         allowed &= s > 0 if side == "right" else s < 0
     if not allowed.any():
         raise OutcoreError(f"a detector of {nu} columns is too narrow to find an overlap.",
-                           "give the overlap: --half-acquisition OVERLAP.")
+                           "give the overlap in pixels: half_acquisition=OVERLAP.")
     best = int(s[allowed][np.argmax(scores[allowed])])
     if scores[nu - 1] >= scores[best + nu - 1] and abs(best) <= 2:
         raise OutcoreError("opposite views match best with the axis at the detector centre: "
                            "this is a full-field 360-degree scan, not a half acquisition.",
-                           "reconstruct it without --half-acquisition.")
+                           "reconstruct it without half_acquisition=.")
     score = _scorer(a, mirrored, best - 1.0, best + 1.0)
     found = optimize.minimize_scalar(lambda x: -score(x), method="bounded",
                                      bounds=(best - 1.0, best + 1.0), options={"xatol": 1e-4})
@@ -304,8 +304,9 @@ class Stitch:
                  "half_acquisition": {"overlap": self.join.overlap, "axis_side": self.join.side,
                                       "input_columns": int(nu)}}
         return xr.Dataset({"projections": (("view", "v", "u"), stitch(data, self.join),
-                                           ds["projections"].attrs),
-                           "angles": ("view", np.asarray(ds["angles"].values[:half]))},
+                                           ds["projections"].attrs)},
+                          coords={"angles": ("view", np.asarray(ds["angles"].values[:half]),
+                                             ds["angles"].attrs)},
                           attrs=attrs)
 
     def memory(self, ds: xr.Dataset) -> list[TaskMemory]:
@@ -330,48 +331,38 @@ class Stitch:
                 "concordance": None if self.concordance is None else round(self.concordance, 6)}
 
 
-def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--half-acquisition", metavar="auto|OVERLAP", default=None,
-                       help="stitch a 360-degree offset-axis scan into a 180-degree one of "
-                            "twice the field of view: opposite views overlap by OVERLAP "
-                            "pixels, or found by registration (auto)")
-    group.add_argument("--axis-side", metavar="left|right", default=None,
-                       help="the detector edge the rotation axis is near (found when not "
-                            "given; with --half-acquisition)")
-
-
-def _configure(args: argparse.Namespace, ds: xr.Dataset, resources: Resources) -> Stitch | None:
-    given, side = getattr(args, "half_acquisition", None), getattr(args, "axis_side", None)
-    if given is None:
-        if side is not None:
-            raise OutcoreError("--axis-side applies to --half-acquisition scans only.",
-                               "add --half-acquisition auto|OVERLAP, or drop --axis-side.")
-        return None
-    if side is not None and side not in SIDES:
-        raise OutcoreError(f"--axis-side {side!r} is not one of {SIDES}.",
-                           "pass --axis-side left or right.")
+def configure(ds: xr.Dataset, resources: Resources, half_acquisition: str | float = "auto",
+              *, axis_side: str | None = None) -> Stitch:
+    """The :class:`Stitch` of ``ds``: opposite views overlapping by ``half_acquisition``
+    pixels, or found by registration (``"auto"``), with the axis near ``axis_side`` (found
+    when None), checked before the stitch is computed (``auto`` reads a few view pairs)."""
+    given = half_acquisition
+    if axis_side is not None and axis_side not in SIDES:
+        raise OutcoreError(f"axis_side={axis_side!r} is not one of {SIDES}.",
+                           "pass axis_side='left' or 'right'.")
     overlap = None
     if given != "auto":
         try:
             overlap = float(given)
-        except ValueError:
-            raise OutcoreError(f"--half-acquisition {given!r} is neither auto nor a number of "
-                               "pixels.", "pass --half-acquisition auto or OVERLAP "
-                               "(pixels, e.g. 120).") from None
+        except (TypeError, ValueError):
+            raise OutcoreError(f"half_acquisition={given!r} is neither 'auto' nor a number of"
+                               " pixels.", "pass half_acquisition='auto' or the overlap in"
+                               " pixels, e.g. half_acquisition=120.") from None
     check_scan(ds)
     data = ds["projections"].data
     nu = data.shape[-1]
     if overlap is not None and not (0 <= overlap <= nu - 1):
-        raise OutcoreError(f"--half-acquisition {given}: the overlap must lie in [0, {nu - 1}] "
-                           f"pixels (the detector has {nu} columns).",
-                           "pass an overlap smaller than the detector, or auto.")
+        raise OutcoreError(f"half_acquisition={given!r}: the overlap must lie in [0, {nu - 1}]"
+                           f" pixels (the detector has {nu} columns).",
+                           "pass an overlap smaller than the detector, or 'auto'.")
     if overlap is None:
-        join, concordance = find_overlap(data, side)
-        return Stitch(join, given, True, concordance)
+        join, concordance = find_overlap(data, axis_side)
+        return Stitch(join, str(given), True, concordance)
+    side = axis_side
     if side is None:
         left, right = (side_score(data, overlap, s) for s in SIDES)
         side = "right" if right >= left else "left"
-    return Stitch(HalfAcquisition(overlap, side), given, False)
+    return Stitch(HalfAcquisition(overlap, side), str(given), False)
 
 
 def side_score(projections: da.Array, overlap: float, side: str) -> float:
@@ -383,4 +374,4 @@ def side_score(projections: da.Array, overlap: float, side: str) -> float:
     return _scorer(direct, opposite[:, ::-1], shift, shift)(shift)
 
 
-STEP = Step("stitch", _add_arguments, _configure, options=("half_acquisition", "axis_side"))
+STEP = Step("stitch", lambda ds, resources, asked: configure(ds, resources, **asked))

@@ -169,7 +169,7 @@ def _module(dtype: str) -> Any:
     import cupy
 
     ctype = {"float32": "float", "float64": "double"}[dtype]
-    return cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("--std=c++14",))
+    return cupy.RawModule(code=f"typedef {ctype} T;\n" + _SOURCE, options=("-std=c++14",))
 
 
 def _launch(name: str, dtype: Any, items: int, *args: Any) -> None:
@@ -283,7 +283,7 @@ def _gridrec_module(dtype: str) -> Any:
     import cupy
 
     ctype = {"float32": "float", "float64": "double"}[dtype]
-    return cupy.RawModule(code=_gridrec_source(ctype), options=("--std=c++14",))
+    return cupy.RawModule(code=_gridrec_source(ctype), options=("-std=c++14",))
 
 
 def _gridrec_source(ctype: str) -> str:

@@ -30,7 +30,7 @@ def read_file(name: str) -> np.ndarray:
     path = Path(name)
     if not path.is_file():
         raise InputNotFoundError(
-            f"--angles {name!r}: no such file.",
+            f"angles={name!r}: no such file.",
             "give a text (.txt, .dat, .csv) or NumPy (.npy) file of one angle per frame, or "
             "the HDF5 path of the angles inside the scan (e.g. /exchange/theta).")
     fix = "write one angle per line (or comma-separated), or save them with numpy.save."

@@ -13,7 +13,7 @@ its frames and closes it), averages the flats and darks once (they are small) an
 so the result is a lazy dataset of the ``projections`` layout that ``outcore.save`` writes
 chunk by chunk and ``outcore.tomo`` reconstructs, without the stack ever being in memory.
 :func:`read_nxtomo` does the same for an NXtomo entry (``outcore.tomo.raw.nxtomo``).
-``outcore.tomo.raw.source.read_beamline_source`` is the reader behind ``outcore tomo
+``outcore.tomo.raw.source.read_raw`` (through ``raw.registry``) is the reader behind ``outcore tomo
 convert``: it refuses the options that do not apply, takes the geometry from ``--attr`` and
 validates the result against the layout, all before any frame is read.
 """
@@ -117,7 +117,7 @@ def one_flat_normalised(reader: FrameReader, flat: np.ndarray, dark: np.ndarray,
                           f" {n_views} frames.", count_fix)
     if not np.isfinite(theta).all():
         raise LayoutError(f"{angles!r} holds non-finite angles.",
-                          "repair the angles, or give others (--angles, angles=).")
+                          "repair the angles, or give others (angles=).")
     radians = np.deg2rad(theta) if angles_unit == "degree" else theta
     ones = np.ones((n_views, 1))
     return normalised(reader, flat[None], ones, dark[None], ones, radians, layout_attrs,
@@ -135,8 +135,8 @@ def scan_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
         raise LayoutError(
             "A cone-beam scan needs the detector pixel size (its distances are lengths), "
             "which this raw scan does not give.",
-            "pass detector_pixel_size= the pixel pitch in metres, one number or [dv, du] "
-            "(CLI: --attr detector_pixel_size=7.5e-5).",
+            "pass attrs={'detector_pixel_size': 7.5e-5}: the pixel pitch in metres, one"
+            " number or [dv, du].",
         )
     layout_attrs: dict[str, Any] = {"geometry": geometry}
     if detector_pixel_size is None:
@@ -149,14 +149,13 @@ def scan_attrs(geometry: str, detector_pixel_size: Any, source_distance: Any,
         raise LayoutError(
             f"A cone-beam scan needs source_distance and detector_distance (m, from the "
             f"rotation axis); {' and '.join(missing)} not given.",
-            "pass them with --attr source_distance=M --attr detector_distance=M "
-            "(attrs= in Python).")
+            "pass them in metres: attrs={'source_distance': M, 'detector_distance': M}.")
     for key, value in distances.items():
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise LayoutError(f"{key}={value!r} is not a length.",
-                              f"pass --attr {key}= a number of metres.")
+                              f"pass attrs={{{key!r}: M}}, a number of metres.")
         layout_attrs[key] = float(value)
     layout_attrs.update(attrs or {})
     return layout_attrs
@@ -197,7 +196,7 @@ def read_nxtomo(
     require("h5py")
     if flat_mode not in nxtomo.FLAT_MODES:
         raise LayoutError(f"flat_mode={flat_mode!r} is not one of {nxtomo.FLAT_MODES}.",
-                          "pass --flat-mode mean, nearest or linear.")
+                          "pass flat_mode='mean', 'nearest' or 'linear'.")
     scan = nxtomo.read_scan(path, dataset=dataset, angles=angles, angles_unit=angles_unit,
                             darks=darks, flat_mode=flat_mode, image_key=image_key)
     found = dict(scan.found)
@@ -232,17 +231,16 @@ def _pixel(value: float | Sequence[float]) -> float | list[float]:
 
 def _named(f: Any, name: str, role: str, path: Any, h5py: Any) -> Any:
     """The dataset at ``name`` for ``role`` (data, flats, darks, angles), or a LayoutError
-    that lists the file's datasets and names the keyword (and CLI option) to fix."""
+    that lists the file's datasets and names the keyword to fix."""
     try:
         return _dataset(f, name, path, h5py)
     except LayoutError as err:
-        flag = "--dataset" if role == "data" else f"--{role}"
+        keyword = "dataset=" if role == "data" else f"{role}="
         raise LayoutError(
             f"The {role} of the scan: {err.problem}",
             err.fix if err.fix == DANGLING_FIX else
-            f"pass {role}= one of those internal paths (outcore tomo convert: "
-            f"{flag} PATH)" + (", or darks=None (--darks none) for a scan without darks."
-                               if role == "darks" else "."),
+            f"pass {keyword} one of those internal paths"
+            + (", or darks='none' for a scan without darks." if role == "darks" else "."),
         ) from None
 
 

@@ -107,7 +107,7 @@ def classify(keys: np.ndarray, name: str) -> Frames:
     keys = np.asarray(keys).reshape(-1)
     if keys.dtype.kind not in "iu" and not (np.isfinite(keys).all() and (keys % 1 == 0).all()):
         raise LayoutError(f"image_key {name!r} holds non-integer values.",
-                          "point --dataset at the frames of an NXtomo entry whose image_key "
+                          "point dataset= at the frames of an NXtomo entry whose image_key "
                           "is 0 (projection), 1 (flat), 2 (dark) or 3 (invalid).")
     keys = keys.astype(np.int64)
     bad = sorted(set(np.unique(keys).tolist()) - {PROJECTION, FLAT, DARK, INVALID})
@@ -116,11 +116,11 @@ def classify(keys: np.ndarray, name: str) -> Frames:
             f"image_key {name!r} holds {bad[:5]} at {int(np.isin(keys, bad).sum())} frames; "
             "NXtomo keys are 0 (projection), 1 (flat), 2 (dark) and 3 (invalid).",
             "repair the file's image_key (set frames to skip to 3), or convert the frames "
-            "with separate --flats/--darks datasets.")
+            "with separate flats= and darks= datasets.")
     projections = np.flatnonzero(keys == PROJECTION)
     if projections.size == 0:
         raise LayoutError(f"image_key {name!r} marks no frame as a projection (key 0).",
-                          "point --dataset at the scan's frames (an entry with projections).")
+                          "point dataset= at the scan's frames (an entry with projections).")
     valid = np.flatnonzero(keys != INVALID)
     kinds = keys[valid]
     starts = np.r_[0, np.flatnonzero(np.diff(kinds) != 0) + 1]
@@ -217,13 +217,13 @@ def find_entry(f: Any, dataset: str | None, h5py: Any,
     if len(entries) > 1:
         names = ", ".join(g.name for g in entries[:10])
         raise LayoutError(f"The file holds {len(entries)} NXtomo entries: {names}.",
-                          f"pass --dataset the frames of one, e.g. --dataset "
-                          f"{entries[0].name}/{DATA_PATHS[0]}.")
+                          f"pass dataset= the frames of one, e.g. dataset="
+                          f"'{entries[0].name}/{DATA_PATHS[0]}'.")
     entry = entries[0]
     data = _first(entry, DATA_PATHS, h5py)
     if data is None:
         raise LayoutError(f"The NXtomo entry {entry.name!r} has no frames at "
-                          f"{' or '.join(DATA_PATHS)}.", "pass --dataset the frames' path.")
+                          f"{' or '.join(DATA_PATHS)}.", "pass dataset= the frames' path.")
     return Entry(entry.name, data, image_key or _first(entry, KEY_PATHS, h5py) or "",
                  _first(entry, ANGLE_PATHS, h5py))
 
@@ -252,10 +252,10 @@ def scalar(f: Any, paths: tuple[str, ...], units: dict[str, float], default_unit
         factor = units.get(unit) or units.get(unit.lower())
         if factor is None:
             raise LayoutError(f"{node.name!r} is in {unit!r}, a unit outcore does not convert.",
-                              f"give the value with --attr (in {next(iter(units))}).")
+                              f"give the value with attrs= (in {next(iter(units))}).")
         if values.size == 0 or not np.isfinite(values).all() or np.ptp(values) > 0:
             raise LayoutError(f"{node.name!r} is not one finite value ({values[:4]}...).",
-                              f"give the value with --attr (in {next(iter(units))}).")
+                              f"give the value with attrs= (in {next(iter(units))}).")
         return float(values[0]) * factor, node.name
     return None
 
@@ -266,7 +266,7 @@ def angle_unit(node: Any) -> str:
     unit = (unit.decode() if isinstance(unit, bytes) else str(unit)).strip().lower()
     if unit not in ANGLE_UNITS:
         raise LayoutError(f"{node.name!r} is in {unit!r}, not degrees or radians.",
-                          "pass --angles-unit deg or --angles-unit rad.")
+                          "pass angle_unit='degree' or angle_unit='radian'.")
     return ANGLE_UNITS[unit]
 
 
@@ -303,18 +303,18 @@ def read_scan(path: Any, *, dataset: str | None, angles: str | None, angles_unit
     h5py = require("h5py")
     with h5py.File(path, "r") as f:
         if image_key is not None and not isinstance(f.get(image_key), h5py.Dataset):
-            raise LayoutError(f"--image-key {image_key!r} is not a dataset of {str(path)!r}.",
-                              "pass --image-key the path of the frames' keys (0 projection, 1 "
+            raise LayoutError(f"image_key={image_key!r} is not a dataset of {str(path)!r}.",
+                              "pass image_key= the path of the frames' keys (0 projection, 1 "
                               "flat, 2 dark), e.g. /entry/instrument/detector/image_key.")
         entry = find_entry(f, dataset, h5py, image_key)
         if entry is None or not entry.image_key:
             raise LayoutError(f"{str(path)!r} has no NXtomo entry with an image_key.",
-                              "pass --dataset the frames of an NXtomo entry, or the Data "
-                              "Exchange paths (--dataset, --flats, --darks, --angles).")
+                              "pass dataset= the frames of an NXtomo entry, or the Data "
+                              "Exchange paths (dataset=, flats=, darks=, angles=).")
         node = f[entry.data]
         if node.ndim != 3:
             raise LayoutError(f"{entry.data!r} has shape {node.shape}; the frames of a scan "
-                              "are (frame, v, u), 3 axes.", "pass --dataset the frames' path.")
+                              "are (frame, v, u), 3 axes.", "pass dataset= the frames' path.")
         keys = np.asarray(f[entry.image_key][()]).reshape(-1)
         if keys.size != node.shape[0]:
             raise LayoutError(f"{entry.image_key!r} holds {keys.size} keys but {entry.data!r} "
@@ -327,7 +327,7 @@ def read_scan(path: Any, *, dataset: str | None, angles: str | None, angles_unit
                               "import frames that are already normalised with outcore convert.")
         if darks and not frames.darks:
             raise LayoutError(f"{entry.image_key!r} marks no frame as a dark (key 2).",
-                              "pass --darks none to take the dark as zero.")
+                              "pass darks='none' to take the dark as zero.")
         flat_means = group_means(node, frames.flats)
         dark_means = (group_means(node, frames.darks) if darks
                       else np.zeros((1, *node.shape[1:])))
@@ -371,7 +371,7 @@ def _angles(f: Any, entry: Entry, angles: str | None, angles_unit: str | None, f
         if not isinstance(node, h5py.Dataset):
             raise LayoutError(f"The NXtomo entry {entry.entry!r} has no rotation angles at "
                               f"{name or ' or '.join(ANGLE_PATHS)}.",
-                              "pass --angles the internal path of the rotation angle per frame,"
+                              "pass angles= the internal path of the rotation angle per frame,"
                               " or a text or .npy file of them.")
         values, where = np.asarray(node[()], np.float64).reshape(-1), repr(node.name)
         unit = angle_unit(node)
@@ -381,10 +381,10 @@ def _angles(f: Any, entry: Entry, angles: str | None, angles_unit: str | None, f
     elif values.size != n:
         raise LayoutError(f"{where} holds {values.size} angles; the scan has {n_frames} "
                           f"frames of which {n} are projections.",
-                          "pass --angles a dataset with one angle per frame or per projection.")
+                          "pass angles= a dataset with one angle per frame or per projection.")
     if not np.isfinite(values).all():
         raise LayoutError(f"{where} holds non-finite angles of projections.",
-                          "repair the angles or pass --angles another dataset.")
+                          "repair the angles or pass angles= another dataset.")
     return values, ANGLE_UNITS[angles_unit] if angles_unit else unit
 
 

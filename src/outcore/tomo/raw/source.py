@@ -1,12 +1,12 @@
-"""A raw HDF5 scan as the input of a verb: its layout detected, its reading.
+"""A raw scan read: its kind found in the registry, its options checked, its frames
+normalised lazily in blocks sized for the workers.
 
-``outcore tomo convert`` and ``outcore tomo reconstruct --input SCAN.h5`` read raw scans with
-one function, :func:`read_beamline_source`, which tells the two layouts apart: Data Exchange
-(separate ``/exchange/data``, ``data_white``, ``data_dark``, ``theta``;
-``outcore.tomo.raw.beamline.read_beamline_hdf5``) and NXtomo (one stack of frames told apart
-by ``image_key``; ``outcore.tomo.raw.beamline.read_nxtomo``). :func:`projections_input` is
-``tomo reconstruct``'s ``--input``: a projections store, or a raw scan normalised on the way
-in blocks sized for the workers' memory. The options are ``outcore.tomo.raw.options``.
+``outcore.tomo.open_scan``, ``outcore tomo convert`` and a raw scan given to ``tomo
+reconstruct`` or ``tomo center`` read raw scans with :func:`read_scan`: the kind of scan is
+the first record of ``outcore.tomo.raw.registry.RAW_FORMATS`` that claims it (Data Exchange,
+NXtomo, TIFF frames), the options it does not read are refused, ``attrs`` give or override
+the geometry, and the frames are read in blocks that fit the workers' memory
+(``memory.raw_frames_per_block``) unless ``frames_per_chunk`` says otherwise.
 """
 
 from __future__ import annotations
@@ -20,24 +20,31 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from outcore import io
-from outcore.checks import existing_path, key_values
-from outcore.errors import LayoutError, reading
+from outcore.checks import existing_path
+from outcore.errors import LayoutError
 from outcore.io.convert import SUFFIXES, detect_format
-from outcore.io.importers import REWRITE_FIX, is_glob, parse_attrs, require
+from outcore.io.importers import is_glob, parse_attrs
 from outcore.io.importers.tiff import tiff_files
 from outcore.io.layouts import validate
 from outcore.plan import Resources, TaskMemory
 from outcore.tomo.layouts import PIXEL_UNIT
 from outcore.tomo.memory import raw_frames_per_block
-from outcore.tomo.raw import beamline, normalise, nxtomo, options, tiffscan
+from outcore.tomo.raw import beamline, normalise
+from outcore.tomo.raw.registry import OPTIONS, RAW_FORMATS, RawFormat
 
-UNITS = {"deg": "degree", "degree": "degree", "rad": "radian", "radian": "radian"}
+__all__ = ["FORMATS", "UNITS", "is_raw_scan", "raw_format", "read_raw", "read_scan",
+           "scan_source"]
+
+#: ``format=`` of a raw scan: auto, a container (``hdf5``, ``tiff``) or a kind of scan.
+FORMATS: tuple[str, ...] = ("auto", "hdf5", "tiff", *(f.name for f in RAW_FORMATS))
+#: Units of ``angle_unit=`` and what the readers call them.
+UNITS = {"deg": "degree", "degree": "degree", "degrees": "degree", "rad": "radian",
+         "radian": "radian", "radians": "radian"}
 
 
 def scan_source(text: str | PathLike[str]) -> Path:
-    """A verb's ``--input``: an existing path, made absolute, or a glob of TIFF frames kept
-    as written once it matches a file (InputNotFoundError otherwise)."""
+    """A scan's path: an existing path, made absolute, or a glob of TIFF frames kept as
+    written once it matches a file (InputNotFoundError otherwise)."""
     if is_glob(text):
         tiff_files(text)
         return Path(text)
@@ -55,144 +62,88 @@ def is_raw_scan(path: str | PathLike[str]) -> bool:
     return path.is_file() and SUFFIXES.get(path.suffix.lower()) in ("hdf5", "tiff")
 
 
-def read_beamline_source(
-    source: str | PathLike[str],
-    *,
-    format: str = "auto",
-    layout: str | None = None,
-    dataset: str | None = None,
-    flats: str | None = None,
-    darks: str | None = None,
-    angles: str | None = None,
-    angles_unit: str | None = None,
-    flat_mode: str | None = None,
-    image_key: str | None = None,
-    attrs: Mapping[str, Any] | None = None,
-    frames_per_chunk: int | None = None,
-    notes: bool = True,
-    **refused: Any,
-) -> tuple[xr.Dataset, str]:
-    """``source`` (a raw HDF5 scan, Data Exchange or NXtomo) as a validated, lazy
-    ``projections`` dataset, and its layout name.
+def raw_format(source: str | PathLike[str], format: str, options: Mapping[str, Any]  # noqa: A002
+               ) -> RawFormat:
+    """The record of ``source``'s kind of scan: the one ``format`` names, else the first of
+    its container (``format``, or the one its suffix says) that claims it."""
+    if format not in FORMATS:
+        raise LayoutError(f"format={format!r} is not one of {', '.join(FORMATS)}.",
+                          "pass format='auto' (from the suffix), 'hdf5', 'tiff', or the kind"
+                          " of scan ('dxchange', 'nxtomo').")
+    named = [f for f in RAW_FORMATS if f.name == format]
+    if named:
+        return named[0]
+    container = detect_format(source) if format == "auto" else format
+    for record in RAW_FORMATS:
+        if record.container == container and record.claims(source, options):
+            return record
+    raise LayoutError(f"A raw tomography scan is an HDF5 file or TIFF frames; {str(source)!r}"
+                      f" reads as {container}.", "point at the scan's HDF5 file or TIFF"
+                      " frames, or pass format='hdf5' if its suffix is not .h5, .hdf5, .hdf,"
+                      " .nxs or .nx5.")
 
-    The file is NXtomo when ``dataset`` (or, without it, the file's only NXtomo entry) has an
-    ``image_key``; Data Exchange otherwise, with its paths by default
-    (:data:`outcore.tomo.raw.beamline.DXCHANGE`; ``darks="none"``: no darks).
-    ``angles_unit`` is ``deg`` or ``rad``; ``flat_mode`` ``mean`` (default), ``nearest`` or
-    ``linear`` (NXtomo only); ``image_key`` the NXtomo keys' path where the entry does not
-    hold them (it makes the file NXtomo). ``attrs`` (strings parsed as by ``--attr``) give or
-    override the geometry: ``detector_pixel_size`` (without it and without one in the file, a
-    parallel-beam scan is measured in pixels: ``length_unit`` ``pixel``), ``geometry``
-    (default ``parallel``), ``source_distance`` and ``detector_distance`` (cone), and any
-    other attr.
-    ``notes``: print what the reader assumed (lengths in pixels, frames skipped).
-    ``refused`` holds the options of other formats (``hdu``, ``dims``, ``arrays``, ``dtype``,
-    ``shape``): any given raises ``LayoutError``. Reads metadata, keys, angles, flats and darks,
-    never the projections.
-    """
-    fmt = detect_format(source) if format == "auto" else format
-    if fmt not in ("hdf5", "tiff"):
-        raise LayoutError(f"tomo convert reads HDF5 and TIFF scans; {str(source)!r} is read as"
-                          f" {fmt}.", "point at the scan's HDF5 file or TIFF frames, or pass "
-                          "--format hdf5 if its suffix is not .h5, .hdf5, .hdf, .nxs or .nx5.")
-    if layout not in (None, "projections"):
-        raise LayoutError(f"tomo convert makes the projections layout, not {layout!r}.",
-                          "drop --layout (or pass --layout projections).")
-    flags = {"hdu": "--hdu", "dims": "--dims", "arrays": "--array", "dtype": "--dtype",
-             "shape": "--shape"}
-    for name, value in refused.items():
-        if value not in (None, [], {}):
-            flag = flags.get(name, f"{name}=")
-            raise LayoutError(
-                f"{flag} does not apply to tomo convert (the raw scan's paths are --dataset, "
-                "--flats, --darks and --angles).", f"drop {flag}.")
-    unit = UNITS.get(angles_unit) if angles_unit else None
-    if angles_unit and unit is None:
-        raise LayoutError(f"--angles-unit {angles_unit!r} is not a unit of angle.",
-                          "pass --angles-unit deg or --angles-unit rad.")
-    if flat_mode is not None and flat_mode not in nxtomo.FLAT_MODES:
-        raise LayoutError(f"--flat-mode {flat_mode!r} is not one of {nxtomo.FLAT_MODES}.",
-                          "pass --flat-mode mean, nearest or linear.")
+
+def read_raw(source: str | PathLike[str], *, format: str = "auto",  # noqa: A002
+             options: Mapping[str, Any] | None = None, attrs: Mapping[str, Any] | None = None,
+             frames_per_chunk: int | None = None, notes: bool = True) -> xr.Dataset:
+    """``source`` as a validated, lazy ``projections`` dataset, its frames read in blocks of
+    ``frames_per_chunk`` (default ~64 MiB).
+
+    ``options`` (keywords of ``OPTIONS`` whose value is not None) go to the kind of scan's
+    reader; one it does not read is refused with the kinds that do. ``angle_unit`` is
+    ``deg`` or ``rad`` (default degrees, or NXtomo's units attr). ``attrs`` (strings parsed
+    as numbers where they are) give or override the geometry: ``detector_pixel_size``
+    (without it and without one in the file, a parallel-beam scan is measured in pixels:
+    ``length_unit`` ``pixel``), ``geometry`` (default ``parallel``), ``source_distance`` and
+    ``detector_distance`` (cone), and any other attr. ``notes``: print what the reader
+    assumed (lengths in pixels, frames skipped). Reads metadata, keys, angles, flats and
+    darks, never the projections."""
+    given = {key: value for key, value in (options or {}).items() if value is not None}
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise LayoutError(f"{unknown[0]}= is not an option of a raw scan.",
+                          f"use {', '.join(o + '=' for o in OPTIONS)}.")
+    record = raw_format(source, format, given)
+    for name in given:
+        if name not in record.options:
+            takers = " and ".join(f.what for f in RAW_FORMATS if name in f.options)
+            raise LayoutError(f"{name}= applies to {takers} scans; {str(source)!r} is a"
+                              f" {record.what} scan.", f"drop {name}=.")
+    if "angle_unit" in given:
+        unit = UNITS.get(str(given["angle_unit"]).lower())
+        if unit is None:
+            raise LayoutError(f"angle_unit={given['angle_unit']!r} is not a unit of angle.",
+                              "pass angle_unit='degree' or angle_unit='radian'.")
+        given["angle_unit"] = unit
     extra = parse_attrs(attrs or {})
     geometry = {key: extra.pop(key) for key in beamline.GEOMETRY_ATTRS if key in extra}
     geometry.setdefault("geometry", "parallel")
-    no_darks = darks is not None and darks.lower() == "none"
-    if fmt == "tiff":
-        for value, flag in ((dataset, "--dataset"), (image_key, "--image-key"),
-                            (None if flat_mode in (None, "mean") else flat_mode, "--flat-mode")):
-            if value is not None:
-                raise LayoutError(f"{flag} applies to HDF5 scans; {str(source)!r} is TIFF.",
-                                  f"drop {flag}.")
-        if darks is None:
-            raise LayoutError(f"A TIFF scan's darks are files of their own; none given for"
-                              f" {str(source)!r}.", "pass --darks the dark frames (a file, a "
-                              "folder or a glob), or --darks none for a scan without them.")
-        ds = tiffscan.read_tiff_scan(source, flats=flats, darks=None if no_darks else darks,
-                                     angles=angles, angles_unit=unit or "degree", attrs=extra,
-                                     frames_per_chunk=frames_per_chunk, **geometry)
-    elif image_key is not None or _is_nxtomo(source, dataset):
-        for value, flag in ((flats, "--flats"), (None if no_darks else darks, "--darks")):
-            if value is not None:
-                raise LayoutError(
-                    f"{flag} names a dataset of separate frames, but {str(source)!r} is "
-                    "NXtomo: its flats and darks are the frames with image_key 1 and 2.",
-                    f"drop {flag} (--darks none still takes the dark as zero).")
-        ds = beamline.read_nxtomo(source, dataset=dataset, angles=angles, angles_unit=unit,
-                                  image_key=image_key, darks=not no_darks,
-                                  flat_mode=flat_mode or "mean", attrs=extra,
-                                  frames_per_chunk=frames_per_chunk, **geometry)
-        invalid = ds["projections"].attrs["frames"]["invalid"]
-        if invalid and notes:
-            print(f"note: {invalid} frames of {str(source)!r} have image_key 3 (invalid) "
-                  "and are skipped", file=sys.stderr)
-    else:
-        if flat_mode not in (None, "mean"):
-            raise LayoutError(
-                f"--flat-mode {flat_mode} needs the time of each flat, which a Data Exchange "
-                "file's separate flats do not record.",
-                "drop --flat-mode (the flats are averaged), or convert an NXtomo file.")
-        dx = beamline.DXCHANGE
-        ds = beamline.read_beamline_hdf5(
-            source, data=dataset or dx["data"], flats=flats or dx["flats"],
-            darks=None if no_darks else darks or dx["darks"], angles=angles or dx["angles"],
-            angles_unit=unit or "degree", attrs=extra, frames_per_chunk=frames_per_chunk,
-            **geometry)
+    ds = record.read(source, geometry, extra, frames_per_chunk, **given)
+    invalid = ds["projections"].attrs.get("frames", {}).get("invalid")
+    if invalid and notes:
+        print(f"note: {invalid} frames of {str(source)!r} have image_key 3 (invalid) and are"
+              " skipped", file=sys.stderr)
     if ds.attrs.get("length_unit") == PIXEL_UNIT and notes:
         print(f"note: {str(source)!r} gives no pixel size: lengths are in detector pixels (the"
-              " volume in attenuation per pixel); --attr detector_pixel_size=M gives metres",
-              flush=True)
-    return ds, validate(ds, "projections")
+              " volume in attenuation per pixel); a detector_pixel_size attr (metres at the"
+              " sample) gives metres", flush=True)
+    validate(ds, "projections")
+    return ds.set_coords("angles")
 
 
-def _is_nxtomo(source: str | PathLike[str], dataset: str | None) -> bool:
-    """Whether the scan is NXtomo: ``dataset`` has an ``image_key`` beside it or in its
-    entry, or (no ``dataset``) the file has no ``/exchange/data`` and an NXtomo entry."""
-    h5py = require("h5py")
-    with reading(f"the HDF5 file {str(source)!r}", REWRITE_FIX), h5py.File(source, "r") as f:
-        if dataset is None and isinstance(f.get(beamline.DXCHANGE["data"]), h5py.Dataset):
-            return False
-        return nxtomo.find_entry(f, dataset, h5py) is not None
-
-
-def projections_input(source: Path, given: Mapping[str, Any], resources: Resources
-                      ) -> tuple[xr.Dataset, list[TaskMemory], dict[str, Any] | None]:
-    """The projections of ``tomo reconstruct --input``, the plan stages of reading them, and
-    the raw-scan options ``given`` (``options.given``): a store opened as it is (its raw-scan
-    options refused), or a raw HDF5 scan normalised lazily, in blocks sized for the workers'
-    memory (``raw_frames_per_block``) unless ``--frames-per-chunk`` is given."""
-    if not is_raw_scan(source):
-        options.refuse(given, f"{str(source)!r} is a projections store",
-                       "drop {flag}, or pass --input the raw HDF5 scan.")
-        return io.open(source, layout="projections"), [], None
-    attrs = given.get("attr")
-    read = {**given, "attrs": key_values(attrs, "--attr") if attrs else None}
-    read.pop("attr", None)
-    ds, _ = read_beamline_source(source, **read)
-    if "frames_per_chunk" not in given:  # blocks sized for the workers' memory
+def read_scan(source: str | PathLike[str], resources: Resources | None, *,
+              format: str = "auto", options: Mapping[str, Any] | None = None,  # noqa: A002
+              attrs: Mapping[str, Any] | None = None, frames_per_chunk: int | None = None
+              ) -> tuple[xr.Dataset, list[TaskMemory]]:
+    """:func:`read_raw` of ``source`` in blocks sized for ``resources``' workers
+    (``raw_frames_per_block``) unless ``frames_per_chunk`` is given (or ``resources`` is
+    None: ~64 MiB of frames), and the plan stage of reading and normalising it."""
+    read = {"format": format, "options": options, "attrs": attrs}
+    ds = read_raw(source, **read, frames_per_chunk=frames_per_chunk)
+    if frames_per_chunk is None and resources is not None:
         data = ds["projections"]
         frames = raw_frames_per_block(resources, data.shape[1] * data.shape[2],
                                       np.dtype(data.attrs.get("raw_dtype", "float32")).itemsize)
         if frames < max(data.chunks[0]):
-            ds, _ = read_beamline_source(source, **read, frames_per_chunk=frames,
-                                         notes=False)  # said on the first read
-    return ds, normalise.memory_model(ds), dict(given)
+            ds = read_raw(source, **read, frames_per_chunk=frames, notes=False)  # said once
+    return ds, normalise.memory_model(ds)

@@ -33,7 +33,7 @@ def _mean_frame(source: str | PathLike[str], role: str, frame: tuple[int, ...]) 
         raise LayoutError(
             f"The {role} {str(source)!r} are {' x '.join(map(str, found))} frames, the"
             f" projections {' x '.join(map(str, frame))}.",
-            f"point --{role} at the {role} of this scan (same detector region and binning).")
+            f"point {role}= at the {role} of this scan (same detector region and binning).")
     total = np.zeros(frame, np.float64)
     for start in range(0, count, 16):
         total += reader[start:min(count, start + 16)].astype(np.float64).sum(axis=0)
@@ -67,14 +67,14 @@ def read_tiff_scan(
     if flats is None:
         raise LayoutError(
             f"A TIFF scan's flats are files of their own; none given for {str(source)!r}.",
-            "pass --flats the open-beam frames (a file, a folder or a glob such as "
-            "'scan/flat_*.tif'), and --darks the dark ones (or --darks none).")
+            "pass flats= the open-beam frames (a file, a folder or a glob such as "
+            "'scan/flat_*.tif'), and darks= the dark ones (or darks='none').")
     if angles is None or not angle_file.is_file_name(angles):
         given = "none given" if angles is None else f"{angles!r} is not one"
         raise LayoutError(
             f"A TIFF scan's angles are a file of their own; {given}.",
-            "pass --angles a text or .npy file of one angle per projection (degrees, or "
-            "--angles-unit rad).")
+            "pass angles= a text or .npy file of one angle per projection (degrees, or "
+            "angle_unit='radian').")
     reader = tiff_reader(source)
     frame = tuple(reader.shape[1:])
     flat = _mean_frame(flats, "flats", frame)

@@ -1,7 +1,7 @@
-"""Reconstruction: the projector, the solvers and a reconstruction run.
+"""Reconstruction: the projector, the solvers, the methods' table and the plan.
 
-``projector`` (``Projector``: projection and backprojection task by task;
-``fitting_projector``), ``solvers`` (FBP/FDK, CGLS, SIRT out of core), ``planning`` (the
-plan's blocks and the solver's state), ``resume`` (an earlier run checked, its options kept)
-and ``run`` (the solve, ``volume.zarr``, ``slices.png`` and the metrics of a run).
+``projector`` (``Projector``: projection and backprojection task by task), ``solvers``
+(FBP/FDK, CGLS, SIRT out of core, on a projector), ``methods`` (``METHODS``: each method's
+solve and memory), ``planning`` (the one place that decides a reconstruction's blocks, and
+its plan) and ``run`` (a reconstruction written into a run directory).
 """

@@ -29,13 +29,14 @@ exactly (band-limited), so its images are a little sharper: on Shepp-Logan its P
 or better (``tests/test_tomo_gridrec.py``). Values are in FBP's units (attenuation per unit
 length): the same ramp (times ``du``), the same ``pi / n`` per view.
 
-Out of core: the volume is cut into z-slabs of ``slab`` planes; the projections are
-re-sliced into sinogram chunks (every view, a few detector rows,
-``outcore.tomo.corrections.reslice``) cut at the images of the slab boundaries, and each
-slab's task reads the chunks that meet its band of rows (``Geometry.row_band``) and returns
-its planes. A plane interpolates its two detector rows as FBP's backprojector does. A
-plane's value depends on its own sinogram only, so the volume is the same bit for bit
-whatever the slabs and the workers.
+Out of core: the volume is cut into z-slabs of ``slab`` planes (a ``memory.Cut`` of every
+view, partition ``space``; ``planning.fitting_slabs`` chooses them,
+``memory.gridrec_stages`` counts them); the projections are re-sliced into sinogram chunks
+(every view, a few detector rows, ``outcore.tomo.corrections.reslice``) cut at the images
+of the slab boundaries, and each slab's task reads the chunks that meet its band of rows
+(``Geometry.row_band``) and returns its planes. A plane interpolates its two detector rows
+as FBP's backprojector does. A plane's value depends on its own sinogram only, so the
+volume is the same bit for bit whatever the slabs and the workers.
 """
 
 from __future__ import annotations
@@ -52,20 +53,21 @@ from dask.highlevelgraph import HighLevelGraph
 
 from outcore import backend as backends
 from outcore.errors import OutcoreError
-from outcore.plan import Plan, Resources, TaskMemory
+from outcore.plan import TaskMemory
 from outcore.tomo import kernels
 from outcore.tomo.corrections import reslice
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
-    DEFAULT_LIMIT,
     POLAR_BLOCK_VIEWS,
-    TOMO_WORKER_BASELINE_BYTES,
+    Blocks,
+    Chunks,
+    Cut,
     Range,
-    blocks,
     gridrec_stages,
     padded,
-    read_stages,
+    sinogram_chunks,
 )
+from outcore.tomo.reconstruction.planning import fitting_slabs, running_resources
 from outcore.tomo.reconstruction.projector import as_dask
 from outcore.tomo.reconstruction.solvers import _view_weights, ramp_filter
 
@@ -141,41 +143,64 @@ def slice_rows(geometry: Geometry, depth: int, z0: int, z1: int, band: Range
 
 class Gridrec:
     """Gridrec of a parallel-beam ``geometry`` into a volume ``volume_shape (z, y, x)``, in
-    z-slabs of ``slab`` planes (None: ``suggest_slab`` for ``memory_limit`` per worker,
-    default 2 GiB, and ``workers``), on ``backend`` (numpy, cupy, auto) in ``dtype``."""
+    z-slabs of ``slab`` planes (None: ``planning.fitting_slabs`` chooses them for the
+    running cluster, this process's default client, or for ``memory_limit`` per worker and
+    ``workers`` when given; without either, ``planning.DEFAULT_LIMIT`` on one worker), on
+    ``backend`` (numpy, cupy, auto) in ``dtype``."""
 
     def __init__(self, geometry: Geometry, volume_shape: Sequence[int], slab: int | None = None,
-                 *, memory_limit: int | str | None = None, workers: int = 1,
+                 *, memory_limit: int | str | None = None, workers: int | None = None,
                  backend: str = "numpy", dtype: Any = np.float32) -> None:
         check_parallel(geometry)
-        shape = tuple(int(n) for n in volume_shape)
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(f"volume_shape must be (z, y, x) >= 1, not {volume_shape}.")
-        self.geometry = geometry
-        self.volume_shape: tuple[int, int, int] = shape  # type: ignore[assignment]
-        self.backend = backends.resolve(backend)
-        self.dtype = np.dtype(dtype)
+        resolved = backends.resolve(backend)
+        cut = Cut(geometry, volume_shape, "space", geometry.n_views, slab or 1, dtype,
+                  backend=resolved)  # checks the shape
         if slab is None:
-            slab = suggest_slab(geometry, shape, Resources(
-                workers, 1, _limit(memory_limit), self.backend), dtype=self.dtype)
-        self.slab = max(1, min(int(slab), shape[0]))
-        self.blocks = blocks(geometry, shape, "space", geometry.n_views, self.slab)
+            running = running_resources(resolved)
+            resources = replace(running, workers=workers or running.workers,
+                                memory_limit=_limit(memory_limit) or running.memory_limit)
+            cut = fitting_slabs(geometry, cut.volume_shape, None, gridrec_stages, resources,
+                                dtype=dtype)
+        self.cut = cut
+
+    @classmethod
+    def of(cls, cut: Cut) -> Gridrec:
+        """The gridrec that runs ``cut`` (the slabs a plan chose)."""
+        return cls(cut.geometry, cut.volume_shape, cut.slab, backend=cut.backend,
+                   dtype=cut.dtype)
 
     @property
-    def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
-        _, ny, nx = self.volume_shape
-        return (tuple(b - a for a, b in self.blocks.slabs), (ny,), (nx,))
+    def geometry(self) -> Geometry:
+        return self.cut.geometry
 
     @property
-    def sinogram_chunks(self) -> tuple[tuple[int, ...], ...]:
+    def volume_shape(self) -> tuple[int, int, int]:
+        return self.cut.volume_shape
+
+    @property
+    def slab(self) -> int:
+        return self.cut.slab
+
+    @property
+    def backend(self) -> str:
+        return self.cut.backend
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.cut.dtype
+
+    @property
+    def blocks(self) -> Blocks:
+        return self.cut.blocks
+
+    @property
+    def volume_chunks(self) -> Chunks:
+        return self.cut.volume_chunks
+
+    @property
+    def sinogram_chunks(self) -> Chunks:
         """The re-sliced projections' chunks: every view, the row chunks, every column."""
-        return ((self.geometry.n_views,), tuple(b - a for a, b in self.blocks.row_chunks),
-                (self.geometry.detector_shape[1],))
-
-    def with_geometry(self, geometry: Geometry) -> Gridrec:
-        """The same slabs for another geometry of the same detector (a centre found)."""
-        return Gridrec(geometry, self.volume_shape, self.slab, backend=self.backend,
-                       dtype=self.dtype)
+        return sinogram_chunks(self.cut)
 
     def reconstruct(self, projections: Any, window: str = "ram-lak") -> da.Array:
         """The lazy volume ``(z, y, x)`` (attenuation per unit length) of ``projections
@@ -203,24 +228,11 @@ class Gridrec:
         return da.Array(layer, name, self.volume_chunks, dtype=self.dtype,
                         meta=np.empty((0, 0, 0), self.dtype))
 
-    def memory(self, input_chunks: tuple[tuple[int, ...], ...] | None = None
-               ) -> list[TaskMemory]:
-        """The stages of ``reconstruct`` (bytes per task): reading the projections stored in
-        ``input_chunks`` (None: nothing read), their re-slice (from blocks of 16 views when
-        the store is not what is reconstructed: corrections such as stitching come between)
-        and the slabs."""
-        g = self.geometry
-        n_views, nv, nu = g.projection_shape
-        reads = [] if input_chunks is None else read_stages(
-            (math.prod(len(c) for c in input_chunks),
-             math.prod(max(c) for c in input_chunks) * self.dtype.itemsize))
-        chunks = input_chunks
-        if chunks is None or tuple(sum(c) for c in chunks) != g.projection_shape:
-            chunks = (_blocks_of(n_views, 16), (nv,), (nu,))
-        return [*reads, *reslice.stages(chunks, self.sinogram_chunks, self.dtype.itemsize,
-                                        "gridrec-reslice"),
-                *gridrec_stages(g, self.volume_shape, self.blocks, dtype=self.dtype,
-                                backend=self.backend)]
+    def memory(self, input_chunks: Chunks | None = None) -> list[TaskMemory]:
+        """The stages of ``reconstruct`` (bytes per task, ``memory.gridrec_stages``):
+        reading the projections stored in ``input_chunks`` (None: nothing read), their
+        re-slice and the slabs."""
+        return gridrec_stages(self.cut, input_chunks)
 
     def __dask_tokenize__(self) -> tuple:
         g = self.geometry
@@ -233,15 +245,11 @@ class Gridrec:
                 f"slab={self.slab})")
 
 
-def _blocks_of(n: int, size: int) -> tuple[int, ...]:
-    return tuple(min(size, n - start) for start in range(0, n, size))
-
-
-def _limit(memory_limit: int | str | None) -> int:
+def _limit(memory_limit: int | str | None) -> int | None:
     from dask.utils import parse_bytes
 
     if memory_limit is None:
-        return DEFAULT_LIMIT
+        return None
     return int(parse_bytes(memory_limit)) if isinstance(memory_limit, str) else int(memory_limit)
 
 
@@ -261,39 +269,15 @@ def _slab_task(pieces: list[np.ndarray], rows: list[Range], band: Range, pairs: 
     return backends.to_host(slab)
 
 
-def suggest_slab(geometry: Geometry, shape: tuple[int, int, int], resources: Resources,
-                 dtype: Any = np.float32,
-                 input_chunks: tuple[tuple[int, ...], ...] | None = None) -> int:
-    """Planes per slab: the most that keep ``resources.workers * threads_per_worker`` slabs
-    busy (all workers at work) and whose plan fits ``resources.memory_limit`` (default 2
-    GiB), halving down to 1 (where the plan then refuses)."""
-    busy = max(1, resources.workers * resources.threads_per_worker)
-    slab = max(1, math.ceil(shape[0] / busy))
-    limited = replace(resources, memory_limit=resources.memory_limit or DEFAULT_LIMIT)
-    while slab > 1:
-        if gridrec_plan(Gridrec(geometry, shape, slab, backend=resources.backend,
-                                dtype=dtype), limited, input_chunks).fits:
-            break
-        slab = math.ceil(slab / 2)
-    return slab
-
-
-def gridrec_plan(chosen: Gridrec, resources: Resources,
-                 input_chunks: tuple[tuple[int, ...], ...] | None = None,
-                 extra: Sequence[TaskMemory] = ()) -> Plan:
-    """The plan of ``chosen``'s reconstruction on ``resources``, after the ``extra`` stages."""
-    return Plan.of([*extra, *chosen.memory(input_chunks)], resources,
-                   baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
-
-
 def gridrec(projections: Any, geometry: Geometry, volume_shape: Sequence[int],
             window: str = "ram-lak", *, slab: int | None = None,
-            memory_limit: int | str | None = None, workers: int = 1, backend: str = "numpy",
-            dtype: Any = np.float32) -> da.Array:
+            memory_limit: int | str | None = None, workers: int | None = None,
+            backend: str = "numpy", dtype: Any = np.float32) -> da.Array:
     """Gridrec of parallel-beam ``projections (view, v, u)`` (dask, numpy or xarray): the
     lazy volume ``volume_shape (z, y, x)`` in attenuation per unit length, FBP's values
     within its interpolation (see the module doc). ``window`` as FBP's; ``slab`` planes per
-    task (None: chosen for ``memory_limit`` and ``workers``). A cone-beam geometry is
-    refused (``method="fbp"`` runs FDK for it)."""
+    task (None: chosen for the running cluster, or ``memory_limit`` and ``workers``). A
+    cone-beam geometry is refused (``method="fbp"`` runs FDK for it). The building block
+    of ``outcore.tomo.gridrec``, which takes a scan as xarray."""
     return Gridrec(geometry, volume_shape, slab, memory_limit=memory_limit, workers=workers,
                    backend=backend, dtype=dtype).reconstruct(projections, window)

@@ -19,9 +19,7 @@ the backend (numpy or cupy), runs the kernel there and returns a host (numpy) ar
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 import dask.array as da
@@ -30,79 +28,118 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from outcore import backend as backends
-from outcore.plan import Plan, Resources, TaskMemory
+from outcore.plan import Plan, TaskMemory
 from outcore.tomo import kernels
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
-    DEFAULT_LIMIT,
+    PARTITIONS,
     TOMO_WORKER_BASELINE_BYTES,
+    Blocks,
+    Cut,
     Range,
-    blocks,
-    memory_model,
-    method_plan,
     overlap,
+)
+from outcore.tomo.reconstruction.planning import (
+    DEFAULT_LIMIT,
+    running_resources,
     suggest_blocks,
 )
 
+__all__ = ["PARTITIONS", "Projector", "as_dask"]
+
 Partition = Literal["views", "space"]
-PARTITIONS: tuple[str, ...] = ("views", "space")
 
 
 class Projector:
     """Joseph's projector for ``geometry`` on a volume of ``volume_shape (z, y, x)``.
 
     ``partition`` is ``"views"`` or ``"space"`` (see the module doc). ``views_per_block`` and
-    ``slab`` fix the blocks; when either is None, ``suggest_blocks`` picks it for
-    ``memory_limit`` (bytes per worker or a string such as ``"2 GiB"``, default 2 GiB).
-    ``split_every`` partial results are summed per task. ``backend`` (numpy, cupy, auto)
-    runs the kernels on the host or the GPU. With ``numpy`` the CPU kernels are compiled (or
-    loaded from numba's cache) here (``kernels.warm``), so that workers load them from the
-    cache instead of compiling them, which would cost each worker 60-85 MiB.
+    ``slab`` fix the blocks; when either is None, ``planning.suggest_blocks`` picks it for
+    the running cluster (this process's default client: its workers, threads and memory
+    limit; without one, ``planning.DEFAULT_LIMIT``), or for ``memory_limit`` (bytes per
+    worker or a string such as ``"2 GiB"``) when given. ``split_every`` partial results are
+    summed per task. ``backend`` (numpy, cupy, auto) runs the kernels on the host or the
+    GPU. With ``numpy`` the CPU kernels are compiled (or loaded from numba's cache) here
+    (``kernels.warm``), so that workers load them from the cache instead of compiling them,
+    which would cost each worker 60-85 MiB.
     """
 
     def __init__(self, geometry: Geometry, volume_shape: Sequence[int],
                  partition: Partition = "views", views_per_block: int | None = None,
                  slab: int | None = None, *, memory_limit: int | str | None = None,
                  split_every: int = 4, backend: str = "numpy", dtype: Any = np.float32) -> None:
-        if partition not in ("views", "space"):
-            raise ValueError(f"partition must be 'views' or 'space', not {partition!r}.")
-        shape = tuple(int(n) for n in volume_shape)
-        if len(shape) != 3 or min(shape) < 1:
-            raise ValueError(f"volume_shape must be (z, y, x) >= 1, not {volume_shape}.")
-        geometry.check_volume(shape)
-        self.geometry = geometry
-        self.volume_shape: tuple[int, int, int] = shape  # type: ignore[assignment]
-        self.partition = partition
-        self.split_every = max(2, int(split_every))
-        self.backend = backends.resolve(backend)
-        self.dtype = np.dtype(dtype)
+        resolved = backends.resolve(backend)
+        cut = Cut(geometry, volume_shape, partition, views_per_block or 1, slab or 1, dtype,
+                  split_every, resolved)  # checks the partition and the shape
+        geometry.check_volume(cut.volume_shape)
         if views_per_block is None or slab is None:
-            views, planes = suggest_blocks(geometry, shape, memory_limit or "2 GiB",
-                                           partition=partition, dtype=self.dtype)
-            views_per_block = views_per_block or views
-            slab = slab or planes
-        self.views_per_block = min(int(views_per_block), geometry.n_views)
-        self.slab = min(int(slab), shape[0])
-        self.blocks = blocks(geometry, shape, partition, self.views_per_block, self.slab)
-        if self.backend == "numpy":  # compile here once, so workers load from numba's cache
-            kernels.warm(geometry.kind, self.dtype)
+            workers = running_resources(resolved)
+            limit = memory_limit or workers.memory_limit or DEFAULT_LIMIT
+            views, planes = suggest_blocks(geometry, cut.volume_shape, limit,
+                                           partition=partition, workers=workers.workers,
+                                           threads_per_worker=workers.threads_per_worker,
+                                           dtype=dtype)
+            cut = cut.with_blocks(views_per_block or views, slab or planes)
+        self.cut = cut
+        if resolved == "numpy":  # compile here once, so workers load from numba's cache
+            kernels.warm(geometry.kind, self.cut.dtype)
+
+    @classmethod
+    def of(cls, cut: Cut) -> Projector:
+        """The projector that runs ``cut`` (the blocks a plan chose)."""
+        return cls(cut.geometry, cut.volume_shape, cut.partition,  # type: ignore[arg-type]
+                   cut.views_per_block, cut.slab, split_every=cut.split_every,
+                   backend=cut.backend, dtype=cut.dtype)
 
     @property
-    def projection_shape(self) -> tuple[int, int, int]:
-        return self.geometry.projection_shape
+    def geometry(self) -> Geometry:
+        return self.cut.geometry
+
+    @property
+    def volume_shape(self) -> tuple[int, int, int]:
+        return self.cut.volume_shape
+
+    @property
+    def partition(self) -> str:
+        return self.cut.partition
+
+    @property
+    def views_per_block(self) -> int:
+        return self.cut.views_per_block
+
+    @property
+    def slab(self) -> int:
+        return self.cut.slab
+
+    @property
+    def split_every(self) -> int:
+        return self.cut.split_every
+
+    @property
+    def backend(self) -> str:
+        return self.cut.backend
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.cut.dtype
+
+    @property
+    def blocks(self) -> Blocks:
+        return self.cut.blocks
 
     @property
     def projection_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Dask chunks of ``project``'s output (and what ``backproject`` reads)."""
-        nu = self.geometry.detector_shape[1]
-        return (tuple(b - a for a, b in self.blocks.view_blocks),
-                tuple(b - a for a, b in self.blocks.row_chunks), (nu,))
+        return self.cut.projection_chunks
 
     @property
     def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Dask chunks of ``backproject``'s output (and what ``project`` reads)."""
-        _, ny, nx = self.volume_shape
-        return (tuple(b - a for a, b in self.blocks.slabs), (ny,), (nx,))
+        return self.cut.volume_chunks
+
+    @property
+    def projection_shape(self) -> tuple[int, int, int]:
+        return self.geometry.projection_shape
 
     def with_geometry(self, geometry: Geometry) -> Projector:
         """The same blocks for another geometry of the same detector (a centre found)."""
@@ -199,9 +236,7 @@ class Projector:
 
     def memory(self) -> list[TaskMemory]:
         """The stages of ``project`` and ``backproject`` with these blocks (bytes per task)."""
-        return memory_model(self.geometry, self.volume_shape, self.partition,
-                            self.views_per_block, self.slab, dtype=self.dtype,
-                            split_every=self.split_every, backend=self.backend)
+        return self.cut.memory()
 
     def plan(self, workers: int = 1, threads_per_worker: int = 1,
              memory_limit: int | str | None = None) -> Plan:
@@ -220,51 +255,6 @@ class Projector:
         return (f"Projector({self.geometry.kind}, volume {self.volume_shape}, "
                 f"{self.geometry.n_views} views, partition={self.partition!r}, "
                 f"views_per_block={self.views_per_block}, slab={self.slab})")
-
-
-#: Stages whose tasks hold one block of views whatever the slab (thinner slabs do not help).
-VIEW_BLOCK_STAGES = frozenset({"ramp-filter", "update-projections"})
-
-
-def fitting_projector(geometry: Geometry, shape: tuple[int, int, int], partition: str,
-                      method: str, resources: Resources, views_per_block: int | None = None,
-                      slab: int | None = None, dtype: Any = np.float32,
-                      store_chunks: tuple[int, int] = (0, 0)) -> Projector:
-    """A projector whose blocks fit ``resources``: the given blocks, else ``suggest_blocks``'
-    (for the projector's own tasks), with the view blocks halved while the largest of
-    ``method``'s stages (``outcore.tomo.memory.method_stages``) is one held per view block
-    (``VIEW_BLOCK_STAGES``), else the slab, until they fit too. Without a memory limit the
-    blocks are chosen for ``DEFAULT_LIMIT``."""
-    limit = resources.memory_limit or DEFAULT_LIMIT
-    views, planes = views_per_block, slab
-    if views is None or planes is None:
-        found = suggest_blocks(geometry, shape, limit, partition=partition,
-                               workers=resources.workers,
-                               threads_per_worker=resources.threads_per_worker, dtype=dtype)
-        views, planes = views or found[0], planes or found[1]
-
-    def build(views: int, planes: int) -> Projector:
-        return Projector(geometry, shape, partition, views, planes,  # type: ignore[arg-type]
-                         backend=resources.backend, dtype=dtype)
-
-    limited = replace(resources, memory_limit=limit)
-    projector = build(views, planes)
-    while not (plan := method_plan(projector, method, limited, store_chunks)).fits:
-        thinner_views = views_per_block is None and projector.views_per_block > 1
-        thinner_slab = slab is None and projector.slab > 1
-        if thinner_views and (plan.largest_task.name in VIEW_BLOCK_STAGES or not thinner_slab):
-            projector = build(math.ceil(projector.views_per_block / 2), projector.slab)
-        elif thinner_slab:
-            projector = build(projector.views_per_block, math.ceil(projector.slab / 2))
-        else:
-            break
-    return projector
-
-
-def blocks_config(projector: Projector) -> dict[str, Any]:
-    """The effective-config entries of a projector's blocks."""
-    return {"partition": projector.partition, "views_per_block": projector.views_per_block,
-            "slab": projector.slab}
 
 
 def as_dask(array: Any) -> da.Array:

@@ -1,19 +1,19 @@
-"""A reconstruction inside a run directory: the solve, ``volume.zarr``, ``slices.png``, metrics.
+"""A reconstruction written into a run directory: ``volume.zarr``, ``center.json``,
+``slices.png`` and the metrics.
 
-:func:`reconstruct_in_run` finds the centre first when asked (``--center auto``,
-``outcore.tomo.center.run.find_in_run``), reconstructs the :class:`Request` with the plan's
-:class:`~outcore.tomo.reconstruction.planning.Solve` (FBP/FDK in one pass; sirt and cgls in
-the run's ``work/``, going on from an earlier run's checkpoint when resumed), writes the
-volume (``volume`` layout, values in 1/m) and the three central slices, and records the
-metrics (``projector_passes``, ``gups``, the solver's residuals). :func:`fbp_round` is the
-compute-only round of ``--measure-rounds`` and ``outcore tune``.
+``outcore tomo reconstruct`` gets its volume from ``outcore.tomo.reconstruct`` (the plan it
+printed handed over) and :func:`write_reconstruction` writes it: ``center.json`` from the
+volume's ``center_search`` attr when the centre was found in the run, ``volume.zarr``
+(``volume`` layout: coordinates in metres, or pixels for a scan measured in pixels,
+consolidated metadata) written on the cluster with its progress shown, the metrics
+(``projector_passes``, ``gups``, the solver's residuals) and the three central slices.
+:func:`fbp_round` is the compute-only round of ``--measure-rounds`` and ``outcore tune``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,110 +22,52 @@ import distributed
 import numpy as np
 import xarray as xr
 
-from outcore import figures, io
-from outcore.io.store import refuse_nonfinite
-from outcore.progress import compute
-from outcore.runs import Run, check_png, link_tree
-from outcore.tomo.center.axis import axis_column
-from outcore.tomo.center.run import find_in_run
+from outcore import figures, io, progress
+from outcore.plan import Plan
+from outcore.runs import Run, check_png
+from outcore.tomo.center.run import write_center
 from outcore.tomo.geometry import Geometry
-from outcore.tomo.layouts import PIXEL_UNIT, volume_dataset
-from outcore.tomo.reconstruction.planning import ITERATIVE, Solve
-from outcore.tomo.reconstruction.projector import Projector
-from outcore.tomo.reconstruction.resume import WORK, Earlier
-from outcore.tomo.reconstruction.solvers import cgls, fbp, sirt
+from outcore.tomo.layouts import PIXEL_UNIT
+
+__all__ = ["SLICES", "VOLUME", "fbp_round", "write_reconstruction", "write_slices"]
 
 VOLUME = "volume.zarr"
 SLICES = "slices.png"
+#: Attrs of the volume that are the run's metrics rather than the store's.
+METRICS = ("projector_passes", "resumed_from_iteration", "relative_residual")
+#: The metrics of an iterative solve.
+ITERATION_METRICS = ("iterations", "resumed_from_iteration", "residuals", "relative_residual")
 
 
-@dataclass(frozen=True)
-class Request:
-    """What a reconstruction is asked for, fixed before its plan: the input ``source``, its
-    corrected projections ``ds`` (lazy), the ``geometry`` (with the centre given), the
-    volume ``shape (z, y, x)``, the method with its window (fbp) or total iterations (sirt,
-    cgls), the ``earlier`` run it resumes, and ``searched``: the projections ``--center
-    auto`` searches (None: no search)."""
-
-    source: Path
-    ds: xr.Dataset
-    geometry: Geometry
-    shape: tuple[int, int, int]
-    method: str
-    window: str | None
-    iterations: int
-    earlier: Earlier | None = None
-    searched: xr.Dataset | None = None
-
-
-def reconstruct_in_run(run: Run, client: distributed.Client, request: Request,
-                       chosen: Solve) -> None:
-    """Reconstruct ``request`` with the plan's choices into ``run``: ``volume.zarr``,
-    ``slices.png`` (and ``center.json`` with ``--center auto``), and the metrics."""
-    method, shape = request.method, request.shape
-    projector = chosen.projector
-    if request.searched is not None:
-        projector = find_in_run(run, client, request.searched, projector, request.source)
+def write_reconstruction(run: Run, client: distributed.Client,
+                         reconstruct: Callable[[], xr.Dataset], geometry: Geometry,
+                         source: str, angles_option: str) -> None:
+    """``reconstruct()`` (``outcore.tomo.reconstruct`` with the run's plan) and its volume
+    written into ``run``, timed together as ``reconstruct`` (an FBP computes as it is
+    written, block by block, its progress shown): ``volume.zarr``, ``center.json`` when the
+    centre was found (``geometry``: the scan's, ``source``: its name; its warning names
+    ``angles_option``, the command's), the metrics and ``slices.png``."""
     out = run.add_output(VOLUME, verify=lambda p: io.open(p, layout="volume"))
     with run.timing("reconstruct"):
-        volume, found = solve(run, projector, request, chosen)
-        offset = projector.geometry.detector_offset
-        ds_out = volume_dataset(volume, request.geometry.voxel_size, method=method,
-                                source=str(request.source), window=request.window,
-                                detector_offset=list(offset),
-                                center=axis_column(projector.geometry),
-                                iterations=request.iterations if method in ITERATIVE else None,
-                                length_unit=request.ds.attrs.get("length_unit"))
-        io.save(ds_out, out, layout="volume")
+        volume = reconstruct()
+        attrs = dict(volume.attrs)
+        found = attrs.pop("center_search", None)
+        stored = volume.copy()
+        stored.attrs = {k: v for k, v in attrs.items() if k not in METRICS}
+        io.save(stored, out, layout="volume",
+                compute=lambda write: progress.compute(client, write))
+    if found is not None:
+        write_center(run, found, geometry, source, angles_option)
     seconds = run.record["timings_s"]["reconstruct"]
-    passes = found.pop("projector_passes")
-    views = request.geometry.n_views
-    run.metric(center=round(axis_column(projector.geometry), 4), detector_offset=list(offset))
-    run.metric(method=method, volume_shape=list(shape), views=views, seconds=seconds,
-               projector_passes=passes,
-               gups=round(math.prod(shape) * views * passes / seconds / 1e9, 6), **found)
+    shape = list(stored["volume"].shape)
+    passes = attrs["projector_passes"]
+    run.metric(center=round(attrs["center"], 4), detector_offset=attrs["detector_offset"])
+    run.metric(method=attrs["method"], volume_shape=shape, views=geometry.n_views,
+               seconds=seconds, projector_passes=passes,
+               gups=round(math.prod(shape) * geometry.n_views * passes / seconds / 1e9, 6),
+               **{key: attrs.get(key) for key in ITERATION_METRICS if "residuals" in attrs})
     with run.timing("slices"):
-        write_slices(run, out, f"{method} of {request.source.name}")
-
-
-def solve(run: Run, projector: Projector, request: Request, chosen: Solve
-          ) -> tuple[Any, dict[str, Any]]:
-    """The lazy volume and the metrics of the solve (``projector_passes``: projections and
-    backprojections of the whole volume that it runs)."""
-    method, iterations, earlier = request.method, request.iterations, request.earlier
-    projections = refuse_nonfinite(request.ds["projections"].data, "projections",
-                                   "projections", source=str(run.record["config"]["input"]))
-    if method == "gridrec":
-        return projector.reconstruct(projections, request.window), {"projector_passes": 1}
-    if method == "fbp":  # filtered in the projector's blocks, not the store's
-        projections = projections.rechunk(projector.projection_chunks)
-        return fbp(projections, projector, request.window), {"projector_passes": 1}
-    workdir = run.path / WORK
-    start = 0
-    if earlier is not None:
-        link_tree(earlier.path / WORK, workdir)
-        start = earlier.iteration
-    solver = cgls if method == "cgls" else sirt
-    result = solver(projections, projector, workdir, iterations,
-                    checkpoint_every=chosen.checkpoint_every, resume=earlier is not None,
-                    callback=_report, in_memory=chosen.state == "memory")
-    setup = 0 if earlier is not None else (1 if method == "cgls" else 2)
-    residuals = [float(r) for r in result.residuals]
-    return result.volume, {
-        "projector_passes": setup + 2 * (iterations - start), "iterations": result.iterations,
-        "resumed_from_iteration": start if earlier is not None else None,
-        "residuals": residuals,
-        "relative_residual": residuals[-1] / residuals[0] if residuals and residuals[0] else None,
-    }
-
-
-def _report(iteration: int, residual: float) -> None:
-    print(f"iteration {iteration}: residual {residual:.6g}", flush=True)
-
-
-#: A volume with fewer planes than this is shown by its central z slice alone: its y and x
-#: cuts would be lines a few pixels high.
-MIN_SECTION_PLANES = 8
+        write_slices(run, out, f"{attrs['method']} of {Path(source).name}")
 
 
 def write_slices(run: Run, volume_path: Path, title: str) -> None:
@@ -149,9 +91,13 @@ def write_slices(run: Run, volume_path: Path, title: str) -> None:
                    title, float(lo), float(hi), unit)
 
 
-def fbp_round(client: distributed.Client, request: Request, projector: Projector
-              ) -> Callable[[], None]:
-    """The compute-only round of an FBP: the whole reconstruction, summed, nothing written."""
-    projections = request.ds["projections"].data.rechunk(projector.projection_chunks)
-    return lambda: compute(client, fbp(projections, projector, request.window).sum(),
-                           show=False)
+#: A volume with fewer planes than this is shown by its central z slice alone: its y and x
+#: cuts would be lines a few pixels high.
+MIN_SECTION_PLANES = 8
+
+
+def fbp_round(client: distributed.Client, plan: Plan) -> Callable[[], Any]:
+    """The compute-only round of an FBP: the plan's reconstruction, summed, nothing
+    written."""
+    volume = plan.choices.prepared.run(client, plan)["volume"].data
+    return lambda: progress.compute(client, volume.sum(), show=False)

@@ -196,7 +196,9 @@ def _view_weights(n_views: int) -> np.ndarray:
 class Reconstruction:
     """An iterative solver's result: the volume (lazy, read from ``workdir``), the residual
     norms ``||b - A x_k||`` (CGLS: ``k = 0 .. iterations``; SIRT: ``k = 0 .. iterations - 1``,
-    the residual of each iteration's start) and the iterations done."""
+    the residual of each iteration's start), the iterations done and, in ``extra``, the
+    iteration a resumed solve went on from (``resumed_from_iteration``, None when it
+    started afresh)."""
 
     volume: da.Array
     residuals: list[float]
@@ -372,6 +374,7 @@ def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
     ws = _Workspace(workdir, _config("cgls", projector, b, vectors="x r s p"), resume,
                     in_memory)
     vol_chunks, proj_chunks = _chunks(projector)
+    resumed = ws.state is not None
     if ws.state is None:
         zeros = da.zeros(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
         ws.write(0, {"r": (b, proj_chunks), "x": (zeros, vol_chunks)}, _norm2(b), defer=True)
@@ -392,7 +395,8 @@ def cgls(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
         if callback is not None:
             callback(k + 1, residuals[-1])
     final = max(start, iterations)
-    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root)
+    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root,
+                          {"resumed_from_iteration": start if resumed else None})
 
 
 def _cgls_direction(ws: _Workspace, projector: Projector, k: int, beta: float) -> float:
@@ -435,6 +439,7 @@ def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
     ws = _Workspace(workdir, _config("sirt", projector, b, nonnegative=nonnegative), resume,
                     in_memory)
     vol_chunks, proj_chunks = _chunks(projector)
+    resumed = ws.state is not None
     if ws.state is None:
         ones_v = da.ones(projector.volume_shape, dtype=projector.dtype, chunks=vol_chunks)
         ones_p = da.ones(b.shape, dtype=projector.dtype, chunks=proj_chunks)
@@ -455,7 +460,8 @@ def sirt(projections: Any, projector: Projector, workdir: str | os.PathLike[str]
         if callback is not None:
             callback(k + 1, residuals[-1])
     final = max(start, iterations)
-    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root)
+    return Reconstruction(ws.read(final, "x"), residuals, final, ws.root,
+                          {"resumed_from_iteration": start if resumed else None})
 
 
 def _inverse(x: da.Array) -> da.Array:

@@ -1,13 +1,13 @@
-"""``outcore tomo convert SOURCE OUTPUT``: a raw HDF5 tomography scan into a projections store.
+"""``outcore tomo convert SOURCE OUTPUT``: a raw tomography scan into a projections store.
 
-The frames, flats, darks and angles of a Data Exchange file or an NXtomo entry
-(``outcore.tomo.raw.source.read_beamline_source``) are normalised block by block,
-``-log((raw - dark) / (flat - dark))`` (``outcore.tomo.raw.normalise``), through the
-corrections asked for (``outcore.tomo.corrections.steps``, those that serve ``tomo
-convert``), and saved at OUTPUT in the ``projections`` layout. The options of other formats
-(``--hdu``, ``--dims``, ``--array``, ``--dtype``, ``--shape``) are parsed but hidden, so
-that they are refused with a line that names the raw scan's own. See
-docs/operators/tomography.md and docs/formats.md.
+The frames, flats, darks and angles of a Data Exchange file, an NXtomo entry or TIFF frames
+are read by the reader of ``outcore.tomo.open_scan`` (``outcore.tomo.raw.source.read_raw``:
+the kind of scan from ``outcore.tomo.raw.registry``), normalised block by block,
+``-log((raw - dark) / (flat - dark))``, through the corrections asked
+(``outcore.tomo.scans.corrections_of``, as ``reconstruct``'s), and saved at OUTPUT in the
+``projections`` layout. The options of other formats (``--hdu``, ``--dims``, ``--array``,
+``--dtype``, ``--shape``) are parsed but hidden, so that they are refused with a line that
+names the raw scan's own. See docs/operators/tomography.md and docs/formats.md.
 """
 
 from __future__ import annotations
@@ -15,18 +15,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from outcore import io
+from outcore import io, progress
 from outcore.checks import key_values
-from outcore.errors import refuse_existing
-from outcore.io.convert import FORMATS
+from outcore.errors import LayoutError, refuse_existing
 from outcore.io.store import check_chunks
 from outcore.plan import Plan, Resources, data_bytes
 from outcore.runs import Run
 from outcore.tomo.corrections import steps
 from outcore.tomo.raw import normalise
-from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import read_beamline_source
+from outcore.tomo.raw.source import FORMATS, read_raw
+from outcore.tomo.scans import corrections_of
+from outcore.tomo.verbs import options
 from outcore.verbs import Job
+
+#: Options of other formats' importers, parsed to be refused (destination -> flag).
+OTHERS = {"hdu": "--hdu", "dims": "--dims", "array": "--array", "dtype": "--dtype",
+          "shape": "--shape"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "TIFF frames (a folder, a glob such as 'scan/proj_*.tif', or "
                                   "a multi-page file) with --flats, --darks and --angles FILE")
     p.add_argument("output", help="the new projections store (.zarr); refused if it exists")
-    p.add_argument("--format", default="auto", choices=("auto", *FORMATS),
-                   help="hdf5 for a scan whose suffix is not .h5, .hdf5, .hdf, .nxs or .nx5")
+    p.add_argument("--format", default="auto", choices=FORMATS,
+                   help="hdf5 for a scan whose suffix is not .h5, .hdf5, .hdf, .nxs or .nx5 "
+                        "(dxchange or nxtomo to say which)")
     p.add_argument("--layout", default=None, metavar="projections",
                    help="the layout written: projections (the only one)")
     p.add_argument("--chunk", action="append", default=[], metavar="DIM=SIZE",
@@ -62,21 +67,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(repeatable)")
     b.add_argument("--frames-per-chunk", type=int, default=None, metavar="N",
                    help="raw frames read per task (default: about 64 MiB of them)")
-    raw_options.add_arguments(b, source_options=False)
-    steps.add_arguments(p, steps.CONVERT)
+    options.add_raw_arguments(b, source_options=False)
+    options.add_correction_arguments(p)
+
+
+def _refuse_other_formats(args: argparse.Namespace) -> None:
+    for dest, flag in OTHERS.items():
+        if getattr(args, dest) not in (None, []):
+            raise LayoutError(f"{flag} does not apply to tomo convert (the raw scan's paths are"
+                              " --dataset, --flats, --darks and --angles).", f"drop {flag}.")
+    if args.layout not in (None, "projections"):
+        raise LayoutError(f"tomo convert makes the projections layout, not {args.layout!r}.",
+                          "drop --layout (or pass --layout projections).")
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
+    _refuse_other_formats(args)
     chunks = {k: int(v) for k, v in key_values(args.chunk, "--chunk").items()}
-    hdu = int(args.hdu) if args.hdu is not None and args.hdu.isdigit() else args.hdu
-    given = raw_options.given(args, source_options=False)  # only those typed
-    ds, layout = read_beamline_source(
-        args.source, format=args.format, layout=args.layout, dataset=args.dataset, hdu=hdu,
-        attrs=key_values(args.attr, "--attr") or None, dims=args.dims,
-        arrays=key_values(args.array, "--array") or None,
-        frames_per_chunk=args.frames_per_chunk, **given, dtype=args.dtype, shape=args.shape)
+    given = options.raw_given(args, source_options=False)  # only those typed
+    ds = read_raw(args.source, format=args.format,
+                  options={**given, "dataset": args.dataset},
+                  attrs=key_values(args.attr, "--attr") or None,
+                  frames_per_chunk=args.frames_per_chunk)
     stages = normalise.memory_model(ds)
-    corrections = steps.configure(args, ds, steps.CONVERT, resources)
+    corrections = corrections_of(ds, resources, **options.corrections_asked(args))
     stages += steps.memory(corrections, ds)
     ds = steps.apply(corrections, ds)
     check_chunks(ds, chunks)
@@ -88,10 +102,11 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     def execute(run: Run, client: object, plan: Plan) -> None:
         partial = run.add_output(output, verify=lambda p: io.open(p))
         with run.timing("convert"):
-            io.save(ds, partial, layout=layout, chunks=chunks or None)
-        run.metric(layout=layout, bytes=int(ds.nbytes))
+            io.save(ds, partial, layout="projections", chunks=chunks or None,
+                    compute=lambda write: progress.compute(client, write))
+        run.metric(layout="projections", bytes=int(ds.nbytes))
 
-    config = {"source": str(args.source), "output": str(output), "layout": layout,
+    config = {"source": str(args.source), "output": str(output), "layout": "projections",
               "beamline": given, "corrections": steps.records(corrections)}
     return Job("tomo convert", config,
                plan, execute, inputs=[args.source] if Path(args.source).exists() else [],

@@ -1,15 +1,15 @@
-"""``outcore tomo reconstruct``: a volume from a projections store or a raw HDF5 scan.
+"""``outcore tomo reconstruct``: a volume from a projections store or a raw scan.
 
-The input is opened (a raw scan normalised on the way, ``outcore.tomo.raw.source``) and
-corrected (``outcore.tomo.corrections.steps``); ``--center VALUE`` puts the rotation axis at
-detector column VALUE (``detector_offset``), ``--center auto`` finds it first on the cluster
-and adds ``center.json`` (``outcore.tomo.center.run``). ``--resume --resume-from RUN_DIR``
-goes on from the earlier run's last checkpoint with its options
-(``outcore.tomo.reconstruction.resume``). The plan chooses the blocks for the cluster's workers
-and memory limit (``outcore.tomo.reconstruction.planning``) and is printed before any compute;
-the run directory gets ``volume.zarr`` (``volume`` layout, values in 1/m), ``slices.png``
-and, for ``sirt`` and ``cgls``, the solver's ``work/`` (``outcore.tomo.reconstruction.run``).
-See docs/operators/tomography.md.
+The options become the keywords of ``outcore.tomo.reconstruct``: the input (a raw scan read
+by ``outcore.tomo.raw.source.read_scan``, in blocks sized for the workers, as
+``open_scan``), the corrections, ``--center auto|VALUE``, the method and its options.
+``make_job`` checks them (``outcore.tomo.volumes.prepare``, nothing computed) and its plan
+chooses the blocks for the cluster's workers; ``execute`` calls ``reconstruct`` with that
+plan and writes the run directory (``outcore.tomo.reconstruction.run``): ``volume.zarr``,
+``slices.png``, ``center.json`` with ``--center auto`` and, for ``sirt`` and ``cgls``, the
+solver's ``work/``. ``--resume --resume-from RUN_DIR`` goes on from the earlier run's last
+checkpoint with its options (``outcore.tomo.verbs.resume``). See
+docs/operators/tomography.md.
 """
 
 from __future__ import annotations
@@ -22,46 +22,34 @@ from typing import Any
 
 import distributed
 
-from outcore.checks import at_least, choice
-from outcore.checks import shape as shape_of
 from outcore.errors import OutcoreError
 from outcore.io.importers import is_glob
 from outcore.plan import Plan, Resources
-from outcore.runs import Run
+from outcore.runs import Run, link_tree
 from outcore.settings import add_checkpoint_options, check_resume
-from outcore.tomo.center import search
-from outcore.tomo.center.axis import refuse_cone, with_center
 from outcore.tomo.corrections import steps
-from outcore.tomo.geometry import Geometry
-from outcore.tomo.layouts import default_volume_shape
 from outcore.tomo.memory import TOMO_WORKER_BASELINE_BYTES
-from outcore.tomo.raw import options as raw_options
-from outcore.tomo.raw.source import projections_input, scan_source
-from outcore.tomo.reconstruction import planning
-from outcore.tomo.reconstruction.gridrec import check_parallel
-from outcore.tomo.reconstruction.projector import PARTITIONS
-from outcore.tomo.reconstruction.resume import check_corrections, earlier_run, same
-from outcore.tomo.reconstruction.run import Request, fbp_round, reconstruct_in_run
-from outcore.tomo.reconstruction.solvers import WINDOWS
-from outcore.tomo.verbs.options import add_block_arguments, check_blocks, check_volume
+from outcore.tomo.raw.source import scan_source
+from outcore.tomo.reconstruction.methods import ITERATIVE, METHODS, WINDOWS
+from outcore.tomo.reconstruction.run import fbp_round, write_reconstruction
+from outcore.tomo.verbs import options
+from outcore.tomo.verbs.resume import WORK, check_corrections, earlier_run, same
+from outcore.tomo.volumes import DEFAULT_ITERATIONS, prepare, reconstruct
 from outcore.verbs import Job
-
-#: Iterations of sirt and cgls when ``--iterations`` is not given.
-DEFAULT_ITERATIONS = 20
-AUTO = "auto"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True,
-                   help="projections store (.zarr), or a raw HDF5 scan (Data Exchange or "
-                        "NXtomo), normalised on the way")
-    p.add_argument("--method", default="fbp", metavar="{fbp,gridrec,sirt,cgls}",
+                   help="projections store (.zarr), or a raw scan (HDF5 Data Exchange or "
+                        "NXtomo, TIFF frames), normalised on the way")
+    p.add_argument("--method", default="fbp", metavar="{" + ",".join(METHODS) + "}",
                    help="fbp (FDK for cone beam), gridrec (parallel beam, in Fourier space:"
-                        " several times faster), or an iterative solver")
+                        " several times faster; --slab alone sets its blocks), or an "
+                        "iterative solver")
     p.add_argument("--iterations", type=int, default=None,
                    help=f"sirt/cgls: total iterations (default {DEFAULT_ITERATIONS})")
-    p.add_argument("--window", default=None, metavar="{ram-lak,shepp-logan,hann}",
-                   help="fbp, gridrec: window of the ramp filter (default ram-lak)")
+    p.add_argument("--window", default=None, metavar="{" + ",".join(WINDOWS) + "}",
+                   help=f"fbp, gridrec: window of the ramp filter (default {WINDOWS[0]})")
     p.add_argument("--state", default="auto", metavar="{auto,memory,disk}",
                    help="sirt/cgls: where the solver's vectors live: the workers' memory, or"
                         " zarr in the run's work/ (auto: memory when the plan fits)")
@@ -73,126 +61,86 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rotation axis column in pixels (0-based, of the corrected "
                         "projections), or auto to find it in the run (default: the store's "
                         "detector_offset)")
-    add_block_arguments(p)
-    raw_options.add_arguments(p.add_argument_group(
-        "raw HDF5 scans as --input",
+    options.add_block_arguments(p)
+    options.add_raw_arguments(p.add_argument_group(
+        "raw scans as --input",
         "normalised block by block in the reconstruction's graph, as by tomo convert; "
         "give the geometry the file lacks with --attr (detector_pixel_size, ...)"),
         source_options=True)
-    steps.add_arguments(p, steps.RECONSTRUCT)
-
-
-def _check_options(args: argparse.Namespace) -> tuple[str, str | None, int]:
-    """Method, window and iterations after refusing options that do not apply."""
-    method = choice(args.method, planning.METHODS, "--method")
-    choice(args.state, planning.STATES, "--state")
-    if args.partition is not None:
-        choice(args.partition, PARTITIONS, "--partition")
-    at_least(args.iterations, "--iterations", what="the number of iterations")
-    at_least(args.checkpoint_every, "--checkpoint-every",
-             what="the iterations between checkpoints")
-    check_blocks(args)
-    if method in planning.ITERATIVE:
-        if args.window is not None:
-            raise OutcoreError(f"--window applies to fbp and gridrec, not to {method}.",
-                               "drop --window.")
-        check_resume(args)
-        return method, None, args.iterations or DEFAULT_ITERATIONS
-    for flag, given in (("--iterations", args.iterations is not None),
-                        ("--resume", args.resume or args.resume_from is not None),
-                        ("--state", args.state != "auto"),
-                        ("--checkpoint-every", args.checkpoint_every is not None)):
-        if given:
-            raise OutcoreError(f"{flag} applies to sirt and cgls, not to {method}.",
-                               f"drop {flag}, or use --method cgls or sirt.")
-    if method == "gridrec":
-        for flag, given in (("--partition", args.partition), ("--views-per-block",
-                                                               args.views_per_block)):
-            if given is not None:
-                raise OutcoreError(f"{flag} does not apply to gridrec: each task takes every "
-                                   "view of its slab's detector rows.",
-                                   f"drop {flag} (--slab sets the planes per task).")
-    return method, choice(args.window or "ram-lak", WINDOWS, "--window"), 0
-
-
-def _wanted_center(text: str | None, geometry: Geometry) -> str | float | None:
-    """``--center`` checked against ``geometry`` before compute: None, ``"auto"`` or the
-    column (refused outside the detector, and auto for a cone-beam scan)."""
-    if text is None:
-        return None
-    if text == AUTO:
-        refuse_cone(geometry)
-        search.scan_method(geometry.angles)
-        return AUTO
-    try:
-        value = float(text)
-    except ValueError:
-        raise OutcoreError(f"--center {text!r} is neither auto nor a number.",
-                           "give --center auto, or the axis column in pixels, e.g. "
-                           "--center 511.5.") from None
-    return search.check_center(value, geometry.detector_shape[1])
+    options.add_correction_arguments(p)
 
 
 def make_job(args: argparse.Namespace, resources: Resources) -> Job:
-    method, window, iterations = _check_options(args)
+    if args.method in ITERATIVE:
+        check_resume(args)
+    elif args.resume or args.resume_from is not None:
+        raise OutcoreError(f"--resume applies to {' and '.join(ITERATIVE)}, not to"
+                           f" {args.method}.", "drop --resume and --resume-from, or use"
+                           " --method cgls or sirt.")
     source = scan_source(args.input)
-    raw, read_stages, scan = projections_input(
-        source, raw_options.given(args, source_options=True), resources)
-    corrections = steps.configure(args, raw, steps.RECONSTRUCT, resources)
-    ds = steps.apply(corrections, raw)
-    geometry = Geometry.from_attrs(ds)
-    if method == "gridrec":
-        check_parallel(geometry, "use --method fbp, which runs FDK for a cone-beam scan.")
-    center = _wanted_center(args.center, geometry)
-    if isinstance(center, float):
-        geometry = with_center(geometry, center)
+    given = options.raw_given(args, source_options=True)
+    scan = options.scan_input(source, given, resources)
+    asked = options.corrections_asked(args)
     # a resumed run keeps the earlier run's options (a different one given is refused)
-    earlier = earlier_run(args.resume_from, method, source, iterations) if args.resume else None
+    iterations = args.iterations or DEFAULT_ITERATIONS
+    earlier = (earlier_run(args.resume_from, args.method, source, iterations)
+               if args.resume else None)
     old = earlier.config if earlier else {}
-    given = None if args.volume_shape is None else list(shape_of(args.volume_shape,
-                                                                 "--volume-shape"))
-    shape = shape_of(same(given, old.get("volume_shape"), "--volume-shape")
-                     or default_volume_shape(ds, geometry), "--volume-shape")
-    partition = same(args.partition, old.get("partition"), "--partition") or "views"
-    views = same(args.views_per_block, old.get("views_per_block"), "--views-per-block")
-    slab = same(args.slab, old.get("slab"), "--slab")
-    center = same(center, old.get("center"), "--center")
-    check_volume(geometry, shape, "give a smaller --volume-shape (the store's voxel_size "
-                 "attr sets the voxel).")
-    config: dict[str, Any] = {
-        "input": str(source), "method": method, "window": window, "iterations": iterations,
-        "checkpoint_every": args.checkpoint_every, "volume_shape": list(shape),
-        "resume_from": str(earlier.path) if earlier else None,
-        "state": None, "corrections": steps.records(corrections), "center": center,
+    wanted = {
+        "volume_shape": same(args.volume_shape, old.get("volume_shape"), "--volume-shape"),
+        "partition": same(args.partition, old.get("partition"), "--partition"),
+        "views_per_block": same(args.views_per_block, old.get("views_per_block"),
+                                "--views-per-block"),
+        "slab": same(args.slab, old.get("slab"), "--slab"),
+        "center": same(_number(args.center), old.get("center"), "--center"),
     }
-    if scan:
-        config["beamline"] = scan
+    keywords = {**asked, **wanted, "method": args.method, "window": args.window,
+                "iterations": args.iterations, "state": args.state,
+                "checkpoint_every": args.checkpoint_every}
+    prepared = prepare(scan, resources=resources, source=str(source), **keywords)
+    config: dict[str, Any] = {
+        "input": str(source), "method": prepared.method, "window": prepared.window,
+        "iterations": prepared.iterations, "checkpoint_every": args.checkpoint_every,
+        "volume_shape": list(prepared.shape),
+        "resume_from": str(earlier.path) if earlier else None, "state": None,
+        "corrections": steps.records(prepared.corrections), "center": prepared.center,
+    }
+    if given:
+        config["beamline"] = given
     check_corrections(earlier, config["corrections"])
-    # what --center auto searches: the projections through the corrections that move the axis
-    searched = steps.for_center(corrections, raw) if center == AUTO else None
-    request = Request(source, ds, geometry, shape, method, window, iterations, earlier,
-                      searched)
-    stored = raw["projections"]
-    extra = planning.input_stages(read_stages, corrections, raw, searched, geometry)
-
-    def plan(resources: Resources) -> Plan:
-        return planning.plan(geometry, shape, method, resources, partition=partition,
-                             views_per_block=views, slab=slab, stored=stored, extra=extra,
-                             state=args.state, checkpoint_every=args.checkpoint_every)
 
     def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
-        reconstruct_in_run(run, client, request, plan.choices)
+        workdir = run.path / WORK if prepared.method in ITERATIVE else None
+        if earlier is not None:
+            link_tree(earlier.path / WORK, workdir)
+        write_reconstruction(run, client, lambda: reconstruct(
+            scan, client=client, plan=plan, workdir=workdir, resume=earlier is not None,
+            callback=_report, **keywords), prepared.geometry, str(source), "--angles FILE")
 
     def rounds(client: distributed.Client, plan: Plan,
-               outputs: Mapping[str, Path]) -> Callable[[], None]:
-        return fbp_round(client, request, plan.choices.projector)
+               outputs: Mapping[str, Path]) -> Callable[[], Any]:
+        return fbp_round(client, plan)
 
-    return Job("tomo reconstruct", config, plan, execute,
+    stored = prepared.raw["projections"]
+    return Job("tomo reconstruct", config, prepared.plan, execute,
                inputs=[] if is_glob(source) else [source],
                plan_fixes=["raise --memory-limit, or pass a smaller --slab / --views-per-block",
                            "if read-projections is too big, re-chunk the store: outcore "
                            "convert PROJ.zarr NEW.zarr --chunk view=16"],
-               rounds=rounds if method == "fbp" else None,
+               rounds=rounds if prepared.method not in ITERATIVE else None,
                device_fixes=["pass a smaller --slab / --views-per-block"],
-               data_bytes=int(stored.nbytes) + math.prod(shape) * stored.dtype.itemsize,
+               data_bytes=int(stored.nbytes) + math.prod(prepared.shape)
+               * stored.dtype.itemsize,
                worker_baseline_bytes=TOMO_WORKER_BASELINE_BYTES)
+
+
+def _number(text: str | None) -> str | float | None:
+    """``--center``: a number where it is one (``auto`` and anything else as typed)."""
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return text
+
+
+def _report(iteration: int, residual: float) -> None:
+    print(f"iteration {iteration}: residual {residual:.6g}", flush=True)
