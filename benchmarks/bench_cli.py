@@ -117,6 +117,8 @@ MAKERS = {name: f"benchmarks/peers/make_{name}_venv.sh" for name in VENVS}
 PEER_NAMES = ("cuphoton", "scipy-loop", "astra", "quantem", "ptychi", "algotom")
 CASES = ("startup", "fit-dipoles", "tomo", "slices", "ptycho", "demo")
 SLICES_TOOLS = ("gridrec", "fbp", "algotom-fbp", "algotom-dfi", "astra")
+#: Sets of cases with their own sizes and peers, named by ``--cases`` besides the cases.
+PRESETS = ("issue38",)
 #: This process's environment at start, handed to every command.
 START_ENVIRON = dict(os.environ)
 RUN = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -329,8 +331,11 @@ def alternate(bench: str, contenders: list[Contender], args: argparse.Namespace,
                 shutil.rmtree(folder, ignore_errors=True)
 
 
-def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None) -> None:
-    """The lines of one case: outcore's first, then each peer with its ratio to them."""
+def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None
+         ) -> list[dict]:
+    """The lines of one case: outcore's first, then each peer with its ratio to them;
+    returns them."""
+    records = []
     outcore = [c for c in contenders if c.tool == "outcore" and c.runs and not c.failure]
     reference = {c.label: statistics.median(r.wall_s for r in c.runs) for c in outcore}
     reference_cpu = {c.label: statistics.median(r.cpu_s for r in c.runs) for c in outcore}
@@ -338,8 +343,8 @@ def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None)
         case = {**contender.case, "path": "cli"}
         if contender.note or contender.failure or not contender.runs:
             why = contender.note or contender.failure or "no run finished"
-            skipped(bench, contender.tool, case, "wall_s", why, path="cli", run=RUN,
-                    load_avg=load_avg())
+            records.append(skipped(bench, contender.tool, case, "wall_s", why, path="cli",
+                                   run=RUN, load_avg=load_avg()))
             continue
         walls = [r.wall_s for r in contender.runs]
         median = statistics.median(walls)
@@ -357,14 +362,16 @@ def emit(bench: str, contenders: list[Contender], prepare_s: dict | None = None)
         judged.pop("timings", None)
         if contender.tool == "outcore":
             extra["breakdown_s"] = breakdown(contender.runs, contender.timings)
-        line(bench, contender.tool, case, "wall_s", median, walls, path="cli",
+        records.append(line(
+             bench, contender.tool, case, "wall_s", median, walls, path="cli",
              walls_s=[round(w, 3) for w in walls], cpu_s=round(cpu, 3),
              cpu_utilisation=round(cpu / median, 3),
              peak_rss_bytes=max(r.peak_rss_bytes for r in contender.runs),
              peak_process_rss_bytes=max(r.peak_process_rss_bytes for r in contender.runs),
              max_threads=max(r.max_threads for r in contender.runs),
              **extra, **judged, command=contender.label, prepare_s=prepare_s or {},
-             run=RUN, load_avg=load_avg())
+             run=RUN, load_avg=load_avg()))
+    return records
 
 
 def breakdown(runs: list[Measured], timings: list[dict]) -> dict:
@@ -461,12 +468,11 @@ def make_stamps(folder: Path, n: int, stamp: int, seed: int) -> dict:
     return {"simulate_stamps": round(time.perf_counter() - t0, 3)}
 
 
-def case_fit(args: argparse.Namespace, work: Path) -> None:
-    for n in args.fit_n:
-        fit_size(args, work, n)
+def case_fit(args: argparse.Namespace, work: Path) -> list[dict]:
+    return [record for n in args.fit_n for record in fit_size(args, work, n)]
 
 
-def fit_size(args: argparse.Namespace, work: Path, n: int) -> None:
+def fit_size(args: argparse.Namespace, work: Path, n: int) -> list[dict]:
     folder = work / f"fit-{n}"
     folder.mkdir(parents=True, exist_ok=True)
     progress(f"fit-dipoles n={n}: inputs")
@@ -515,7 +521,7 @@ def fit_size(args: argparse.Namespace, work: Path, n: int) -> None:
         contenders.append(scipy_contender(base, stamps, truth, order))
     contenders = cluster_variants(contenders, args.outcore_cluster)
     alternate(f"fit-dipoles-{n}", contenders, args, work)
-    emit("fit-dipoles", contenders, prepare)
+    return emit("fit-dipoles", contenders, prepare)
 
 
 def peak_worker(metrics: dict) -> int | None:
@@ -612,9 +618,10 @@ def make_projections(args: argparse.Namespace, folder: Path, n: int,
     return prepare
 
 
-def case_tomo(args: argparse.Namespace, work: Path) -> None:
+def case_tomo(args: argparse.Namespace, work: Path) -> list[dict]:
     from outcore.tomo.phantom import shepp_logan
 
+    records = []
     for n in args.tomo_n:
         folder = work / f"tomo-{n}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -622,11 +629,12 @@ def case_tomo(args: argparse.Namespace, work: Path) -> None:
         prepare = make_projections(args, folder, n)
         truth = shepp_logan((n, n, n)).compute().astype(np.float64)
         for method in args.tomo_methods:
-            tomo_method(args, work, folder, n, method, truth, prepare)
+            records += tomo_method(args, work, folder, n, method, truth, prepare)
+    return records
 
 
 def tomo_method(args: argparse.Namespace, work: Path, folder: Path, n: int, method: str,
-                truth: np.ndarray, prepare: dict) -> None:
+                truth: np.ndarray, prepare: dict) -> list[dict]:
     iterative = method != "fbp"
     case = {"n": n, "views": args.tomo_views, "geometry": "parallel", "method": method,
             "iterations": args.tomo_iterations if iterative else None}
@@ -652,7 +660,7 @@ def tomo_method(args: argparse.Namespace, work: Path, folder: Path, n: int, meth
         contenders.append(astra_contender(args, folder, case, method, truth))
     contenders = cluster_variants(contenders, args.outcore_cluster)
     alternate(f"tomo-{n}-{method}", contenders, args, work)
-    emit("tomo", contenders, prepare)
+    return emit("tomo", contenders, prepare)
 
 
 def astra_contender(args: argparse.Namespace, folder: Path, case: dict, method: str,
@@ -904,9 +912,20 @@ print(json.dumps({"import_s": t1 - t0, "start_s": t2 - t1, "stop_s": t3 - t2}))
 """
 
 
+#: Packages whose import a start-up line reports by name: the stack a job needs, and what a
+#: short command should leave out (the distributed scheduler, the dashboard, numba).
+TRACKED = ("numpy", "dask", "xarray", "pandas", "zarr", "pyarrow", "distributed", "tornado",
+           "bokeh", "numba", "llvmlite")
+#: Stamps of the no-op job: a run whose work is nothing, so its wall is outcore's fixed cost.
+NOOP_STAMPS = 8
+#: The floor of any command built on the stack: a process that only imports it.
+STACK_IMPORTS = "import numpy, dask.array, xarray, zarr"
+
+
 def import_times(stderr: str) -> dict:
-    """Total import time of ``python -X importtime`` output and its split by root package
-    (each module's own time, summed over the modules of a package)."""
+    """Total import time of ``python -X importtime`` output, its split by root package
+    (each module's own time, summed over the modules of a package) and which of
+    ``TRACKED`` were imported."""
     by_root: dict[str, int] = {}
     for row in stderr.splitlines():
         if not row.startswith("import time:") or "self [us]" in row:
@@ -917,38 +936,158 @@ def import_times(stderr: str) -> dict:
     top = sorted(by_root.items(), key=lambda item: -item[1])[:12]
     return {"total_s": round(sum(by_root.values()) / 1e6, 4),
             "self_s_by_package": {name: round(us / 1e6, 4) for name, us in top},
+            "imported": [name for name in TRACKED if name in by_root],
             "imports_numba": "numba" in by_root, "imports_pyarrow": "pyarrow" in by_root}
 
 
-def case_startup(args: argparse.Namespace, work: Path) -> None:
-    outcore = outcore_command()
-    contenders = [
-        Contender("outcore", "outcore --help", {"command": "outcore --help"},
-                  lambda run: [*outcore, "--help"], lambda run, m: {}),
-        Contender("outcore", "outcore info", {"command": "outcore info"},
-                  lambda run: [*outcore, "info"], lambda run, m: {}),
-    ]
-    alternate("startup", contenders, args, work)
-    for contender in contenders:  # the outcore lines need no breakdown of a run directory
-        contender.tool = "outcore-startup"
-    emit("startup", contenders)
+def startup_split(measured: Measured, timings: dict | None, imports_s: float | None
+                  ) -> dict[str, float | None]:
+    """Where one start-up process's wall went, seconds: ``imports`` (a job: from the
+    process's start until its run began, ``timings_s.start``: the interpreter, the imports,
+    the parsing; a command without a run: the imports' total under ``-X importtime``),
+    ``cluster`` (starting it; 0 on dask's threaded scheduler), ``job`` (the rest until the
+    summary was final, or until the last line of output), ``report`` (Dask's report) and
+    ``exit`` (from then until the process ended)."""
+    wall = measured.wall_s
+    if timings and isinstance(timings.get("process"), int | float):
+        imports, cluster = timings.get("start", 0.0), timings.get("cluster", 0.0)
+        report = timings.get("report", 0.0)
+        job = timings["process"] - imports - cluster - report
+        exit_s = wall - timings["process"]
+    else:
+        last = measured.lines[-1][0] if measured.lines else wall
+        imports, cluster, report = imports_s, None, None
+        job = None if imports_s is None else max(last - imports_s, 0.0)
+        exit_s = wall - last
+    return {"imports": imports, "cluster": cluster, "job": job, "report": report,
+            "exit": exit_s}
 
-    walls, reports = [], []
-    for repeat in range(args.repeats):
-        folder = work / "runs" / f"importtime-{repeat}"
-        found = run_process([sys.executable, "-X", "importtime", "-m", "outcore.cli", "--help"],
-                            folder, args.timeout)
-        walls.append(found.wall_s)
-        reports.append(import_times((folder / "stderr.txt").read_text()))
+
+def noop_stamps(work: Path, seed: int) -> Path:
+    """``noop.npz``: ``NOOP_STAMPS`` 17x17 dipole stamps, the input of the no-op job."""
+    path = work / "noop.npz"
+    if not path.exists():
+        from outcore.fit import simulate_catalog
+
+        catalog, _ = simulate_catalog(NOOP_STAMPS, 17, seed=seed)
+        np.savez(path, images=catalog["images"].values, variance=catalog["variance"].values,
+                 candidate_id=catalog["candidate_id"].values)
+    return path
+
+
+def fresh_install(target: Path, warm: bool, timeout: float) -> float | None:
+    """outcore's package copied to ``target/outcore`` without any bytecode or numba cache (a
+    fresh installation), then, with ``warm``, ``outcore warm`` run on it as ``make``'s
+    install step does; returns that step's seconds (0 without it). The warmed package is
+    kept beside ``target`` and copied again for the next run (numba's cache holds by the
+    sources' times and sizes, which the copy keeps): the step's seconds then are None."""
+    source = Path(outcore_module_file()).parent
+    warmed = target.with_name(f"{target.name}-warmed")
+    shutil.rmtree(target, ignore_errors=True)
+    if warm and warmed.exists():
+        shutil.copytree(warmed, target)
+        return None
+    shutil.copytree(source, target / "outcore", ignore=shutil.ignore_patterns(
+        "__pycache__", "*.pyc", "*.nbi", "*.nbc"))
+    if not warm:
+        return 0.0
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "outcore.cli", "warm"], cwd=target,
+                          env={**START_ENVIRON, "PYTHONPATH": str(target)},
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"outcore warm failed on a fresh copy: {done.stderr[-600:]}")
+    spent = time.perf_counter() - t0
+    shutil.copytree(target, warmed)
+    return spent
+
+
+def outcore_module_file() -> str:
+    import outcore
+
+    return outcore.__file__
+
+
+def case_startup(args: argparse.Namespace, work: Path) -> list[dict]:
+    """``outcore --help``, ``outcore info`` and the no-op job (``fit-dipoles`` on
+    ``NOOP_STAMPS`` stamps, ``auto``'s choice of cluster) as paired processes with the
+    floor under them (a process importing the stack, ``STACK_IMPORTS``), the no-op also
+    as the first run after a fresh installation (with ``make``'s install step, ``outcore
+    warm``, and without it), each line split by ``startup_split`` and naming the tracked
+    packages its command imports (one ``-X importtime`` run each); then the start and stop
+    of a ``--cluster-workers`` LocalCluster in a fresh process."""
+    outcore = outcore_command()
+    stamps = noop_stamps(work, args.seed)
+    noop = ["fit-dipoles", "--input", str(stamps), "--no-progress"]
+    commands = {"outcore --help": ["--help"], "outcore info": ["info"],
+                f"outcore fit-dipoles, {NOOP_STAMPS} stamps (no-op)": noop}
+    contenders = [Contender("outcore", label, {"command": label},
+                            lambda run, words=words: [*outcore, *words, *(
+                                ["--output-dir", str(run), "--name", "out"]
+                                if words is noop else [])],
+                            lambda run, m: {})
+                  for label, words in commands.items()]
+    contenders.append(Contender("python", f"python -c '{STACK_IMPORTS}'",
+                                {"command": f"python -c '{STACK_IMPORTS}'", "floor": True},
+                                lambda run: [sys.executable, "-c", STACK_IMPORTS],
+                                lambda run, m: {}))
+    installs: dict[str, list[float]] = {}
+    for warm in ([True, False] if args.first_run else []):
+        label = (f"outcore fit-dipoles, {NOOP_STAMPS} stamps (no-op), first run after"
+                 f" {'make (outcore warm)' if warm else 'pip install alone'}")
+        fresh = work / f"fresh-{'warm' if warm else 'cold'}"
+        spent = installs.setdefault(label, [])
+
+        def first_run(run: Path, fresh: Path = fresh, warm: bool = warm,
+                      spent: list[float] = spent) -> list[str]:
+            seconds = fresh_install(fresh, warm, args.timeout)  # outside the clock
+            if seconds is not None:
+                spent.append(seconds)
+            return [sys.executable, "-m", "outcore.cli", *noop, "--output-dir", str(run),
+                    "--name", "out"]
+
+        contenders.append(Contender("outcore", label, {"command": label, "first_run": True,
+                                                       "install_step": warm},
+                                    first_run, lambda run, m: {},
+                                    env={"PYTHONPATH": str(fresh)}))
+    alternate("startup", contenders, args, work)
+
+    imports: dict[str, dict] = {}
+    for label, words in commands.items():
+        folder = work / "runs" / f"importtime-{len(imports)}"
+        extra = ["--output-dir", str(folder / "runs")] if words is noop else []
+        found = run_process([sys.executable, "-X", "importtime", "-m", "outcore.cli", *words,
+                             *extra], folder, args.timeout)
+        imports[label] = import_times((folder / "stderr.txt").read_text())
         shutil.rmtree(folder, ignore_errors=True)
-    best = min(reports, key=lambda r: r["total_s"])
-    line("startup", "outcore-importtime", {"command": "python -X importtime -m outcore.cli "
-                                                      "--help", "path": "cli"},
-         "import_s", statistics.median(r["total_s"] for r in reports), walls, path="cli",
-         imports=best, run=RUN, load_avg=load_avg())
+    records = []
+    for contender in contenders:
+        if not contender.runs:
+            records.append(skipped("startup", "outcore-startup", contender.case, "wall_s",
+                                   contender.failure or "no run finished", path="cli"))
+            continue
+        known = imports.get(contender.label.partition(", first run")[0]
+                            if "first run" in contender.label else contender.label, {})
+        timings = contender.timings if len(contender.timings) == len(contender.runs) else \
+            [None] * len(contender.runs)
+        splits = [startup_split(m, t, known.get("total_s"))
+                  for m, t in zip(contender.runs, timings, strict=True)]
+        split = {key: (None if any(s[key] is None for s in splits) else
+                       round(statistics.median(s[key] for s in splits), 3))
+                 for key in splits[0]}
+        walls = [r.wall_s for r in contender.runs]
+        extra = {}
+        if contender.label in installs and installs[contender.label]:
+            extra["install_step_s"] = round(statistics.median(installs[contender.label]), 3)
+        records.append(line(
+            "startup", "python-stack-imports" if contender.tool == "python" else
+            "outcore-startup", {**contender.case, "path": "cli"}, "wall_s",
+            statistics.median(walls), walls, path="cli", walls_s=[round(w, 3) for w in walls],
+            cpu_s=round(statistics.median(r.cpu_s for r in contender.runs), 3),
+            split_s=split, imports=known, **extra, run=RUN, load_avg=load_avg()))
 
     found_runs = []
-    for repeat in range(args.repeats):
+    for repeat in range(args.repeats if args.cluster_workers else 0):
         folder = work / "runs" / f"cluster-start-{repeat}"
         found = run_process([sys.executable, "-c", CLUSTER_START, str(args.cluster_workers)],
                             folder, args.timeout)
@@ -963,6 +1102,81 @@ def case_startup(args: argparse.Namespace, work: Path) -> None:
              import_s=round(statistics.median(r["import_s"] for _, r in found_runs), 3),
              stop_s=round(statistics.median(r["stop_s"] for _, r in found_runs), 3),
              run=RUN, load_avg=load_avg())
+    return records
+
+
+# --- issue 38: every command ahead of its peer, and a run's fixed cost under a second ---------
+
+#: Issue 38's goals: outcore's speedup over each peer (the peer's median wall over outcore's,
+#: ``outcore_speedup`` on the peer's line) by bench and peer tool, and the no-op's wall.
+GOALS = {("fit-dipoles", "cuphoton"): 10.0, ("tomo", "astra"): 2.0,
+         ("real-decam", "sfft"): 1.2, ("real-emmi", "sep"): 0.6,
+         ("real-tooth", "algotom"): 2.0}
+NOOP_GOAL_S = 1.0
+
+
+def case_issue38(args: argparse.Namespace, work: Path) -> list[dict]:
+    """Issue 38's table as paired processes (ours, theirs, ours, theirs): the start-up lines
+    (with the no-op's first run after installing), ``fit-dipoles`` on 3x10^4 17x17 stamps
+    against cuPhoton's numpy ``xfit``, FBP at 128^3 against ASTRA, and bench_real.py's DECam
+    pair (SFFT), EMMI sources (a bare sep script) and tooth (algotom with ASTRA) from
+    ``--real-data`` (those of ``--real-cases``; cuPhoton and ASTRA where ``--peers`` names
+    them); then one ``issue38-goals`` line per goal with the measured ratio (the sketch's
+    rows are bench_sketch.py's)."""
+    import bench_real
+
+    issue = argparse.Namespace(**{**vars(args), "first_run": True, "fit_n": [30_000],
+                                  "fit_inputs": ["npz"],
+                                  "peers": [p for p in ("cuphoton", "astra") if p in args.peers],
+                                  "tomo_n": [128], "tomo_methods": ["fbp"],
+                                  "outcore_cluster": ["auto"], "cluster_workers": 0})
+    records = case_startup(issue, work)
+    records += case_fit(issue, work)
+    records += case_tomo(issue, work)
+    real = issue.real_data.resolve()
+    measured = argparse.Namespace(**{**vars(issue), "peers": True, "peer_threads": 2,
+                                     "cluster": None})
+    runners = {"tooth": bench_real.case_tooth, "decam": bench_real.case_decam,
+               "emmi": bench_real.case_emmi}
+    for name in args.real_cases:
+        run = runners[name]
+        absent = [f for f in bench_real.FILES[name] if not (real / f).exists()]
+        if absent:
+            records.append(skipped(f"real-{name}", "outcore", {"path": "cli"}, "wall_s",
+                                   f"missing under {real}: {', '.join(absent)}", path="cli"))
+            continue
+        records += run(measured, work, real)
+    return records + goal_lines(records)
+
+
+def goal_lines(records: list[dict]) -> list[dict]:
+    """One ``issue38-goals`` line per goal of ``GOALS`` (and the no-op's, warm and first
+    run): the ratio measured in this run (the peer's ``outcore_speedup``), the goal, whether
+    it is met, and outcore's and the peer's medians."""
+    out = []
+    for record in records:
+        if record.get("bench") == "startup" and "no-op" in str(record["case"].get("command")):
+            value = record.get("median_s")
+            out.append(line("issue38-goals", "outcore", {"goal": record["case"]["command"],
+                                                         "path": "cli"}, "wall_s",
+                            value or 0.0, record.get("walls_s") or [0.0], goal_s=NOOP_GOAL_S,
+                            met=value is not None and value <= NOOP_GOAL_S,
+                            split_s=record.get("split_s"), run=RUN, load_avg=load_avg()))
+        goal = GOALS.get((record.get("bench"), record.get("tool")))
+        if goal is None:
+            continue
+        ratio = record.get("outcore_speedup")
+        mine = next((r for r in records if r.get("bench") == record["bench"]
+                     and r.get("tool") == "outcore" and r.get("value") is not None), {})
+        out.append(line("issue38-goals", record["tool"],
+                        {"goal": f"{record['bench']} vs {record['tool']}", "path": "cli"},
+                        "outcore_speedup", ratio or 0.0, [mine.get("median_s") or 0.0],
+                        goal=goal, met=ratio is not None and ratio >= goal,
+                        outcore_median_s=mine.get("median_s"),
+                        peer_median_s=record.get("median_s"),
+                        outcore_breakdown_s=mine.get("breakdown_s"), note=record.get("note"),
+                        run=RUN, load_avg=load_avg()))
+    return out
 
 
 # --- the tables of docs/performance.md ----------------------------------------------------------
@@ -1062,7 +1276,9 @@ def check_harness_options(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=CASES + PRESETS, default=list(CASES),
+                        help="cases to run; issue38: that issue's table with its own sizes"
+                             " and peers, and a line per goal")
     parser.add_argument("--peers", nargs="*", choices=PEER_NAMES, default=list(PEER_NAMES),
                         help="peers to run (none: outcore only)")
     add_harness_options(parser)
@@ -1097,7 +1313,17 @@ def main() -> None:
                         help="run outcore's fit, tomo and ptycho commands with each of these"
                              " --cluster kinds (default: its own choice, auto)")
     parser.add_argument("--cluster-workers", type=int, default=2,
-                        help="workers of the cluster start-up timing")
+                        help="workers of the cluster start-up timing (0: none)")
+    parser.add_argument("--first-run", action="store_true",
+                        help="startup: also the no-op as the first run after a fresh"
+                             " installation, with make's outcore warm and without it")
+    parser.add_argument("--real-data", type=Path,
+                        default=HERE.parent.parent / "shared" / "real", metavar="PATH",
+                        help="issue38: the measured data sets of bench_real.py")
+    parser.add_argument("--real-cases", nargs="*", choices=("tooth", "decam", "emmi"),
+                        default=["tooth", "decam", "emmi"],
+                        help="issue38: bench_real.py's cases to run (none: the start-up,"
+                             " fit and FBP lines only)")
     parser.add_argument("--table", type=Path, default=None, metavar="RESULTS.jsonl",
                         help="print the markdown tables of a results file and exit")
     args = parser.parse_args()
@@ -1111,9 +1337,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-cli-")) if temporary else args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     runners = {"startup": case_startup, "fit-dipoles": case_fit, "tomo": case_tomo,
-               "slices": case_slices, "ptycho": case_ptycho, "demo": case_demo}
+               "slices": case_slices, "ptycho": case_ptycho, "demo": case_demo,
+               "issue38": case_issue38}
     try:
-        for name in CASES:
+        for name in CASES + PRESETS:
             if name in args.cases:
                 runners[name](args, work)
     finally:

@@ -159,7 +159,7 @@ def tooth_quality(centre: float | None, volume: np.ndarray,
     return out
 
 
-def case_tooth(args: argparse.Namespace, work: Path, real: Path) -> None:
+def case_tooth(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
     tooth = real / FILES["tooth"][0]
     progress("tooth: the reference FBP at 295.5")
     references = tooth_references(tooth)
@@ -195,7 +195,7 @@ def case_tooth(args: argparse.Namespace, work: Path, real: Path) -> None:
                          "--threads", str(args.peer_threads)],
             judge_algotom, note=note))
     alternate("real-tooth", contenders, args, work)
-    emit("real-tooth", contenders)
+    return emit("real-tooth", contenders)
 
 
 # --- decam ----------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def decam_quality(difference: np.ndarray, shipped: np.ndarray, searched: np.ndar
             "area_pixels": int(area.sum())}
 
 
-def case_decam(args: argparse.Namespace, work: Path, real: Path) -> None:
+def case_decam(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
     import xarray as xr
     from astropy.io import fits
 
@@ -302,7 +302,7 @@ def case_decam(args: argparse.Namespace, work: Path, real: Path) -> None:
                 quality[f"correlation_with_outcore{key}"] = correlation(
                     held["sfft"][where], held["outcore"][where])
         contender.judged = {"quality": quality}
-    emit("real-decam", contenders)
+    return emit("real-decam", contenders)
 
 
 # --- emmi -----------------------------------------------------------------------------------
@@ -326,7 +326,7 @@ def emmi_quality(x: np.ndarray, y: np.ndarray, flux: np.ndarray, catalogue: np.n
             "flux_auto_max_abs_dev": significant(deviation.max()) if deviation.size else None}
 
 
-def case_emmi(args: argparse.Namespace, work: Path, real: Path) -> None:
+def case_emmi(args: argparse.Namespace, work: Path, real: Path) -> list[dict]:
     image, cat = (real / name for name in FILES["emmi"])
     catalogue = np.loadtxt(cat)
     base = {"data": "astro/eso_ntt_emmi/image.fits", "threshold_sigma": 1.5, "min_area": 5}
@@ -356,7 +356,7 @@ def case_emmi(args: argparse.Namespace, work: Path, real: Path) -> None:
                          str(run / "sources.csv")],
             judge_sep))
     alternate("real-emmi", contenders, args, work)
-    emit("real-emmi", contenders)
+    return emit("real-emmi", contenders)
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -386,7 +386,7 @@ def main() -> None:
     temporary = args.work is None
     work = Path(tempfile.mkdtemp(prefix="bench-real-")) if temporary else args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    runners: dict[str, Callable[[argparse.Namespace, Path, Path], None]] = {
+    runners: dict[str, Callable[[argparse.Namespace, Path, Path], list[dict]]] = {
         "tooth": case_tooth, "decam": case_decam, "emmi": case_emmi}
     try:
         for name in CASES:

@@ -1,8 +1,11 @@
-"""Cluster kinds: options checked before start, threads devices agree, loopback dashboard,
+"""Cluster kinds: options checked before start, threads devices agree, loopback dashboard
+(worker processes always; in-process workers when asked, without bokeh otherwise),
 in-process workers sharing one process's memory, auto's choice of in-process workers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import urllib.request
 from urllib.parse import urlparse
@@ -91,6 +94,33 @@ def _dashboard_answers_on_loopback(client) -> None:
         assert response.status == 200
 
 
+def test_threads_cluster_serves_no_dashboard_unless_asked_and_imports_no_bokeh():
+    """A fresh process: in-process workers start without a dashboard (an empty link, bokeh
+    never imported) and still answer health checks on loopback; asked, they serve one."""
+    probe = (
+        "import sys, urllib.request\n"
+        "from outcore import cluster\n"
+        "client = cluster.start('threads', workers=1)\n"
+        "http = client.cluster.scheduler.http_server\n"
+        "health = urllib.request.urlopen(f'http://{http.address}:{http.port}/health',"
+        " timeout=10).read().decode()\n"
+        "print('LINK', repr(client.dashboard_link), health, http.address)\n"
+        "print('BOKEH', sorted(m for m in sys.modules if m.split('.')[0] == 'bokeh')[:3])\n"
+        "cluster.stop(client)\n"
+        "client = cluster.start('threads', workers=1, dashboard=True)\n"
+        "print('ASKED', client.dashboard_link)\n"
+        "cluster.stop(client)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert "LINK '' ok 127.0.0.1" in out and "BOKEH []" in out, out
+    asked = out.split("ASKED ")[1].split()[0]
+    assert urlparse(asked).hostname == "127.0.0.1"
+    assert not cluster.ClusterOptions(kind="threads").serves_dashboard
+    assert cluster.ClusterOptions(kind="threads", dashboard=True).serves_dashboard
+    assert all(cluster.ClusterOptions(kind=k).serves_dashboard for k in ("local", "mpi"))
+
+
 def test_local_cluster_dashboard_on_loopback_and_placement():
     client = cluster.start("local", workers=2, memory_limit="400MiB")
     try:
@@ -109,9 +139,9 @@ def test_local_cluster_dashboard_on_loopback_and_placement():
 
 
 def test_threads_cluster_dashboard_answers_and_memory_is_shared():
-    """In-process workers: the printed dashboard link answers, and pausing happens when the
-    one process reaches 80 % of all the workers' limits together (not of one's)."""
-    client = cluster.start("threads", workers=2, memory_limit="400MiB")
+    """In-process workers asked for a dashboard: its link answers, and pausing happens when
+    the one process reaches 80 % of all the workers' limits together (not of one's)."""
+    client = cluster.start("threads", workers=2, memory_limit="400MiB", dashboard=True)
     try:
         _dashboard_answers_on_loopback(client)
         managers = client.run(lambda dask_worker: (

@@ -25,6 +25,7 @@ from outcore.fit import (
     simulate_catalog,
     status_counts,
 )
+from outcore.runs import load_summary
 
 FLAG = re.compile(r"(?<![\w-])--[a-z]")
 
@@ -102,10 +103,13 @@ def test_the_command_line_writes_the_python_fits(client, simulated, tmp_path):
     catalog, _ = simulated
     store = outcore.save(catalog, tmp_path / "catalog.zarr")
     python = save_fits(fit_dipoles(store), tmp_path / "fits.zarr")
-    with pytest.warns(UserWarning, match="in place of the one you had"):  # the CLI's own
-        assert main(["fit-dipoles", "--input", str(store), "--cluster", "threads",
-                     "--workers", "2", "--no-progress", "--output-dir", str(tmp_path),
-                     "--name", "run"]) == 0
+    # the CLI's in-process workers are dask's threaded scheduler: it starts no cluster, and
+    # the caller's default client stays theirs
+    assert main(["fit-dipoles", "--input", str(store), "--cluster", "threads",
+                 "--workers", "2", "--no-progress", "--output-dir", str(tmp_path),
+                 "--name", "run"]) == 0
+    assert distributed.default_client() is client
+    assert load_summary(tmp_path / "run")["cluster"]["scheduler"] == "dask.threaded"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # consolidated metadata: no warning on a plain open
         cli = xr.open_zarr(tmp_path / "run" / "fits.zarr").compute()

@@ -121,3 +121,26 @@ def test_psf_model_needs_a_psf(tmp_path, capsys, catalog):
                  "--output-dir", str(tmp_path / "runs")]) == 1
     assert "psf" in capsys.readouterr().err.lower()
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    ([], "cluster: threads, dask's threaded scheduler in this process, no dashboard"
+         " (--dashboard serves one)"),
+    (["--dashboard"], "cluster: threads, dashboard http://127.0.0.1:"),
+    (["--cluster", "local", "--workers", "1"], "cluster: local, dashboard http://127.0.0.1:"),
+])
+def test_the_dashboard_is_served_for_worker_processes_and_when_asked(tmp_path, catalog,
+                                                                      capsys, flags, words):
+    """Worker processes and an asked-for dashboard print and record its loopback link; in-
+    process workers print in one line how to get one, and record none."""
+    cat, _ = catalog
+    source = tmp_path / "cat.npz"
+    np.savez(source, candidate_id=cat["candidate_id"].values[:16],
+             images=cat["images"].values[:16], variance=cat["variance"].values[:16])
+    kind = ["--cluster", "threads"] if "--cluster" not in flags else []
+    assert main(["fit-dipoles", "--input", str(source), "--no-progress", *kind, *flags,
+                 "--output-dir", str(tmp_path), "--name", "d"]) == 0
+    assert words in capsys.readouterr().out
+    dashboard = load_summary(tmp_path / "d")["cluster"]["dashboard"]
+    assert (dashboard is None) == (flags == [])
+    assert dashboard is None or dashboard.startswith("http://127.0.0.1:")

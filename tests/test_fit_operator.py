@@ -153,3 +153,28 @@ def test_cupy_backend_matches_numpy(catalog, reference):
     for name in ("x_pos", "y_pos", "x_neg", "y_neg", "flux_pos", "flux_neg", "sigma",
                  "x_pos_err", "chi2"):
         np.testing.assert_allclose(result[name].values, host[name].values, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("stamp", [(9, 9), (17, 17), (33, 25)])
+def test_the_compiled_loop_runs_from_a_catalog_of_2_20_stamp_pixels(stamp):
+    """A Gaussian fit on the host loads numba's compiled loop for a catalog of at least
+    COMPILED_FROM_PIXELS stamp pixels (the integer boundary, per stamp size), and fits a
+    smaller one with the array code; the plan records which, and counts numba's worker
+    baseline only with the loop. The PSF model has no loop."""
+    from outcore.fit import plan_fit_dipoles
+    from outcore.fit.kernels.cpu import COMPILED_FROM_PIXELS, use_compiled
+    from outcore.fit.memory import FIT_WORKER_BASELINE_BYTES
+    from outcore.plan import Resources
+
+    pixels = stamp[0] * stamp[1]
+    first = -(-COMPILED_FROM_PIXELS // pixels)  # the fewest stamps that reach it
+    assert not use_compiled("gaussian", first - 1, stamp)
+    assert use_compiled("gaussian", first, stamp) and not use_compiled("psf", first, stamp)
+    resources = Resources(2, 1, 2**30)
+    for n, compiled in ((8, False), (first, True)):
+        catalog = xr.Dataset({"images": (("candidate", "y", "x"),
+                                         da.zeros((n, *stamp), chunks=(512, *stamp)))},
+                             coords={"candidate_id": ("candidate", np.arange(n))})
+        plan = plan_fit_dipoles(catalog, resources=resources)
+        assert plan.config["compiled_loop"] is compiled
+        assert (plan.baseline_bytes == FIT_WORKER_BASELINE_BYTES) is compiled

@@ -1,6 +1,7 @@
 """outcore's layers: no import cycle, no module importing a higher layer, commands that
 import only what they run (``outcore --help`` and ``outcore info`` import no family, nor
-numba or pyarrow), and every family with the same rooms: kernels/ with cpu and gpu twins
+numba or pyarrow; a no-op ``fit-dipoles`` neither distributed, tornado, bokeh nor numba,
+and no other family), and every family with the same rooms: kernels/ with cpu and gpu twins
 (cupy imported nowhere else but backend), each gpu kernel with its twin test."""
 
 from __future__ import annotations
@@ -165,6 +166,46 @@ def test_help_and_info_import_no_family(argv):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True).stdout
     assert "HEAVY []" in out, out.splitlines()[-1]
+
+
+def test_a_no_op_job_imports_the_stack_and_nothing_more(tmp_path):
+    """A fresh interpreter runs ``outcore fit-dipoles`` on 8 stamps as a user does (its
+    workers threads of the process, ``auto``'s choice): the run succeeds without importing
+    distributed (no Dask cluster: dask's threaded scheduler), tornado, bokeh (no dashboard),
+    numba (the array code fits so few stamps) nor any other family's verbs or kernels (their
+    ``layouts`` modules are the layout registry's); asked for a dashboard, the same run
+    imports distributed and bokeh."""
+    import numpy as np
+
+    from outcore.fit import simulate_catalog
+
+    catalog, _ = simulate_catalog(8, 17, seed=0)
+    np.savez(tmp_path / "stamps.npz", images=catalog["images"].values,
+             variance=catalog["variance"].values, candidate_id=catalog["candidate_id"].values)
+    heavy = ("distributed", "tornado", "bokeh", "numba", "llvmlite")
+
+    def loaded(*extra: str) -> dict[str, list[str]]:
+        probe = (
+            "import json, sys\n"
+            "from outcore.cli import main\n"
+            f"code = main(['fit-dipoles', '--input', 'stamps.npz', '--no-progress', *{extra!r}])\n"
+            "roots = {m.split('.')[0] for m in sys.modules}\n"
+            "families = sorted({m.split('.')[1] for m in sys.modules if m.startswith("
+            f"{tuple(FAMILY_PACKAGES)!r}) and ('.cli' in m or '.kernels' in m"
+            " or '.verbs' in m)})\n"
+            f"print('LOADED', json.dumps({{'heavy': sorted(roots & set({heavy!r})),"
+            " 'families': families, 'code': code}))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True, cwd=tmp_path, timeout=300).stdout
+        import json
+
+        return json.loads(out.split("LOADED ")[1])
+
+    plain = loaded()
+    assert plain == {"heavy": [], "families": ["fit"], "code": 0}, plain
+    asked = loaded("--dashboard")
+    assert {"distributed", "bokeh"} <= set(asked["heavy"]) and asked["code"] == 0, asked
 
 
 def test_a_verb_imports_only_its_family():

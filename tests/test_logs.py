@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -57,7 +58,9 @@ def test_line_progress_prints_at_most_one_line_per_interval(capsys, monkeypatch)
     bar._last = -float("inf")
     bar._start_time = 0.0
     clock = iter([100.0, 101.0, 105.0, 111.0, 112.0])
-    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    # progress's own clock only: patching time.monotonic itself would stop the event loop
+    # of any client still running in this process (its thread reads the same function)
+    monkeypatch.setattr(progress, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     monkeypatch.setattr(progress.LineProgress, "elapsed", property(lambda self: 1.0))
     for remaining in (10, 8, 5, 3, 0):
         bar._draw_bar(remaining, 10)
@@ -74,7 +77,7 @@ def test_the_comms_size_probe_of_a_deep_message_is_quiet_and_other_failures_are_
 
     from distributed.sizeof import safe_sizeof
 
-    from outcore.cluster.workers import quiet_size_probes
+    from outcore.cluster.quiet import quiet_size_probes
 
     deep: dict = {}
     node = deep

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tracemalloc
 
 import dask.array as da
@@ -78,3 +79,26 @@ def test_projection_of_stack_statistics_within_measured_peak(tmp_path):
     ratio = model.peak_bytes / peak
     assert 0.8 <= ratio <= 1.5, ratio
     assert model.tasks == 4 and model.read_bytes == 2 * 64 * 128 * 128 * 4
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("given", [None, "auto", 0, "0", 0.25, "0.5", 1, 2**30, "2**30",
+                                   "1GiB", "400 MiB", 3 * 2**40, "64TiB", 1.5])
+def test_worker_memory_limit_reads_a_limit_as_distributed_does(given, threads):
+    """``worker_memory_limit`` (which a run on dask's threaded scheduler plans with, never
+    importing distributed) gives each worker what distributed's own parser gives it."""
+    import logging
+
+    from distributed.system import MEMORY_LIMIT
+    from distributed.worker_memory import parse_memory_limit
+
+    from outcore import backend
+    from outcore.plan import worker_memory_limit
+
+    assert backend.memory_limit() == MEMORY_LIMIT
+    if given == "2**30":
+        given = str(2**30)
+    theirs = parse_memory_limit("auto" if given is None else given, threads,
+                                total_cores=os.cpu_count() or 1,
+                                logger=logging.getLogger("test"))
+    assert worker_memory_limit(given, threads) == theirs

@@ -4,6 +4,7 @@ starts the cluster auto chooses for the job."""
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import replace
 
@@ -194,3 +195,74 @@ def test_the_job_is_planned_once_and_its_choices_reach_execute(tmp_path):
     assert planned[0]["workers"] == 2 and made[0].workers == 2
     summary = load_summary(tmp_path / "r")
     assert summary["config"]["blocks"] == 7
+
+
+def _compute_only_job(clients: list) -> Job:
+    """A job that only computes a dask collection (``local_scheduler``), noting the client
+    ``execute`` got."""
+    job = _sized_job(2**20)
+
+    def execute(run, client, plan) -> None:
+        clients.append(client)
+        assert compute(client, da.ones((100, 100), chunks=50).sum(), show=False) == [10_000]
+
+    return replace(job, execute=execute, local_scheduler=True)
+
+
+@pytest.mark.parametrize(("options", "cluster_started"), [
+    ({}, False),                                       # threads, nothing asked: no cluster
+    ({"dashboard": True}, True),                       # a dashboard needs distributed's
+    ({"report": "always"}, True),                      # so does Dask's report
+    ({"worker_timeout": 60.0}, True),                  # and the watch on stuck tasks
+])
+def test_in_process_workers_start_a_dask_cluster_only_for_what_needs_one(
+        tmp_path, options, cluster_started):
+    """A compute-only job on in-process workers runs on dask's threaded scheduler (no client,
+    the summary's scheduler ``dask.threaded``, this process its one worker, no report) unless
+    a dashboard, a report or a worker timeout is asked for; the answer is the same."""
+    clients: list = []
+    report = options.pop("report", "auto")
+    opts = ClusterOptions("threads", workers=2, dashboard=options.pop("dashboard", False))
+    settings = RunSettings(opts, output_dir=str(tmp_path), name="r", progress=False,
+                           report=report, **options)
+    runner.run_job(settings, lambda resources: _compute_only_job(clients))
+    summary = load_summary(tmp_path / "r")
+    assert (clients[0] is not None) == cluster_started
+    workers = summary["cluster"]["workers"]
+    if cluster_started:
+        assert summary["cluster"]["scheduler"].startswith("inproc://") and len(workers) == 2
+    else:
+        assert summary["cluster"]["scheduler"] == "dask.threaded"
+        assert summary["cluster"]["dashboard"] is None
+        assert [(w["pid"], w["threads"]) for w in workers] == [(os.getpid(), 2)]
+        assert "threaded scheduler" in summary["report"]["why"]
+    assert (tmp_path / "r" / runs.REPORT).exists() == (report == "always")
+    assert len(summary["metrics"]["peak_worker_rss_bytes"]) == (2 if cluster_started else 1)
+
+
+def test_the_performance_report_is_written_when_asked_or_long_and_recorded_either_way(
+        tmp_path, monkeypatch):
+    """On a Dask cluster: ``auto`` writes Dask's report for a job that ran at least
+    REPORT_AFTER_S (measured when it ends) and not for a shorter one, ``never`` never,
+    ``always`` always; summary.json says which and why, ``timings_s.report`` its cost."""
+    def run(name: str, when: str) -> dict:
+        settings = RunSettings(ClusterOptions("threads", workers=1), output_dir=str(tmp_path),
+                               name=name, progress=False, report=when)
+        runner.run_job(settings, lambda resources: _sized_job(2**20))
+        return load_summary(tmp_path / name)
+
+    short = run("short", "auto")
+    assert short["report"]["path"] is None and short["report"]["when"] == "auto"
+    assert f"under the {runs.REPORT_AFTER_S:g} s" in short["report"]["why"]
+    assert "report" not in short["timings_s"]
+    never = run("never", "never")
+    assert never["report"] == {"path": None, "when": "never", "why": "not asked for"}
+    always = run("always", "always")
+    assert always["report"]["path"] == str(tmp_path / "always" / runs.REPORT)
+    assert always["timings_s"]["report"] > 0
+    monkeypatch.setattr(runs, "REPORT_AFTER_S", 0.0)  # every job is long enough now
+    long = run("long", "auto")
+    assert long["report"]["path"] and "at least the 0 s" in long["report"]["why"]
+    for name, written in (("short", False), ("never", False), ("always", True),
+                          ("long", True)):
+        assert (tmp_path / name / runs.REPORT).exists() == written, name

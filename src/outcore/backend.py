@@ -187,6 +187,35 @@ def to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+#: Where Linux states a limit on this process's memory below the machine's: cgroup v1 (hard,
+#: soft) and v2 (max, high, low), as ``distributed.system.memory_limit`` reads them.
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.soft_limit_in_bytes",
+                  "/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.high",
+                  "/sys/fs/cgroup/memory.low")
+
+
+@functools.cache
+def memory_limit() -> int:
+    """The memory this process may use, bytes: the least of the machine's, its cgroup's and
+    ``RLIMIT_RSS`` (what dask's workers take their ``auto`` limit from; read here so that a
+    run on dask's threaded scheduler plans for it without importing distributed)."""
+    limit = int(psutil.virtual_memory().total)
+    for path in _CGROUP_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as fh:
+                value = int(fh.read())
+            if value > 0:
+                limit = min(limit, value)
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import resource
+
+        hard = resource.getrlimit(resource.RLIMIT_RSS)[1]
+        if 0 < hard < limit:
+            limit = hard
+    return limit
+
+
 def host_memory() -> dict[str, int]:
     """Total and available host memory in bytes."""
     vm = psutil.virtual_memory()

@@ -43,6 +43,8 @@ CORE_COMMANDS = {
     "plan": "print the memory plan of a command without running it",
     "tune": "time a command over chunk sizes and worker counts",
     "runs": "list run directories with their status (marks interrupted runs as such)",
+    "warm": "compile the kernels into numba's cache and outcore into bytecode, once after"
+            " installing (make does it), so that no command compiles them",
 }
 
 
@@ -60,6 +62,31 @@ def _info(args: argparse.Namespace) -> int:
     }
     print(json.dumps(record, indent=2))
     return 0
+
+
+def _warm(args: argparse.Namespace) -> int:
+    """``outcore warm``: outcore's modules compiled to bytecode (an editable install has
+    none until a first import writes them) and every family's ``warm`` functions run, which
+    compile its numba kernels into numba's on-disk cache, or load them where they are there
+    already. A command then loads them, the first one after installing included."""
+    import compileall
+    import importlib
+    import time
+
+    t0 = time.perf_counter()
+    package = os.path.dirname(os.path.abspath(__file__))
+    compiled = compileall.compile_dir(package, quiet=1, workers=0)
+    print(f"bytecode: {package} ({'compiled' if compiled else 'some modules failed'})",
+          flush=True)
+    for family in FAMILIES:
+        for name in family.warm:
+            t1 = time.perf_counter()
+            module, _, function = name.partition(":")
+            getattr(importlib.import_module(module), function)()
+            print(f"kernels: {family.command}: {name} ({time.perf_counter() - t1:.1f} s)",
+                  flush=True)
+    print(f"warm in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0 if compiled else 1
 
 
 def _verb_named(words: Sequence[str]) -> tuple[Verb, list[str]]:
@@ -142,6 +169,8 @@ def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
                         help="print the traceback of an error (for a bug report)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help=CORE_COMMANDS["info"])
+    sub.add_parser("warm", help=CORE_COMMANDS["warm"], description=_warm.__doc__.split("\n\n")[0]
+                   .replace("``", ""))
     plan = sub.add_parser("plan", help=CORE_COMMANDS["plan"])
     plan.add_argument("verb", help=f"a command: {', '.join(f.command for f in FAMILIES)}")
     plan.add_argument("rest", nargs=argparse.REMAINDER)
@@ -230,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _plan(args)
         if args.command == "runs":
             return _runs(args)
+        if args.command == "warm":
+            return _warm(args)
         if args.command == "tune":
             from outcore import tune
 

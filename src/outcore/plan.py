@@ -106,12 +106,33 @@ class Resources:
 
 def worker_memory_limit(given: int | str | None, threads_per_worker: int = 1) -> int | None:
     """The bytes of memory each worker gets from ``--memory-limit`` ``given``, as dask reads
-    it: bytes, a size string, a fraction of the machine's memory, or ``auto`` (also None) =
-    the machine's memory x threads / cores (capped at the machine's memory; None for 0)."""
-    from distributed.worker_memory import parse_memory_limit
+    it (``distributed.worker_memory.parse_memory_limit``'s rules, here without importing
+    distributed): bytes, a size string, a fraction of the memory this process may use
+    (``backend.memory_limit``), or ``auto`` (also None) = that memory x threads / cores;
+    capped at that memory, None for 0."""
+    whole = backend.memory_limit()
+    if given is None or given == "auto":
+        limit = int(whole * min(1.0, threads_per_worker / (os.cpu_count() or 1)))
+    elif isinstance(given, str) and not _is_number(given):
+        limit = int(parse_bytes(given))
+    else:
+        number = float(given)
+        limit = int(number * whole) if number <= 1 else int(number)
+    if limit == 0:
+        return None
+    if limit > whole:
+        log.warning("Ignoring provided memory limit %s due to system memory limit of %s",
+                    given, format_bytes(whole))
+        return whole
+    return limit
 
-    return parse_memory_limit("auto" if given is None else given, threads_per_worker,
-                              total_cores=os.cpu_count() or 1, logger=log)
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def least_memory_limit(baseline_bytes: int = WORKER_BASELINE_BYTES,

@@ -9,27 +9,32 @@ compute and before anything is written.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import datetime as dt
 import json
 import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import distributed
+import dask
+import dask.threaded
 from dask.utils import format_bytes
 
 from outcore import backend, cluster
 from outcore.errors import OutcoreError, refuse_existing, translate
 from outcore.plan import Plan, Resources
 from outcore.progress import SHOW_PROGRESS
-from outcore.runs import Run, input_record, sha256_path
+from outcore.runs import Run, input_record, process_age_s, sha256_path
 from outcore.settings import RunSettings, in_flags
 from outcore.verbs import Job
+
+if TYPE_CHECKING:
+    import distributed
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,18 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     resolved backend among them); it must only read metadata (lazy opens, validation), so
     that its errors come before the cluster starts. The job is planned once, on the running
     cluster's resources, and that plan is what the run records and executes.
+
+    Until a cluster's client says otherwise, dask computes here on its threaded scheduler,
+    given as its function: named, or left to dask, it would import distributed only to look
+    for a client, which a run on dask's threaded scheduler never needs.
     """
+    with dask.config.set(scheduler=dask.threaded.get):
+        return _run_job(settings, job_factory)
+
+
+def _run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> dict[str, Any]:
+    timings = {"start": round(process_age_s(), 6)}  # interpreter, imports, parsing
+    t0 = time.perf_counter()
     kind = settings.cluster.validate()
     settings.validate()
     if kind == "mpi":  # before anything probes CUDA: it reads CUDA_VISIBLE_DEVICES once
@@ -65,29 +81,77 @@ def run_job(settings: RunSettings, job_factory: Callable[[Resources], Job]) -> d
     run_path = refuse_existing(Path(settings.output_dir) / name)
     opts, why = chosen_cluster(settings.cluster, job)
     kind = opts.resolved_kind()
-    client = cluster.start(opts.kind, **_cluster_kwargs(opts))
+    threaded = on_threaded_scheduler(opts, settings, job)
+    timings["prepare"] = _since(t0)
+    t0 = time.perf_counter()
+    client = None if threaded else cluster.start(opts.kind, **_cluster_kwargs(opts))
+    timings["cluster"] = _since(t0)
     exit_code = 1
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        print(f"cluster: {kind}, dashboard {client.dashboard_link}", flush=True)
+        print(f"cluster: {kind}, {_where(client)}", flush=True)
         if why:
             print(f"note: {why}; --cluster local starts worker processes", flush=True)
-        resources = Resources.of_client(client, backend_name,
-                                        settings.cluster.device_memory_limit)
+        t0 = time.perf_counter()
+        resources = (Resources.of_options(opts, backend_name) if client is None else
+                     Resources.of_client(client, backend_name,
+                                         settings.cluster.device_memory_limit))
         plan = job.plan(resources)
         capped = settings.memory_limit_note(resources)
         if capped:  # in the table and in the summary's plan
             plan.notes.append(capped)
         print(plan.table(), flush=True)
         plan.check(job.plan_fixes, job.device_fixes)
+        timings["plan"] = _since(t0)
         run = Run.create(run_path.parent, run_path.name, job.command,
                          _config(job, settings, plan))
-        summary = _execute(run, client, job, plan, settings, kind, why)
+        run.record["timings_s"].update(timings)
+        with contextlib.nullcontext() if client else threaded_scheduler(resources):
+            summary = _execute(run, client, job, plan, settings, kind, why)
         exit_code = 0
         return summary
     finally:
         signal.signal(signal.SIGTERM, previous)
-        cluster.stop(client, exit_code)
+        if client is not None:
+            cluster.stop(client, exit_code)
+
+
+def on_threaded_scheduler(opts: cluster.ClusterOptions, settings: RunSettings, job: Job) -> bool:
+    """Whether ``job`` runs on dask's threaded scheduler in this process, no Dask cluster
+    started: its workers are threads of this process (``threads``, or ``auto``'s choice of
+    it), it computes only dask collections (``Job.local_scheduler``), and nothing asks for
+    what only a cluster gives: a dashboard (``--dashboard``), Dask's performance report
+    (``--report always``), a memory limit each worker holds to (``--memory-limit``) or a
+    watch on stuck tasks (``--worker-timeout``). A short job saves importing and starting
+    distributed's scheduler and its cost of each task, which together come to a third of a
+    no-op ``fit-dipoles`` beyond the libraries' imports."""
+    return (opts.resolved_kind() == "threads" and job.local_scheduler and not opts.dashboard
+            and settings.report != "always" and opts.memory_limit is None
+            and settings.worker_timeout is None)
+
+
+@contextlib.contextmanager
+def threaded_scheduler(resources: Resources) -> Iterator[None]:
+    """dask's threaded scheduler with a thread for each thread of the plan's workers, the
+    default of every ``dask.compute`` inside; rechunks by tasks, as dask chooses without a
+    client (said here: to find that out, dask imports distributed)."""
+    with dask.config.set({"scheduler": dask.threaded.get, "array.rechunk.method": "tasks",
+                          "num_workers": resources.workers * resources.threads_per_worker}):
+        yield
+
+
+def _where(client: distributed.Client | None) -> str:
+    """How the ``cluster:`` line names where the job runs: the dashboard's link, or that
+    there is none and the flag that serves one."""
+    if client is None:
+        return "dask's threaded scheduler in this process, no dashboard (--dashboard serves one)"
+    if client.dashboard_link:
+        return f"dashboard {client.dashboard_link}"
+    return "no dashboard (--dashboard serves one)"
+
+
+def _since(t0: float) -> float:
+    return round(time.perf_counter() - t0, 6)
 
 
 def chosen_cluster(opts: cluster.ClusterOptions,
@@ -105,8 +169,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def _execute(
-    run: Run, client: distributed.Client, job: Job, plan: Plan, settings: RunSettings, kind: str,
-    why: str | None,
+    run: Run, client: distributed.Client | None, job: Job, plan: Plan, settings: RunSettings,
+    kind: str, why: str | None,
 ) -> dict[str, Any]:
     try:
         run.set(
@@ -115,16 +179,18 @@ def _execute(
                 "kind": kind,
                 "requested": settings.cluster.kind,
                 "why": why,
-                "scheduler": client.scheduler.address,
-                "dashboard": client.dashboard_link,
-                "workers": cluster.placement(client),
+                "scheduler": client.scheduler.address if client else "dask.threaded",
+                "dashboard": (client.dashboard_link or None) if client else None,
+                "workers": (cluster.placement(client) if client else
+                            [cluster.this_process(plan.workers * plan.threads_per_worker)]),
             },
         )
         run.set("plan", plan.to_dict())
         hashes = InputHashes(run, job.inputs)
         with hashes, RunWatchdog(client, settings.worker_timeout) as watchdog:
             try:
-                with run.timing("execute"), run.performance_report():
+                with run.performance_report(settings.report, cluster=client is not None), \
+                        run.timing("execute"):
                     job.execute(run, client, plan)
                 if job.rounds is not None and (
                     settings.warmup_rounds or settings.measure_rounds > 1
@@ -136,7 +202,7 @@ def _execute(
                 watchdog.raise_if_fired()
                 raise
             except Exception as err:
-                if client.status != "running":
+                if client is not None and client.status != "running":
                     raise OutcoreError(
                         f"Lost the scheduler at {run.record['cluster']['scheduler']} during the"
                         f" run ({type(err).__name__}: {err}).",
@@ -226,10 +292,13 @@ class RunWatchdog:
     memory (dask pauses a worker at 80 % of its limit) for ``PAUSED_GRACE_S``, when one task
     has been processing for more than ``worker_timeout`` seconds (``--worker-timeout``), or
     when the scheduler has not answered for ``SCHEDULER_GRACE_S``. Firing interrupts the main
-    thread; ``run_job`` turns that into a failed run with the reason and a fix.
+    thread; ``run_job`` turns that into a failed run with the reason and a fix. Without a
+    client (dask's threaded scheduler: nothing pauses, no scheduler to lose) it watches
+    nothing.
     """
 
-    def __init__(self, client: distributed.Client, worker_timeout: float | None = None) -> None:
+    def __init__(self, client: distributed.Client | None,
+                 worker_timeout: float | None = None) -> None:
         self.client = client
         self.worker_timeout = worker_timeout
         self.reason: tuple[str, str] | None = None
@@ -237,12 +306,14 @@ class RunWatchdog:
         self._thread = threading.Thread(target=self._watch, daemon=True, name="outcore-watch")
 
     def __enter__(self) -> RunWatchdog:
-        self._thread.start()
+        if self.client is not None:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _watch(self) -> None:
         paused_since = silent_since = None
@@ -319,9 +390,10 @@ def _max_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def peak_worker_rss(client: distributed.Client) -> dict[str, int]:
-    """Each worker process's peak resident memory in bytes (the kernel's high-water mark)."""
-    return client.run(_max_rss)
+def peak_worker_rss(client: distributed.Client | None) -> dict[str, int]:
+    """Each worker process's peak resident memory in bytes (the kernel's high-water mark);
+    without a client, this process's (its threads are the workers)."""
+    return client.run(_max_rss) if client is not None else {"this-process": _max_rss()}
 
 
 def print_summary(summary: dict) -> None:

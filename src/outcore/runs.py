@@ -2,8 +2,9 @@
 
 A run directory holds ``summary.json`` (schema version, command, status, the process that
 runs it, timings, cluster placement, versions, effective config, inputs and outputs with
-sizes and SHA-256, metrics), ``effective-config.yaml``, the outputs, and
-``dask-report.html``. It is created empty and refused when it exists.
+sizes and SHA-256, metrics, whether Dask's performance report was written and why),
+``effective-config.yaml``, the outputs, and ``dask-report.html`` when it was written. It is
+created empty and refused when it exists.
 
 Each output is written under a partial name (``NAME.partial-<token>``, handed out by
 ``add_output``) and renamed to its own name only after ``status: success`` was written, once
@@ -39,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from outcore.checks import existing_path, path_component
+from outcore.checks import choice, existing_path, path_component
 from outcore.errors import (
     InputNotFoundError,
     OutcoreError,
@@ -52,6 +53,11 @@ SCHEMA_VERSION = 2
 SUMMARY = "summary.json"
 CONFIG = "effective-config.yaml"
 REPORT = "dask-report.html"
+#: When ``Run.performance_report`` writes Dask's report: ``auto`` (a job of at least
+#: ``REPORT_AFTER_S`` seconds), ``always`` or ``never``.
+REPORT_CHOICES = ("auto", "always", "never")
+#: Seconds of work from which ``auto`` writes the report: its 0.7 s is then 7 % or less.
+REPORT_AFTER_S = 10.0
 _HASH_BLOCK = 8 * 2**20
 _VERSIONED = (
     "outcore", "numpy", "scipy", "dask", "distributed", "xarray", "zarr", "pandas",
@@ -146,6 +152,16 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0], int(fields[19])
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start after boot, to the clock tick);
+    0.0 where the system does not say."""
+    stat = _proc_stat(os.getpid())
+    boot_clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if stat is None or boot_clock is None:
+        return 0.0
+    return max(time.clock_gettime(boot_clock) - stat[1] / os.sysconf("SC_CLK_TCK"), 0.0)
+
+
 def _boot_id() -> str | None:
     with contextlib.suppress(OSError):
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -218,6 +234,7 @@ class Run:
             "finished_at": None,
             "timings_s": {},
             "rounds": None,
+            "report": None,
             "cluster": None,
             "plan": None,
             "versions": versions(),
@@ -298,21 +315,52 @@ class Run:
             self.record["timings_s"][stage] = round(time.perf_counter() - t0, 6)
 
     @contextlib.contextmanager
-    def performance_report(self) -> Iterator[None]:
-        """Write Dask's performance report of the enclosed work to ``dask-report.html``; when
-        the work raised, the report is written if it can be, and never hides that error.
+    def performance_report(self, when: str = "auto", cluster: bool = True) -> Iterator[None]:
+        """Dask's performance report of the enclosed work, written to ``dask-report.html``
+        ``always``, ``never``, or (``auto``) when the work took ``REPORT_AFTER_S`` seconds
+        or more: rendering it imports bokeh and costs about 0.7 s, more than a short job.
+
+        What the report shows is collected from the start either way (the scheduler's task
+        stream and profiles: cheap); whether it is written is decided when the work ends,
+        from its measured seconds, and recorded under ``report`` in the summary (``path``:
+        the file or None, ``when``, ``why``), with ``timings_s.report`` the seconds it
+        took. When the work raised, the report is written if the rule asks for one and it
+        can be, and never hides that error.
 
         The report's "calling code" is the command line (``argv``): dask would otherwise
         look up the source of this function, 0.3 s of ``inspect`` over every loaded module.
+        ``cluster=False``: the work runs on dask's threaded scheduler, which keeps nothing to
+        report (``always`` then cannot be honoured: OutcoreError).
         """
+        choice(when, REPORT_CHOICES, "report")
+        if when == "never" or not cluster:
+            if when == "always":
+                raise OutcoreError("Dask's performance report needs a Dask cluster, and this"
+                                   " work runs on dask's threaded scheduler.",
+                                   "run it on a Dask cluster, or do not ask for a report.")
+            self.record["report"] = {"path": None, "when": when, "why": (
+                "not asked for" if when == "never" else
+                "the work ran on dask's threaded scheduler, which keeps no report")}
+            yield
+            return
         from distributed import get_client, performance_report
 
         report = performance_report(filename=str(self.path / REPORT))
         report.__enter__()
         code = " ".join(map(str, self.record["argv"]))
+        t0 = time.perf_counter()
 
         def finish(*exc: Any) -> None:
-            get_client().sync(report.__aexit__, *exc, code=code)
+            seconds = time.perf_counter() - t0
+            wanted = when == "always" or seconds >= REPORT_AFTER_S
+            why = ("asked for" if when == "always" else
+                   f"the work took {seconds:.1f} s, {'at least' if wanted else 'under'}"
+                   f" the {REPORT_AFTER_S:g} s after which one is written")
+            self.record["report"] = {"path": str(self.path / REPORT) if wanted else None,
+                                     "when": when, "why": why}
+            if wanted:
+                with self.timing("report"):
+                    get_client().sync(report.__aexit__, *exc, code=code)
 
         try:
             yield
@@ -384,7 +432,7 @@ class Run:
             )
         self.record["outputs"] = outputs
         self.record["timings_s"]["verify_outputs"] = round(time.perf_counter() - t0, 6)
-        self.record["timings_s"]["total"] = round(time.perf_counter() - self.started, 6)
+        self._end_timings()
         self.record["finished_at"] = _now()
         self.record["status"] = "success"
         self.record["committing"] = [{"from": str(o.partial), "to": str(o.final)}
@@ -412,10 +460,16 @@ class Run:
         self.record["reason"] = f"{type(error).__name__}: {error}"
         self.record["traceback"] = traceback.format_exception(error)[-5:]
         self.record["outputs"] = [out.pending() for out in self._outputs if out.partial.exists()]
-        self.record["timings_s"]["total"] = round(time.perf_counter() - self.started, 6)
+        self._end_timings()
         self.record["finished_at"] = _now()
         self._write()
         return self.record
+
+    def _end_timings(self) -> None:
+        """``timings_s.total`` (since the run directory was made) and ``process`` (since the
+        process started: what the process spent before the run directory and in it)."""
+        self.record["timings_s"]["total"] = round(time.perf_counter() - self.started, 6)
+        self.record["timings_s"]["process"] = round(process_age_s(), 6)
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:

@@ -58,8 +58,8 @@ def client_for(client: distributed.Client | None = None) -> distributed.Client:
     workers = own.scheduler_info(n_workers=-1)["workers"].values()
     limit = min(int(w["memory_limit"]) for w in workers)
     print(f"outcore: no Dask client was running, so one was started in this process:"
-          f" {len(workers)} workers of {format_bytes(limit)}, dashboard {own.dashboard_link}."
-          " Start your own (distributed.Client(...)) first to choose the cluster.",
+          f" {len(workers)} workers of {format_bytes(limit)}, without a dashboard. Start your"
+          " own (distributed.Client(...)) first to choose the cluster and see its dashboard.",
           flush=True)
     return own
 
@@ -79,13 +79,15 @@ def resources_for(client: distributed.Client, backend: str = "auto",
     return Resources.of_client(client, backends.resolve(backend), device_memory_limit)
 
 
-def fitted_plan(make: Callable[[Resources], Plan], client: distributed.Client,
+def fitted_plan(make: Callable[[Resources], Plan], client: distributed.Client | None,
                 backend: str = "auto", *, plan: Plan | None = None,
                 fixes: Sequence[str] = (), device_fixes: Sequence[str] = ()) -> Plan:
-    """``plan`` when given (the command line's, already printed and checked), else
-    ``make(resources)`` for ``client``'s workers, checked: a ``PlanError`` before any
-    compute when it does not fit, its fixes (``fixes``, ``device_fixes``: keywords of the
-    caller's function) followed by the cluster's own (``memory_limit=``, ``workers=``)."""
+    """``plan`` when given (the command line's, already printed and checked: no client is
+    looked for, so that the command line can run it on dask's threaded scheduler), else
+    ``make(resources)`` for the workers of ``client_for(client)``, checked: a ``PlanError``
+    before any compute when it does not fit, its fixes (``fixes``, ``device_fixes``:
+    keywords of the caller's function) followed by the cluster's own (``memory_limit=``,
+    ``workers=``)."""
     if plan is not None:
         return plan
-    return make(resources_for(client, backend)).check(fixes, device_fixes)
+    return make(resources_for(client_for(client), backend)).check(fixes, device_fixes)

@@ -21,6 +21,7 @@ from outcore import backend, cluster
 from outcore.checks import path_component, positive, size, writable_directory
 from outcore.errors import OutcoreError, translate
 from outcore.plan import WORKER_BASELINE_BYTES, Resources, least_memory_limit, worker_memory_limit
+from outcore.runs import REPORT_AFTER_S, REPORT_CHOICES
 
 __all__ = [
     "Parser",
@@ -121,6 +122,10 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = 
     g.add_argument("--spill-dir", default=None, help="where workers spill to disk")
     g.add_argument("--dashboard-address", default=cluster.LOOPBACK_DASHBOARD,
                    help="host:port of the dashboard (default loopback, random port)")
+    g.add_argument("--dashboard", action="store_true",
+                   help="serve Dask's dashboard for workers that are threads of this process"
+                        " too (--cluster threads, or auto's choice of it); worker processes"
+                        " always serve one")
     g.add_argument("--interface", default=None, help="network interface for mpi (e.g. ib0, lo)")
     g.add_argument("--tls-cert", default=None, help="TLS certificate (PEM) for every component")
     g.add_argument("--tls-key", default=None, help="private key of --tls-cert (PEM)")
@@ -133,6 +138,10 @@ def add_common_options(parser: argparse.ArgumentParser, defaults: dict | None = 
     g.add_argument("--worker-timeout", type=float, default=None,
                    help="seconds one task may run before the run is ended as failed")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--report", default="auto", choices=REPORT_CHOICES,
+                   help="write Dask's performance report dask-report.html: always, never, or"
+                        f" auto: when the job ran {REPORT_AFTER_S:g} s or more (summary.json"
+                        " records which and why)")
     g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                    help="print the traceback of an error (for a bug report)")
     if defaults:
@@ -170,6 +179,9 @@ class RunSettings:
     measure_rounds: int = 1
     progress: bool = True
     worker_timeout: float | None = None
+    #: when to write Dask's performance report: ``auto``, ``always`` or ``never``
+    #: (``runs.Run.performance_report``).
+    report: str = "auto"
     #: keyword -> flag of the verb's parser (``flags_of``): the run's errors name flags.
     flags: Mapping[str, str] | None = None
 
@@ -183,6 +195,7 @@ class RunSettings:
             "warmup_rounds": self.warmup_rounds,
             "measure_rounds": self.measure_rounds,
             "worker_timeout": self.worker_timeout,
+            "report": self.report,
         }
 
     def validate(self) -> None:
@@ -248,6 +261,7 @@ def cluster_options(args: argparse.Namespace) -> cluster.ClusterOptions:
         device_memory_limit=args.device_memory_limit,
         spill_dir=args.spill_dir,
         dashboard_address=args.dashboard_address,
+        dashboard=args.dashboard,
         interface=args.interface,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -266,5 +280,6 @@ def run_settings(args: argparse.Namespace) -> RunSettings:
         measure_rounds=args.measure_rounds,
         progress=not args.no_progress,
         worker_timeout=args.worker_timeout,
+        report=args.report,
         flags=getattr(args, "flags", None),
     )

@@ -244,7 +244,9 @@ def _one_cluster(run: Run, grid: _Grid, count: int, work: float) -> list[Point]:
     client = cluster.start(**vars(opts))
     try:
         client.wait_for_workers(count, timeout=120)
-        print(f"cluster: {count} worker(s), dashboard {client.dashboard_link}", flush=True)
+        where = (f"dashboard {client.dashboard_link}" if client.dashboard_link else
+                 "no dashboard (--dashboard serves one)")
+        print(f"cluster: {count} worker(s), {where}", flush=True)
         resources = Resources.of_client(client, grid.backend,
                                         grid.settings.cluster.device_memory_limit)
         record = run.record["cluster"] or {"kind": opts.resolved_kind(), "runs": []}

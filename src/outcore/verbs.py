@@ -50,19 +50,24 @@ class Job:
     of what ``execute`` wrote, by name (empty under ``outcore tune``, which runs no
     ``execute``). ``worker_baseline_bytes`` is what one of its workers holds before any task
     (the baseline its plans count): a ``--memory-limit`` too small for it is refused before
-    any cluster starts.
+    any cluster starts. ``local_scheduler``: ``execute`` and ``rounds`` only compute dask
+    collections (through ``outcore.progress.compute``, ``dask.compute`` or the family's
+    public functions, which take ``client=None`` with a ``plan``), so that workers that are
+    threads of this process can be dask's threaded scheduler, ``client`` None, without
+    starting a Dask cluster (``runner.scheduler_reason``).
     """
 
     command: str
     config: dict[str, Any]
     plan: Callable[[Resources], Plan]
-    execute: Callable[[Run, distributed.Client, Plan], None]
+    execute: Callable[[Run, distributed.Client | None, Plan], None]
     inputs: Sequence[str | Path] = field(default_factory=list)
     plan_fixes: Sequence[str] = ()
     rounds: Rounds | None = None
     device_fixes: Sequence[str] = ()
     data_bytes: int = 0
     worker_baseline_bytes: int = WORKER_BASELINE_BYTES
+    local_scheduler: bool = False
 
 
 @dataclass(frozen=True)

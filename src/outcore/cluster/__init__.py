@@ -8,9 +8,11 @@ One worker per GPU where GPUs exist.
 Each engine is a thin adapter in a module of its own, with ``start(opts) -> Client``:
 ``local`` (worker processes; ``start_threads``: workers that are threads of this process),
 ``cuda`` (dask-cuda), ``mpi`` (dask-mpi, with its own ``stop``) and ``address`` (joining a
-running scheduler); ``workers`` holds what every engine shares (malloc thresholds, quiet
-task errors, placement records). Adding an engine is its module and one line in
-``ENGINES``.
+running scheduler); ``workers`` holds what every engine shares (malloc thresholds, placement
+records) and ``quiet`` the quieting of their logs. Adding an engine is its module and one
+line in ``ENGINES``. Importing this package imports no distributed (nor the engines): the
+options, the placement records of this process and ``in_process_reason`` serve a run on
+dask's threaded scheduler, and an engine is imported when its kind starts.
 
 Under ``mpi`` every rank calls ``start``: rank 0 runs the scheduler, rank 1 returns the
 client and runs the job, the other ranks are workers, pinned to one GPU each by their rank
@@ -22,17 +24,13 @@ which reads the pinning once). Worker ranks block in ``start`` until the client 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-import distributed
-
-from outcore.cluster import address, cuda, local, mpi
-from outcore.cluster.address import JOIN_WORKER_TIMEOUT_S
-from outcore.cluster.mpi import MPI_CLIENT_RANK, mpi_worker_class, pin_mpi_worker_gpu
 from outcore.cluster.options import (
     ADDRESS_PREFIXES,
     CLUSTER_KINDS,
@@ -44,50 +42,71 @@ from outcore.cluster.options import (
 from outcore.cluster.workers import (
     WORKER_MMAP_BYTES,
     WORKER_TRIM_BYTES,
-    QuietTaskErrors,
     placement,
     placement_table,
-    quiet_size_probes,
     set_malloc_thresholds,
+    this_process,
     total_memory_limit,
     worker_environ,
 )
+from outcore.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    import distributed
+
+#: The names of the engines' modules, which import distributed: loaded on first use, so that
+#: a run on dask's threaded scheduler (``outcore.runner``) imports none of it.
+__getattr__, _dir, _lazy = lazy_exports(__name__, {
+    "address": ("address", "JOIN_WORKER_TIMEOUT_S"),
+    "cuda": ("cuda",),
+    "local": ("local",),
+    "mpi": ("mpi", "MPI_CLIENT_RANK", "mpi_worker_class", "pin_mpi_worker_gpu"),
+    "quiet": ("quiet", "QuietTaskErrors"),
+})
 
 __all__ = [
     "ADDRESS_PREFIXES",
     "CLUSTER_KINDS",
     "ENGINES",
     "IN_PROCESS_DATA_FRACTION",
-    "JOIN_WORKER_TIMEOUT_S",
     "LOOPBACK_DASHBOARD",
-    "MPI_CLIENT_RANK",
     "WORKER_MMAP_BYTES",
     "WORKER_TRIM_BYTES",
     "ClusterOptions",
-    "QuietTaskErrors",
     "connect",
     "in_process_reason",
-    "mpi_worker_class",
-    "pin_mpi_worker_gpu",
     "placement",
     "placement_table",
     "set_malloc_thresholds",
     "start",
     "stop",
+    "this_process",
     "total_memory_limit",
     "worker_environ",
+    *_lazy,
 ]
 
 log = logging.getLogger(__name__)
 
-#: The engine that starts each resolved kind: ``start(opts) -> Client``.
-ENGINES: dict[str, Callable[[ClusterOptions], distributed.Client]] = {
-    "local": local.start,
-    "threads": local.start_threads,
-    "cuda": cuda.start,
-    "mpi": mpi.start,
-    "address": address.start,
+#: The engine that starts each resolved kind, ``module:function`` of this package with
+#: ``function(opts) -> Client`` (imported when that kind starts).
+ENGINES: dict[str, str] = {
+    "local": "local:start",
+    "threads": "local:start_threads",
+    "cuda": "cuda:start",
+    "mpi": "mpi:start",
+    "address": "address:start",
 }
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+def _engine(kind: str) -> Any:
+    """The start function of ``kind``'s engine (``ENGINES``)."""
+    module, _, function = ENGINES[kind].partition(":")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
 
 
 def start(kind: str = "auto", **options: Any) -> distributed.Client:
@@ -96,15 +115,18 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
     Keyword options are the fields of ``ClusterOptions`` (workers, threads_per_worker,
     memory_limit, device_memory_limit, spill_dir, dashboard_address, interface).
     """
+    from outcore.cluster.quiet import QuietTaskErrors, quiet_size_probes
+
     opts = ClusterOptions(kind=kind, **options)
     resolved = opts.validate()
     opts.warn_if_exposed()
     quiet_size_probes()  # the client's (and an in-process scheduler's) comms
     previous = _default_client()
-    client = ENGINES[resolved](opts)
+    client = _engine(resolved)(opts)
     if previous is not None and previous is not client:
         warnings.warn(
-            f"outcore started a new {resolved} cluster ({client.dashboard_link}); it is now"
+            f"outcore started a new {resolved} cluster"
+            f" ({client.dashboard_link or client.scheduler.address}); it is now"
             f" the default client, in place of the one you had ({previous.scheduler.address})."
             " To run outcore on yours, do not start one: its functions use your default"
             " client, or pass client=.", stacklevel=2)
@@ -116,6 +138,8 @@ def start(kind: str = "auto", **options: Any) -> distributed.Client:
 
 def _default_client() -> distributed.Client | None:
     """The default client of this process, or None."""
+    import distributed
+
     try:
         return distributed.default_client()
     except ValueError:
@@ -130,6 +154,8 @@ def stop(client: distributed.Client, exit_code: int = 0, timeout: float = 30.0) 
     """
     kind = getattr(client, "outcore_kind", None)
     if kind == "mpi":
+        from outcore.cluster import mpi
+
         mpi.stop(client, exit_code, timeout)
         return
     cluster = client.cluster if kind != "address" else None

@@ -24,7 +24,9 @@ def start(opts: ClusterOptions) -> distributed.Client:
 
 
 def start_threads(opts: ClusterOptions) -> distributed.Client:
-    """A client of a new cluster whose workers are threads of this process (``threads``)."""
+    """A client of a new cluster whose workers are threads of this process (``threads``),
+    with Dask's dashboard only when ``opts.dashboard`` asks for it (without it, bokeh is
+    not imported: its client's ``dashboard_link`` is empty)."""
     workers = opts.default_workers()
     with dask.config.set(shared_process_memory(workers)):
         return _local_client(opts, False, workers)
@@ -48,18 +50,21 @@ def shared_process_memory(workers: int) -> dict[str, Any]:
 class InProcessCluster(distributed.LocalCluster):
     """A LocalCluster of thread workers whose dashboard link names the host its dashboard
     listens on (the in-process scheduler's address names the machine's network address,
-    where the default loopback dashboard does not answer)."""
+    where the default loopback dashboard does not answer), and is empty when it serves no
+    dashboard (``dashboard=False``: its scheduler's HTTP server then answers only health
+    and metrics, on the same address)."""
 
-    def __init__(self, *args: Any, dashboard_host: str, **kwargs: Any) -> None:
-        self._dashboard_host = dashboard_host
-        super().__init__(*args, **kwargs)
+    def __init__(self, *args: Any, dashboard_host: str, dashboard: bool, **kwargs: Any) -> None:
+        self._dashboard_host = dashboard_host if dashboard else None
+        super().__init__(*args, scheduler_kwargs={"dashboard": dashboard}, **kwargs)
 
     @property
     def dashboard_link(self) -> str:
         from distributed.utils import format_dashboard_link
 
         port = self.scheduler_info.get("services", {}).get("dashboard")
-        return format_dashboard_link(self._dashboard_host, port) if port else ""
+        return format_dashboard_link(self._dashboard_host, port) if (
+            port and self._dashboard_host) else ""
 
 
 def _local_client(opts: ClusterOptions, processes: bool, workers: int) -> distributed.Client:
@@ -76,6 +81,7 @@ def _local_client(opts: ClusterOptions, processes: bool, workers: int) -> distri
             **({"security": opts.security(), "protocol": "tls://"} if opts.tls else {}))
     else:
         host = opts.dashboard_address.rpartition(":")[0].strip("[]")
-        cluster = InProcessCluster(processes=False, **kwargs, dashboard_host=(
-            socket.gethostname() if host in ("", "0.0.0.0", "::") else host))
+        cluster = InProcessCluster(processes=False, **kwargs, dashboard=opts.serves_dashboard,
+                                   dashboard_host=(socket.gethostname()
+                                                   if host in ("", "0.0.0.0", "::") else host))
     return distributed.Client(cluster, security=opts.security())

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-
-import distributed
+from typing import TYPE_CHECKING
 
 from outcore import backend
 from outcore.checks import at_least, size
-from outcore.cluster import cuda
 from outcore.errors import ClusterError
+
+if TYPE_CHECKING:
+    import distributed
 
 CLUSTER_KINDS: tuple[str, ...] = ("auto", "local", "threads", "cuda", "mpi")
 ADDRESS_PREFIXES: tuple[str, ...] = ("tcp://", "tls://", "ucx://", "inproc://")
@@ -24,6 +25,8 @@ class ClusterOptions:
     """What a user asked for; ``validate`` checks it against the kind before anything starts.
 
     ``memory_limit`` and ``device_memory_limit`` are per worker (bytes or "4 GiB").
+    ``dashboard``: serve Dask's dashboard for a cluster of threads of this process too
+    (``serves_dashboard``); every other kind serves one, at ``dashboard_address``.
     """
 
     kind: str = "auto"
@@ -33,6 +36,7 @@ class ClusterOptions:
     device_memory_limit: int | str | None = None
     spill_dir: str | None = None
     dashboard_address: str = LOOPBACK_DASHBOARD
+    dashboard: bool = False
     interface: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -46,6 +50,8 @@ class ClusterOptions:
         """dask's Security for TLS between client, scheduler and workers (None without TLS)."""
         if not self.tls:
             return None
+        import distributed
+
         return distributed.Security(
             require_encryption=True,
             tls_ca_file=self.tls_ca,
@@ -53,6 +59,14 @@ class ClusterOptions:
             tls_scheduler_cert=self.tls_cert, tls_scheduler_key=self.tls_key,
             tls_worker_cert=self.tls_cert, tls_worker_key=self.tls_key,
         )
+
+    @property
+    def serves_dashboard(self) -> bool:
+        """Whether the cluster started for these options serves Dask's dashboard: always
+        for worker processes (``local``, ``cuda``, ``mpi``) and a joined scheduler (its own);
+        for ``threads`` only when asked (``dashboard=True``), since importing bokeh for it
+        costs a short job about 0.8 s."""
+        return self.dashboard or self.resolved_kind() != "threads"
 
     @property
     def is_address(self) -> bool:
@@ -64,8 +78,11 @@ class ClusterOptions:
         """``auto`` becomes ``cuda`` where a GPU is visible, else ``local`` (which a job whose
         data are small then runs in this process: ``in_process_reason``)."""
         if self.kind == "auto":
-            return ("cuda" if backend.gpu_available() and cuda.import_failure() is None
-                    else "local")
+            if not backend.gpu_available():
+                return "local"
+            from outcore.cluster import cuda
+
+            return "cuda" if cuda.import_failure() is None else "local"
         return "address" if self.is_address else self.kind
 
     def default_workers(self) -> int:
@@ -133,6 +150,8 @@ class ClusterOptions:
                     "set them where that cluster's workers are started, or drop them.",
                 )
         if kind == "cuda" and on_this_machine:
+            from outcore.cluster import cuda
+
             cuda.check_usable()
         return kind
 
@@ -165,7 +184,7 @@ class ClusterOptions:
     def warn_if_exposed(self) -> None:
         """Warn when the dashboard or the cluster listens beyond loopback without TLS."""
         host = self.dashboard_address.rpartition(":")[0]
-        if host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
+        if self.serves_dashboard and host not in ("127.0.0.1", "localhost", "[::1]", "::1"):
             warnings.warn(
                 f"The dashboard listens on {self.dashboard_address!r}, beyond this machine:"
                 " anyone who can reach it sees your tasks and data names. Bind it to"

@@ -1,18 +1,20 @@
 """What outcore sets up on and reads from the workers of any engine: glibc's malloc
-thresholds, the quieting of failed-task logs, and the placement records (pid, host, GPU)."""
+thresholds and the placement records (pid, host, GPU). Imports no distributed: a run on
+dask's threaded scheduler records its placement too (``this_process``)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
-import distributed
 
 from outcore import backend
+
+if TYPE_CHECKING:
+    import distributed
 
 #: glibc's malloc thresholds for worker processes, bytes. dask spawns workers with
 #: ``MALLOC_TRIM_THRESHOLD_=65536``, which also fixes the mmap threshold at 128 KiB: every
@@ -50,51 +52,6 @@ def set_malloc_thresholds() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, WORKER_MMAP_BYTES)
 
 
-class _NoComputeFailed(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Compute Failed")
-
-
-class _NoSizeProbe(logging.Filter):
-    """Drops distributed's "Sizeof calculation ... failed. Defaulting to -1 B": before a
-    message is sent, its comm estimates the size with a default of -1 only to choose whether
-    to serialise it in a thread, and dask's estimate gives up (RecursionError) on a deeply
-    nested message such as the profile a performance report collects; the message is then
-    serialised in a thread and sent whole. Other size failures (another default) still log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = str(record.msg)
-        return not ("Sizeof calculation" in text and "Defaulting to -1 B" in text)
-
-
-def quiet_size_probes() -> None:
-    """Keep this process's comms from logging their deliberate size probe (``_NoSizeProbe``),
-    unless ``OUTCORE_LOG_LEVEL`` is INFO or DEBUG."""
-    if os.environ.get("OUTCORE_LOG_LEVEL", "WARNING").upper() in ("INFO", "DEBUG"):
-        return
-    log = logging.getLogger("distributed.sizeof")
-    if not any(isinstance(f, _NoSizeProbe) for f in log.filters):
-        log.addFilter(_NoSizeProbe())
-
-
-class QuietTaskErrors(distributed.WorkerPlugin):
-    """Keeps the workers of the clusters outcore starts from logging every failed task with
-    its traceback ("Compute Failed"): the client raises the same error, which outcore reports
-    in one line (and with ``--debug`` with that traceback); and from logging their comms'
-    size probe (``quiet_size_probes``). ``OUTCORE_LOG_LEVEL=INFO`` or ``DEBUG`` keeps these
-    logs."""
-
-    name = "outcore-quiet-task-errors"
-
-    def setup(self, worker: distributed.Worker) -> None:
-        if os.environ.get("OUTCORE_LOG_LEVEL", "WARNING").upper() in ("INFO", "DEBUG"):
-            return
-        log = logging.getLogger("distributed.worker")
-        if not any(isinstance(f, _NoComputeFailed) for f in log.filters):
-            log.addFilter(_NoComputeFailed())
-        quiet_size_probes()
-
-
 def _worker_facts() -> dict[str, Any]:
     """Facts gathered on each worker: its pid, host name and GPU (when one is visible)."""
     gpus = backend.devices()
@@ -110,26 +67,32 @@ def placement(client: distributed.Client) -> list[dict[str, Any]]:
     """One record per worker: address, name, host, pid, threads, memory limit, GPU name/uuid."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     facts = client.run(_worker_facts)
-    records = []
-    for address, info in sorted(workers.items()):
-        fact = facts.get(address, {})
-        gpu = fact.get("gpu") or {}
-        records.append(
-            {
-                "address": address,
-                "name": str(info.get("name")),
-                "host": info.get("host"),
-                "hostname": fact.get("hostname"),
-                "pid": fact.get("pid"),
-                "threads": info.get("nthreads"),
-                "memory_limit_bytes": info.get("memory_limit"),
-                "cuda_visible_devices": fact.get("cuda_visible_devices"),
-                "gpu_name": gpu.get("name"),
-                "gpu_uuid": gpu.get("uuid"),
-                "gpu_memory_bytes": gpu.get("total_bytes"),
-            }
-        )
-    return records
+    return [_record(address, info, facts.get(address, {}))
+            for address, info in sorted(workers.items())]
+
+
+def this_process(threads: int) -> dict[str, Any]:
+    """The ``placement`` record of this process's ``threads`` running dask's threaded
+    scheduler (no Dask cluster: no address and no memory limit of its own)."""
+    return _record(None, {"name": "dask.threaded", "nthreads": threads}, _worker_facts())
+
+
+def _record(address: str | None, info: dict[str, Any], fact: dict[str, Any]
+            ) -> dict[str, Any]:
+    gpu = fact.get("gpu") or {}
+    return {
+        "address": address,
+        "name": str(info.get("name")),
+        "host": info.get("host"),
+        "hostname": fact.get("hostname"),
+        "pid": fact.get("pid"),
+        "threads": info.get("nthreads"),
+        "memory_limit_bytes": info.get("memory_limit"),
+        "cuda_visible_devices": fact.get("cuda_visible_devices"),
+        "gpu_name": gpu.get("name"),
+        "gpu_uuid": gpu.get("uuid"),
+        "gpu_memory_bytes": gpu.get("total_bytes"),
+    }
 
 
 def placement_table(records: list[dict[str, Any]]) -> str:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import distributed
 import xarray as xr
 
 from outcore.checks import at_least
@@ -27,6 +27,9 @@ from outcore.plan import Plan, Resources
 from outcore.progress import compute
 from outcore.runs import Run
 from outcore.verbs import DemoStage, Job, Tunable, Verb
+
+if TYPE_CHECKING:
+    import distributed
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,14 +60,14 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
     def plan(resources: Resources) -> Plan:
         return plan_fit_dipoles(catalog, resources=resources, **options)
 
-    def fits(client: distributed.Client, plan: Plan) -> xr.Dataset:
+    def fits(client: distributed.Client | None, plan: Plan) -> xr.Dataset:
         return fit_dipoles(catalog, client=client, plan=plan, **options)
 
-    def rounds(client: distributed.Client, plan: Plan,
+    def rounds(client: distributed.Client | None, plan: Plan,
                outputs: Mapping[str, Path]) -> Callable[[], None]:
         return lambda: compute(client, fits(client, plan)["chi2"].data.sum(), show=False)
 
-    def execute(run: Run, client: distributed.Client, plan: Plan) -> None:
+    def execute(run: Run, client: distributed.Client | None, plan: Plan) -> None:
         run.metric(**tables.write_fits(run, client, fits(client, plan)))
 
     return Job(
@@ -79,6 +82,7 @@ def make_job(args: argparse.Namespace, resources: Resources) -> Job:
         rounds=rounds,
         data_bytes=first.data_bytes,
         worker_baseline_bytes=first.baseline_bytes,
+        local_scheduler=True,
     )
 
 

@@ -3,15 +3,20 @@ cluster and check the pulls against the simulation's truth."""
 
 from __future__ import annotations
 
-import distributed
+from typing import TYPE_CHECKING
 
 from outcore.fit.operator import fit_dipoles, status_counts
 from outcore.fit.simulate import simulate_catalog
 from outcore.runs import Run
 
+if TYPE_CHECKING:
+    import distributed
+
 
 def run_stage(run: Run, client: distributed.Client, candidates: int) -> None:
     """Fit a simulated dipole catalog (outcore.fit) and record rate, statuses and pulls."""
+    import distributed
+
     catalog, truth = simulate_catalog(candidates, seed=3, chunk_size=1024)
     with run.timing("fit_dipoles"):
         fits = client.persist(fit_dipoles(catalog, chunk_size=256, client=client))

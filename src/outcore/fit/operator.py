@@ -27,6 +27,7 @@ from outcore.checks import at_least, choice
 from outcore.errors import ArgumentError, LayoutError, OutcoreError
 from outcore.fit.inputs import catalog_of, psf_of
 from outcore.fit.kernels import fit_chunk, fit_columns, status_names, warm
+from outcore.fit.kernels.cpu import use_compiled
 from outcore.fit.kernels.lm import STATUS_NAMES
 from outcore.fit.memory import FIT_WORKER_BASELINE_BYTES, auto_chunk_size, memory_model
 from outcore.fit.models import MODELS, Model, get_model
@@ -81,7 +82,8 @@ class _Fit:
     def plan(self, resources: Resources) -> Plan:
         """The plan of this fit on ``resources`` (nothing computed): a fit task per chunk,
         the columns it splits into, and the baseline of a worker that fits (numba's compiled
-        loop for the Gaussian model on the host)."""
+        loop where the fit runs it, ``compiled``). Its config records the chunk size and
+        whether the compiled loop runs."""
         catalog, n = self.catalog, self.catalog.sizes["candidate"]
         stages = memory_model(
             n, self.chunk_size, self.stamp, catalog["images"].dtype, self.spec.name,
@@ -89,10 +91,16 @@ class _Fit:
             psf_shape=None if self.psf is None else tuple(self.psf.shape[-2:]),
             per_candidate_psf=self.psf is not None and self.psf.ndim == 3,
             backend=self.backend, output_chunk=self.output_chunk)
-        compiled = self.spec.name == "gaussian" and self.backend == "numpy"
-        return Plan.of(stages, resources, config={"chunk_size": self.chunk_size},
-                       baseline_bytes=FIT_WORKER_BASELINE_BYTES if compiled
+        return Plan.of(stages, resources, config={"chunk_size": self.chunk_size,
+                                                  "compiled_loop": self.compiled},
+                       baseline_bytes=FIT_WORKER_BASELINE_BYTES if self.compiled
                        else WORKER_BASELINE_BYTES)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the fit runs numba's compiled loop: on the host, for a model that has
+        one, on a catalog large enough to repay loading it (``cpu.use_compiled``)."""
+        return self.backend == "numpy" and self.options["compiled"]
 
     @property
     def fixes(self) -> list[str]:
@@ -122,7 +130,8 @@ def _checked(catalog: Catalog, model: str, psf: PSF, chunk_size: int | None, bac
     n = cat.sizes["candidate"]
     chunk = chunk_size or auto_chunk_size(n, (cat.sizes["y"], cat.sizes["x"]))
     options = {"model": model, "max_iterations": max_iterations, "f_tol": f_tol,
-               "x_tol": x_tol, "g_tol": g_tol, "scale_errors": bool(scale_errors)}
+               "x_tol": x_tol, "g_tol": g_tol, "scale_errors": bool(scale_errors),
+               "compiled": use_compiled(model, n, (cat.sizes["y"], cat.sizes["x"]))}
     return _Fit(cat, spec, psf_of(cat, spec, psf), chunk, output_chunk or chunk, resolved,
                 options)
 
@@ -201,8 +210,7 @@ def fit_dipoles(
     """
     fit = _checked(catalog, model, psf, chunk_size, backend, max_iterations, f_tol, x_tol,
                    g_tol, scale_errors, output_chunk)
-    session.fitted_plan(fit.plan, session.client_for(client), fit.backend, plan=plan,
-                        fixes=fit.fixes)
+    session.fitted_plan(fit.plan, client, fit.backend, plan=plan, fixes=fit.fixes)
     return _graph(fit)
 
 
@@ -217,7 +225,8 @@ def _graph(fit: _Fit) -> xr.Dataset:
         blocks.append(_by_candidate(fit.psf, chunk_size))
     elif fit.psf is not None:
         shared_psf = np.asarray(fit.psf, dtype=np.float64)
-    warm(fit.backend, model)  # compile here once, so that workers load the loop from numba's cache
+    if fit.compiled:  # compile here once, so that workers load the loop from numba's cache
+        warm(fit.backend, model)
     columns = fit_columns(model)
     packed = da.map_blocks(
         _fit_block, *blocks, names=tuple(names), psf=shared_psf, backend=fit.backend,

@@ -9,6 +9,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import dask.threaded
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
@@ -49,7 +50,8 @@ def save_fits(fits: xr.Dataset, path: str | PathLike[str], *,
     return write_new(fits.drop_encoding(), path, lambda write: compute(client, write))
 
 
-def write_fits(run: Run, client: distributed.Client, result: xr.Dataset) -> dict[str, object]:
+def write_fits(run: Run, client: distributed.Client | None, result: xr.Dataset
+               ) -> dict[str, object]:
     """Write ``result`` (``fit_dipoles``'s lazy dataset) as the run's ``fits.zarr`` (the
     store ``save_fits`` writes), computed on ``client``, then ``fits.parquet`` from it
     (timings ``fit`` and ``parquet``); return the metrics: candidates, fits per second of
@@ -82,7 +84,8 @@ def write_parquet(fits_zarr: Path, out: Path) -> None:
     try:
         for start in range(0, ds.sizes["candidate"], step):
             part = ds[columns].isel(candidate=slice(start, start + step)).compute(
-                scheduler="threads")
+                scheduler=dask.threaded.get)  # this process's threads (by name: a lookup of
+            # distributed's client, importing it)
             table = pa.table({c: _arrow(part[c].values) for c in columns})
             if writer is None:
                 writer = pq.ParquetWriter(out, table.schema)

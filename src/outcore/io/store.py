@@ -25,11 +25,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import dask
 import dask.array as da
 import dask.threaded
-import distributed
 import numcodecs
 import numpy as np
 import xarray as xr
@@ -44,6 +44,9 @@ from zarr.storage import LocalStore
 from outcore.checks import existing_path
 from outcore.errors import LayoutError, partial_path, reading, refuse_existing, unreadable
 from outcore.io.layouts import LAYOUT_ATTR, finite_variables, validate
+
+if TYPE_CHECKING:
+    import distributed
 
 #: Target size of one block (one dask chunk, one zarr chunk) when none is given, bytes.
 BLOCK_BYTES = 64 * 2**20
@@ -306,11 +309,13 @@ def _run(write: Delayed, compute: Callable[[Delayed], object] | None = None) -> 
     scheduler = get_scheduler(collections=[write])
     if compute is None and scheduler is dask.threaded.get:
         with ThreadPoolExecutor(dask.config.get("num_workers", None) or CPU_COUNT) as pool:
-            dask.compute(write, scheduler="threads", pool=pool)
+            dask.compute(write, scheduler=dask.threaded.get, pool=pool)
         return
     try:
         (compute or dask.compute)(write)
     except BaseException:
+        import distributed
+
         client = getattr(scheduler, "__self__", None)
         if isinstance(client, distributed.Client):
             _wait_until_idle(client, {str(key) for key in write.__dask_graph__()})

@@ -55,6 +55,7 @@ def fit_chunk(
     x_tol: float = 1e-8,
     g_tol: float = 1e-8,
     scale_errors: bool = False,
+    compiled: bool = True,
 ) -> Array:
     """Fit a dipole model to every stamp of a chunk; return a packed ``(n, 2p + 4)`` float64.
 
@@ -67,11 +68,13 @@ def fit_chunk(
     ``(n, py, px)`` for ``model="psf"``. A candidate with a non-finite pixel, a non-positive
     or non-finite variance on an unmasked pixel, or fewer unmasked pixels than parameters is
     ``invalid_input`` with NaN parameters (so is one whose own PSF is not finite with a
-    positive sum); the rest of the chunk is fitted as usual.
+    positive sum); the rest of the chunk is fitted as usual. ``compiled=False`` fits a
+    numpy chunk with the array code even where numba's compiled loop would run (the same
+    fits to rounding, without importing numba).
     """
     return kernels(images, __name__).fit_chunk(
         images, variance, mask, model=model, psf=psf, max_iterations=max_iterations,
-        f_tol=f_tol, x_tol=x_tol, g_tol=g_tol, scale_errors=scale_errors)
+        f_tol=f_tol, x_tol=x_tol, g_tol=g_tol, scale_errors=scale_errors, compiled=compiled)
 
 
 def warm(backend: str, model: str) -> None:

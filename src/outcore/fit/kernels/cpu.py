@@ -3,10 +3,11 @@ batched solve of its array code.
 
 The models of ``COMPILED_MODELS`` run the compiled per-candidate loop of ``compiled`` (numba,
 imported only where such a fit runs), which fits the same parameters, errors and statuses
-as the array code to rounding (tested against it); the others run the array code of
-``arrays`` over blocks of ``HOST_BLOCK`` candidates. ``solve`` is numpy's batched LU, which
-raises ``LinAlgError`` when a matrix of the batch cannot be factored; the eigenvalues then
-decide which are singular (``arrays.flag_singular``).
+as the array code to rounding (tested against it); the others, and every fit given
+``compiled=False`` (a catalog too small to repay loading the loop: ``use_compiled``), run
+the array code of ``arrays`` over blocks of ``HOST_BLOCK`` candidates. ``solve`` is numpy's
+batched LU, which raises ``LinAlgError`` when a matrix of the batch cannot be factored; the
+eigenvalues then decide which are singular (``arrays.flag_singular``).
 """
 
 from __future__ import annotations
@@ -23,16 +24,30 @@ HOST_BLOCK = 32
 #: Models that numpy chunks fit with the compiled per-candidate loop of ``compiled`` (the
 #: same algorithm, 4-6 times faster on one core); the others run the array code.
 COMPILED_MODELS = ("gaussian",)
+#: Stamp pixels of a whole catalog from which its fit loads the compiled loop: importing
+#: numba and loading the loop from its cache cost a process about 0.8 CPU-s (measured under
+#: load; about 0.5 s on a quiet core), and the loop saves about 0.6 CPU-us a stamp pixel over
+#: the array code (0.16 ms a 17 x 17 stamp), so below about 2^20 pixels (3600 such stamps)
+#: the array code finishes first.
+COMPILED_FROM_PIXELS = 2**20
+
+
+def use_compiled(model: str, candidates: int, stamp: tuple[int, int]) -> bool:
+    """Whether a host fit of ``candidates`` stamps of ``stamp`` pixels runs the compiled
+    loop: its model has one and the catalog has ``COMPILED_FROM_PIXELS`` stamp pixels or
+    more. Decided for a whole catalog, so that every chunking fits it the same way."""
+    return model in COMPILED_MODELS and candidates * stamp[0] * stamp[1] >= COMPILED_FROM_PIXELS
 
 
 def fit_chunk(images: np.ndarray, variance: np.ndarray | None, mask: np.ndarray | None, *,
               model: str, psf: np.ndarray | None, max_iterations: int, f_tol: float,
-              x_tol: float, g_tol: float, scale_errors: bool) -> np.ndarray:
+              x_tol: float, g_tol: float, scale_errors: bool, compiled: bool = True
+              ) -> np.ndarray:
     """``outcore.fit.kernels.fit_chunk`` on a numpy chunk: the packed ``(n, 2p + 4)``
     float64 result."""
     spec, out, rows, shared_psf = arrays.setup(images, variance, mask, model, psf)
     tols = (f_tol, x_tol, g_tol)
-    if rows is not None and spec.name in COMPILED_MODELS:
+    if rows is not None and compiled and spec.name in COMPILED_MODELS:
         _fit_compiled(rows, out, images.shape[1:], max_iterations, tols)
     elif rows is not None:
         arrays.fit_batched(spec, rows, shared_psf, out, images.shape[1:], HOST_BLOCK, solve,

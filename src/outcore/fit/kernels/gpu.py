@@ -21,9 +21,10 @@ Array = Any
 
 def fit_chunk(images: Array, variance: Array | None, mask: Array | None, *, model: str,
               psf: Array | None, max_iterations: int, f_tol: float, x_tol: float,
-              g_tol: float, scale_errors: bool) -> Array:
+              g_tol: float, scale_errors: bool, compiled: bool = True) -> Array:
     """``outcore.fit.kernels.fit_chunk`` on a cupy chunk: the packed ``(n, 2p + 4)``
-    float64 result, on the device."""
+    float64 result, on the device (``compiled`` chooses a host loop: the device has
+    none)."""
     spec, out, rows, shared_psf = arrays.setup(images, variance, mask, model, psf)
     if rows is not None:
         arrays.fit_batched(spec, rows, shared_psf, out, images.shape[1:], rows["idx"].size,
