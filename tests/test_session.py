@@ -31,7 +31,13 @@ def test_the_users_default_client_is_used_and_plans_are_checked_against_its_work
         assert not client.who_has()  # nothing ran
 
 
-def test_without_a_client_one_is_started_in_this_process_once_and_said(capsys):
+def test_without_a_client_one_is_started_in_this_process_once_and_said(capsys, monkeypatch):
+    def no_client():  # a client another test left as this process's default is not ours
+        raise ValueError("no client")
+
+    monkeypatch.setattr(distributed, "get_client", no_client)
+    monkeypatch.setattr(cluster, "_default_client", lambda: None)
+    monkeypatch.setattr(session, "_OWN", [])
     first = session.client_for()
     try:
         second = session.client_for()
