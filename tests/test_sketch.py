@@ -215,8 +215,8 @@ def _coarse(row: int, columns: int, cells: int) -> np.ndarray:
 
 @pytest.mark.slow
 def test_a_stack_twice_the_workers_memory_streams_under_each_limit(tmp_path):
-    limit, workers = 400 * MiB, 2
-    scan, side = (328, 320), 64  # 1.72 GB of 64 x 64 float32 patterns, over 2 x 800 MiB
+    limit, workers = 400 * MiB, 1  # one worker process: twice its memory in 2 minutes less
+    scan, side = (164, 320), 64  # 0.86 GB of 64 x 64 float32 patterns, over 2 x 400 MiB
     cells = (side // SQUARE) ** 2
 
     def block(block_info=None):
