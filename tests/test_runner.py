@@ -10,6 +10,10 @@ from dataclasses import replace
 
 import dask
 import dask.array as da
+
+# distributed's config defaults before a test sets distributed.* keys: dask.config.set of a
+# key not there yet deletes the whole tree on exit (outcore no longer imports it up front)
+import distributed  # noqa: F401
 import pytest
 
 from outcore import runner, runs

@@ -361,8 +361,10 @@ def test_the_verb_writes_components_figures_and_a_denoised_store(tmp_path):
     assert components["v"].dims == ("component", "k_y", "k_x")
     assert components["u"].shape == (16, 20, 4) and components["mean"].shape == (32, 32)
     api = svd(outcore.open(tmp_path / "phases.zarr"), 4, center=True)
+    # the float32 search's blocks differ between the doors' clusters: the values agree to
+    # float64 rounding of float32 products (3.8e-9 seen), well inside the 1e-6 promised
     np.testing.assert_allclose(components["singular_values"].values,
-                               api["singular_values"].values, rtol=1e-9)
+                               api["singular_values"].values, rtol=1e-7)
     ratio = components["explained_variance_ratio"].values  # 3 phases: centred rank 2 + thickness
     assert ratio[:3].sum() > 0.9 and ratio[3] < 0.02
     denoised = outcore.open(run / "denoised.zarr")

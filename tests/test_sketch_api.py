@@ -118,7 +118,6 @@ def test_progress_in_a_notebook_needs_no_ipywidgets(client, exact, monkeypatch, 
     import distributed.utils
 
     monkeypatch.setattr(distributed.utils, "is_kernel", lambda: True)
-    monkeypatch.setattr(progress, "is_kernel", distributed.utils.is_kernel)
     monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets fails
     token = progress.SHOW_PROGRESS.set(True)
     try:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dask.utils import format_bytes, parse_bytes
 
 from outcore import backend
-from outcore.errors import PlanError
+from outcore.errors import ClusterError, PlanError
 
 if TYPE_CHECKING:
     import distributed
@@ -53,6 +53,10 @@ def zarr_read_bytes(chunk_bytes: int) -> int:
     return int((ZARR_READ_FACTOR - 1) * chunk_bytes)
 
 
+#: Seconds a plan waits for a worker of a cluster that has none at the moment.
+WORKER_WAIT_S = 60
+
+
 @dataclass(frozen=True)
 class Resources:
     """What a plan is made for: workers, threads per worker, memory limit per worker (bytes),
@@ -69,8 +73,19 @@ class Resources:
     def of_client(cls, client: distributed.Client, backend_name: str,
                   device_memory_limit: int | str | None = None) -> Resources:
         """The resources of a running cluster (the smallest worker's memory limit; on cupy
-        ``device_memory_limit``, else the smallest free GPU memory among the workers)."""
+        ``device_memory_limit``, else the smallest free GPU memory among the workers). A
+        cluster with no running worker at the moment (one restarting, MPI ranks still
+        connecting) is waited for up to ``WORKER_WAIT_S``, then one ``ClusterError``."""
         workers = client.scheduler_info(n_workers=-1)["workers"].values()
+        if not workers:
+            try:
+                client.wait_for_workers(1, timeout=WORKER_WAIT_S)
+            except TimeoutError as err:  # distributed's WorkerStartTimeoutError is one
+                raise ClusterError(
+                    f"the cluster of {client.scheduler.address} has no running worker"
+                    f" (waited {WORKER_WAIT_S} s).",
+                    "start its workers, or pass client= one that has them.") from err
+            workers = client.scheduler_info(n_workers=-1)["workers"].values()
         limits = [int(w["memory_limit"]) for w in workers if w.get("memory_limit")]
         device = _bytes(device_memory_limit)
         if backend_name == "cupy" and device is None:

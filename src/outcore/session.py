@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 from dask.utils import format_bytes
 
 from outcore import backend as backends
-from outcore.errors import ClusterError
 from outcore.plan import Plan, Resources
 
 if TYPE_CHECKING:
@@ -28,8 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["client_for", "fitted_plan", "resources_for"]
 
-#: Seconds a plan waits for a worker of a cluster that has none at the moment.
-WORKER_WAIT_S = 60
 _LOCK = threading.Lock()
 _OWN: list[distributed.Client] = []  # the in-process cluster started for callers with none
 
@@ -67,15 +64,8 @@ def client_for(client: distributed.Client | None = None) -> distributed.Client:
 def resources_for(client: distributed.Client, backend: str = "auto",
                   device_memory_limit: int | str | None = None) -> Resources:
     """What a plan is made for on ``client``'s cluster: its workers, their threads, the
-    smallest memory limit and, on the cupy backend, the device memory (waiting up to
-    ``WORKER_WAIT_S`` for a worker when it has none at the moment: one restarting)."""
-    if not client.scheduler_info(n_workers=-1)["workers"]:
-        try:
-            client.wait_for_workers(1, timeout=WORKER_WAIT_S)
-        except TimeoutError as err:  # distributed's WorkerStartTimeoutError is one
-            raise ClusterError(f"the cluster of {client.scheduler.address} has no running"
-                               f" worker (waited {WORKER_WAIT_S} s).",
-                               "start its workers, or pass client= one that has them.") from err
+    smallest memory limit and, on the cupy backend, the device memory
+    (``Resources.of_client``, which waits for a worker when there is none at the moment)."""
     return Resources.of_client(client, backends.resolve(backend), device_memory_limit)
 
 
