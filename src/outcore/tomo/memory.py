@@ -243,6 +243,41 @@ class Cut:
                 "slab": self.slab}
 
 
+class CutRunner:
+    """What runs a ``Cut`` (``Projector``, ``Gridrec``): the cut's facts read as its own."""
+
+    cut: Cut
+
+    @property
+    def geometry(self) -> Geometry:
+        return self.cut.geometry
+
+    @property
+    def volume_shape(self) -> tuple[int, int, int]:
+        return self.cut.volume_shape
+
+    @property
+    def slab(self) -> int:
+        return self.cut.slab
+
+    @property
+    def backend(self) -> str:
+        return self.cut.backend
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.cut.dtype
+
+    @property
+    def blocks(self) -> Blocks:
+        return self.cut.blocks
+
+    @property
+    def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Dask chunks of the volume a run reads or writes."""
+        return self.cut.volume_chunks
+
+
 def on_device(stage: TaskMemory) -> TaskMemory:
     """``stage`` run on the GPU: the task moves its host inputs there, computes there and
     returns a host array, so it holds its bytes on both sides."""

@@ -59,9 +59,9 @@ from outcore.tomo.corrections import reslice
 from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
     POLAR_BLOCK_VIEWS,
-    Blocks,
     Chunks,
     Cut,
+    CutRunner,
     Range,
     gridrec_stages,
     padded,
@@ -141,7 +141,7 @@ def slice_rows(geometry: Geometry, depth: int, z0: int, z1: int, band: Range
     return rows, weights
 
 
-class Gridrec:
+class Gridrec(CutRunner):
     """Gridrec of a parallel-beam ``geometry`` into a volume ``volume_shape (z, y, x)``, in
     z-slabs of ``slab`` planes (None: ``planning.fitting_slabs`` chooses them for the
     running cluster, this process's default client, or for ``memory_limit`` per worker and
@@ -168,34 +168,6 @@ class Gridrec:
         """The gridrec that runs ``cut`` (the slabs a plan chose)."""
         return cls(cut.geometry, cut.volume_shape, cut.slab, backend=cut.backend,
                    dtype=cut.dtype)
-
-    @property
-    def geometry(self) -> Geometry:
-        return self.cut.geometry
-
-    @property
-    def volume_shape(self) -> tuple[int, int, int]:
-        return self.cut.volume_shape
-
-    @property
-    def slab(self) -> int:
-        return self.cut.slab
-
-    @property
-    def backend(self) -> str:
-        return self.cut.backend
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.cut.dtype
-
-    @property
-    def blocks(self) -> Blocks:
-        return self.cut.blocks
-
-    @property
-    def volume_chunks(self) -> Chunks:
-        return self.cut.volume_chunks
 
     @property
     def sinogram_chunks(self) -> Chunks:

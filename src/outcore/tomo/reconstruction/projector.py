@@ -34,8 +34,8 @@ from outcore.tomo.geometry import Geometry
 from outcore.tomo.memory import (
     PARTITIONS,
     TOMO_WORKER_BASELINE_BYTES,
-    Blocks,
     Cut,
+    CutRunner,
     Range,
     overlap,
 )
@@ -50,7 +50,7 @@ __all__ = ["PARTITIONS", "Projector", "as_dask"]
 Partition = Literal["views", "space"]
 
 
-class Projector:
+class Projector(CutRunner):
     """Joseph's projector for ``geometry`` on a volume of ``volume_shape (z, y, x)``.
 
     ``partition`` is ``"views"`` or ``"space"`` (see the module doc). ``views_per_block`` and
@@ -92,14 +92,6 @@ class Projector:
                    backend=cut.backend, dtype=cut.dtype)
 
     @property
-    def geometry(self) -> Geometry:
-        return self.cut.geometry
-
-    @property
-    def volume_shape(self) -> tuple[int, int, int]:
-        return self.cut.volume_shape
-
-    @property
     def partition(self) -> str:
         return self.cut.partition
 
@@ -108,34 +100,13 @@ class Projector:
         return self.cut.views_per_block
 
     @property
-    def slab(self) -> int:
-        return self.cut.slab
-
-    @property
     def split_every(self) -> int:
         return self.cut.split_every
-
-    @property
-    def backend(self) -> str:
-        return self.cut.backend
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.cut.dtype
-
-    @property
-    def blocks(self) -> Blocks:
-        return self.cut.blocks
 
     @property
     def projection_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Dask chunks of ``project``'s output (and what ``backproject`` reads)."""
         return self.cut.projection_chunks
-
-    @property
-    def volume_chunks(self) -> tuple[tuple[int, ...], ...]:
-        """Dask chunks of ``backproject``'s output (and what ``project`` reads)."""
-        return self.cut.volume_chunks
 
     @property
     def projection_shape(self) -> tuple[int, int, int]:
